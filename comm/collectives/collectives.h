@@ -1,0 +1,80 @@
+#pragma once
+/// The collectives, each a Schedule builder written once against the Transport interface.
+///
+/// A builder returns the Schedule of one rank; run it with an Execution (schedule.h) on a driver.
+/// Communicator (communicator.h) wraps them as blocking calls. Buffers are the caller's and must
+/// stay valid until the execution ends. Element counts may be 0 and need not divide the world size.
+/// docs/algorithms.md gives each algorithm's steps and bytes on the wire.
+#include <cstddef>
+#include <vector>
+
+#include "comm/collectives/schedule.h"
+#include "comm/types.h"
+
+namespace troupe::comm {
+
+/// Tuning of the collectives; the defaults were chosen with `troupe bench allreduce` on 2 cores.
+struct CollectiveOptions {
+  /// At or below this many bytes, allreduce uses recursive doubling and broadcast a binomial tree
+  /// (latency-optimal); above, ring reduce-scatter + allgather and scatter + allgather.
+  size_t small_bytes = 64 * 1024;
+  /// Ring collectives cut each rank's block into chunks of about this size, run as parallel lanes.
+  size_t chunk_bytes = 1 << 20;
+  /// At most this many lanes (chunks in flight) per collective.
+  int max_lanes = 4;
+};
+
+/// Which rank this schedule is for.
+struct Group {
+  int rank;
+  int world_size;
+};
+
+/// data := op over all ranks of data (in place). Chooses by size between the two below.
+Schedule allreduce_schedule(Group g, void* data, size_t count, DataType type, ReduceOp op,
+                            const CollectiveOptions& options);
+/// Ring reduce-scatter then ring allgather, pipelined in lanes: bandwidth-optimal,
+/// 2(W-1)/W * bytes sent per rank.
+Schedule ring_allreduce_schedule(Group g, void* data, size_t count, DataType type, ReduceOp op,
+                                 const CollectiveOptions& options);
+/// Recursive doubling (with a fold for world sizes that are not powers of two): latency-optimal,
+/// ceil(log2 W) rounds of the whole buffer.
+Schedule recursive_doubling_allreduce_schedule(Group g, void* data, size_t count, DataType type,
+                                               ReduceOp op);
+
+/// out := block `rank` of (op over all ranks of in), where `in` has `count` elements split into
+/// world_size balanced blocks (block_range below). `out` holds block_range(rank).size elements.
+Schedule reduce_scatter_schedule(Group g, const void* in, void* out, size_t count, DataType type,
+                                 ReduceOp op, const CollectiveOptions& options);
+
+/// out := concatenation over ranks of each rank's `in` of counts[rank] elements. `in` may point
+/// into `out` at this rank's displacement (in place).
+Schedule allgatherv_schedule(Group g, const void* in, void* out, const std::vector<size_t>& counts,
+                             DataType type, const CollectiveOptions& options);
+/// allgatherv with the same count on every rank.
+Schedule allgather_schedule(Group g, const void* in, void* out, size_t count_per_rank,
+                            DataType type, const CollectiveOptions& options);
+
+/// out block j := block `rank` of rank j's in; blocks of count_per_rank elements.
+Schedule alltoall_schedule(Group g, const void* in, void* out, size_t count_per_rank,
+                           DataType type);
+
+/// data := root's data on every rank.
+Schedule broadcast_schedule(Group g, void* data, size_t count, DataType type, int root,
+                            const CollectiveOptions& options);
+
+/// Ends only when every rank has entered it (dissemination: ceil(log2 W) rounds of 1 byte).
+Schedule barrier_schedule(Group g);
+
+/// [begin, end) of block `index` when `count` elements are split into `parts` balanced blocks.
+struct Range {
+  size_t begin;
+  size_t end;
+  size_t size() const { return end - begin; }
+};
+inline Range block_range(size_t count, int parts, int index) {
+  const size_t p = static_cast<size_t>(parts), i = static_cast<size_t>(index);
+  return Range{count * i / p, count * (i + 1) / p};
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,52 @@
+#include "comm/collectives/communicator.h"
+
+namespace troupe::comm {
+
+Communicator::Communicator(std::shared_ptr<Transport> transport, CollectiveOptions options,
+                           std::chrono::milliseconds timeout)
+    : transport_(std::move(transport)), options_(options), timeout_(timeout) {
+  if (!transport_) throw Error("Communicator: transport is null");
+}
+
+uint32_t Communicator::next_key() {
+  // Key 0 is left to callers that name their messages themselves.
+  if (++key_ == 0) ++key_;
+  return key_;
+}
+
+void Communicator::run(Schedule schedule) {
+  auto execution =
+      std::make_shared<Execution>(transport_, next_key(), std::move(schedule), driver_.post());
+  Status status = driver_.run(execution, *transport_, timeout_);
+  if (!status.ok()) throw Error(status.message(), status.peer());
+}
+
+void Communicator::allreduce(void* data, size_t count, DataType type, ReduceOp op) {
+  run(allreduce_schedule(group(), data, count, type, op, options_));
+}
+
+void Communicator::reduce_scatter(const void* in, void* out, size_t count, DataType type,
+                                  ReduceOp op) {
+  run(reduce_scatter_schedule(group(), in, out, count, type, op, options_));
+}
+
+void Communicator::allgather(const void* in, void* out, size_t count_per_rank, DataType type) {
+  run(allgather_schedule(group(), in, out, count_per_rank, type, options_));
+}
+
+void Communicator::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                              DataType type) {
+  run(allgatherv_schedule(group(), in, out, counts, type, options_));
+}
+
+void Communicator::alltoall(const void* in, void* out, size_t count_per_rank, DataType type) {
+  run(alltoall_schedule(group(), in, out, count_per_rank, type));
+}
+
+void Communicator::broadcast(void* data, size_t count, DataType type, int root) {
+  run(broadcast_schedule(group(), data, count, type, root, options_));
+}
+
+void Communicator::barrier() { run(barrier_schedule(group())); }
+
+}  // namespace troupe::comm

@@ -1,0 +1,52 @@
+#pragma once
+/// Communicator: blocking collectives over one Transport, for code that may wait (tests,
+/// benchmarks, the rendezvous barrier, a trainer's own thread).
+///
+/// Every rank must call the same collectives in the same order: each call takes the next key from
+/// a counter, and keys name the messages on the wire. Every call has a deadline; when it expires
+/// the call throws comm::Error naming the collective and the ranks it was waiting for. A failure
+/// of a peer (Transport::fail_peer) ends the call with an error naming that rank.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/collectives/collectives.h"
+#include "comm/collectives/driver.h"
+
+namespace troupe::comm {
+
+class Communicator {
+ public:
+  explicit Communicator(std::shared_ptr<Transport> transport, CollectiveOptions options = {},
+                        std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+  int rank() const { return transport_->rank(); }
+  int world_size() const { return transport_->world_size(); }
+  Transport& transport() { return *transport_; }
+  const CollectiveOptions& options() const { return options_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op);
+  void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op);
+  void allgather(const void* in, void* out, size_t count_per_rank, DataType type);
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& counts, DataType type);
+  void alltoall(const void* in, void* out, size_t count_per_rank, DataType type);
+  void broadcast(void* data, size_t count, DataType type, int root);
+  void barrier();
+
+  /// Runs any schedule under the next key (for algorithms built outside this class).
+  void run(Schedule schedule);
+
+ private:
+  Group group() const { return Group{rank(), world_size()}; }
+  uint32_t next_key();
+
+  std::shared_ptr<Transport> transport_;
+  CollectiveOptions options_;
+  std::chrono::milliseconds timeout_;
+  uint32_t key_ = 0;
+  BlockingDriver driver_;
+};
+
+}  // namespace troupe::comm

@@ -1,0 +1,269 @@
+#include "comm/reduce.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "comm/status.h"
+
+namespace troupe::comm {
+namespace {
+
+#define TROUPE_INLINE inline __attribute__((always_inline))
+
+struct Sum {
+  template <class T>
+  TROUPE_INLINE T operator()(T x, T y) const { return x + y; }
+};
+struct Min {
+  template <class T>
+  TROUPE_INLINE T operator()(T x, T y) const { return y < x ? y : x; }
+};
+struct Max {
+  template <class T>
+  TROUPE_INLINE T operator()(T x, T y) const { return x < y ? y : x; }
+};
+
+template <class T, class F>
+TROUPE_INLINE void apply(T* dst, const T* a, const T* b, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) dst[i] = f(a[i], b[i]);
+}
+
+template <class T>
+TROUPE_INLINE void apply_op(T* dst, const T* a, const T* b, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: apply(dst, a, b, n, Sum{}); break;
+    case ReduceOp::min: apply(dst, a, b, n, Min{}); break;
+    case ReduceOp::max: apply(dst, a, b, n, Max{}); break;
+  }
+}
+
+// bfloat16 <-> float are bit shifts, which vectorise on any x86-64.
+TROUPE_INLINE float bf16_to_f32(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+TROUPE_INLINE uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+template <class F>
+TROUPE_INLINE void apply_bf16(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(f(bf16_to_f32(a[i]), bf16_to_f32(b[i])));
+}
+
+template <class F>
+TROUPE_INLINE void apply_f16_scalar(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n,
+                                    F f) {
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = float_to_half(f(half_to_float(a[i]), half_to_float(b[i])));
+}
+
+void reduce_generic(void* dst, const void* a, const void* b, size_t n, DataType t, ReduceOp op) {
+  switch (t) {
+    case DataType::float32:
+      apply_op(static_cast<float*>(dst), static_cast<const float*>(a),
+               static_cast<const float*>(b), n, op);
+      break;
+    case DataType::float64:
+      apply_op(static_cast<double*>(dst), static_cast<const double*>(a),
+               static_cast<const double*>(b), n, op);
+      break;
+    case DataType::int32:
+      apply_op(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+               static_cast<const int32_t*>(b), n, op);
+      break;
+    case DataType::int64:
+      apply_op(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+               static_cast<const int64_t*>(b), n, op);
+      break;
+    case DataType::bfloat16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      auto* x = static_cast<const uint16_t*>(a);
+      auto* y = static_cast<const uint16_t*>(b);
+      if (op == ReduceOp::min) apply_bf16(d, x, y, n, Min{});
+      else if (op == ReduceOp::max) apply_bf16(d, x, y, n, Max{});
+      else apply_bf16(d, x, y, n, Sum{});
+      break;
+    }
+    case DataType::float16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      auto* x = static_cast<const uint16_t*>(a);
+      auto* y = static_cast<const uint16_t*>(b);
+      if (op == ReduceOp::min) apply_f16_scalar(d, x, y, n, Min{});
+      else if (op == ReduceOp::max) apply_f16_scalar(d, x, y, n, Max{});
+      else apply_f16_scalar(d, x, y, n, Sum{});
+      break;
+    }
+  }
+}
+
+// The same loops compiled for AVX2, with F16C for half precision.
+__attribute__((target("avx2,fma,f16c"))) void reduce_avx2(void* dst, const void* a,
+                                                           const void* b, size_t n, DataType t,
+                                                           ReduceOp op) {
+  if (t != DataType::float16) {
+    switch (t) {
+      case DataType::float32:
+        apply_op(static_cast<float*>(dst), static_cast<const float*>(a),
+                 static_cast<const float*>(b), n, op);
+        return;
+      case DataType::float64:
+        apply_op(static_cast<double*>(dst), static_cast<const double*>(a),
+                 static_cast<const double*>(b), n, op);
+        return;
+      case DataType::int32:
+        apply_op(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                 static_cast<const int32_t*>(b), n, op);
+        return;
+      case DataType::int64:
+        apply_op(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                 static_cast<const int64_t*>(b), n, op);
+        return;
+      case DataType::bfloat16: {
+        auto* d = static_cast<uint16_t*>(dst);
+        auto* x = static_cast<const uint16_t*>(a);
+        auto* y = static_cast<const uint16_t*>(b);
+        if (op == ReduceOp::min) apply_bf16(d, x, y, n, Min{});
+        else if (op == ReduceOp::max) apply_bf16(d, x, y, n, Max{});
+        else apply_bf16(d, x, y, n, Sum{});
+        return;
+      }
+      default: return;
+    }
+  }
+  auto* d = static_cast<uint16_t*>(dst);
+  auto* x = static_cast<const uint16_t*>(a);
+  auto* y = static_cast<const uint16_t*>(b);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 u = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i)));
+    __m256 r = op == ReduceOp::min   ? _mm256_min_ps(v, u)
+               : op == ReduceOp::max ? _mm256_max_ps(v, u)
+                                     : _mm256_add_ps(u, v);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+  }
+  if (op == ReduceOp::min) apply_f16_scalar(d + i, x + i, y + i, n - i, Min{});
+  else if (op == ReduceOp::max) apply_f16_scalar(d + i, x + i, y + i, n - i, Max{});
+  else apply_f16_scalar(d + i, x + i, y + i, n - i, Sum{});
+}
+
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                          __builtin_cpu_supports("fma");
+  return yes;
+}
+
+}  // namespace
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
+      u = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | man << 13;
+  } else {
+    u = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: infinity
+  if (abs < 0x38800000u) {                        // below the smallest normal half
+    if (abs < 0x33000000u) return sign;           // rounds to zero
+    uint32_t e = abs >> 23;
+    uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;  // 14 + (112 - e) + 1 - 1
+    uint32_t half_m = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half_m & 1u))) ++half_m;
+    return sign | static_cast<uint16_t>(half_m);
+  }
+  uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
+}
+
+float bfloat16_to_float(uint16_t b) { return bf16_to_f32(b); }
+uint16_t float_to_bfloat16(float f) { return f32_to_bf16(f); }
+
+void reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op) {
+  if (count == 0) return;
+  if (have_avx2()) reduce_avx2(dst, a, b, count, type, op);
+  else reduce_generic(dst, a, b, count, type, op);
+}
+
+void divide(void* data, size_t count, DataType type, int divisor) {
+  if (divisor < 1) throw Error("divide: divisor " + std::to_string(divisor) + " is not >= 1");
+  if (divisor == 1 || count == 0) return;
+  switch (type) {
+    case DataType::float32: {
+      auto* p = static_cast<float*>(data);
+      const float d = static_cast<float>(divisor);
+      for (size_t i = 0; i < count; ++i) p[i] /= d;
+      break;
+    }
+    case DataType::float64: {
+      auto* p = static_cast<double*>(data);
+      const double d = divisor;
+      for (size_t i = 0; i < count; ++i) p[i] /= d;
+      break;
+    }
+    case DataType::int32: {
+      auto* p = static_cast<int32_t*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] /= divisor;
+      break;
+    }
+    case DataType::int64: {
+      auto* p = static_cast<int64_t*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] /= divisor;
+      break;
+    }
+    case DataType::float16: {
+      auto* p = static_cast<uint16_t*>(data);
+      const float d = static_cast<float>(divisor);
+      for (size_t i = 0; i < count; ++i) p[i] = float_to_half(half_to_float(p[i]) / d);
+      break;
+    }
+    case DataType::bfloat16: {
+      auto* p = static_cast<uint16_t*>(data);
+      const float d = static_cast<float>(divisor);
+      for (size_t i = 0; i < count; ++i) p[i] = f32_to_bf16(bf16_to_f32(p[i]) / d);
+      break;
+    }
+  }
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,25 @@
+#pragma once
+/// Element-wise reduction kernels on the CPU: the arithmetic of every collective.
+///
+/// Loops are written once per (type, op) with no per-element dispatch; float types vectorise, and an
+/// AVX2/F16C build of each loop is chosen at run time where the processor has it.
+#include <cstddef>
+
+#include "comm/types.h"
+
+namespace troupe::comm {
+
+/// dst[i] = a[i] op b[i] for i < count. dst may be the same buffer as a or b (not a partial overlap).
+/// ReduceOp::avg reduces like sum; divide() applies the denominator once at the end.
+void reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op);
+
+/// data[i] /= divisor for i < count (integer types truncate toward zero). divisor must be >= 1.
+void divide(void* data, size_t count, DataType type, int divisor);
+
+/// IEEE half <-> float conversions, exposed for tests and codecs (round to nearest even).
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+float bfloat16_to_float(uint16_t b);
+uint16_t float_to_bfloat16(float f);
+
+}  // namespace troupe::comm

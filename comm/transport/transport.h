@@ -1,0 +1,56 @@
+#pragma once
+/// Transport: tagged, zero-copy send and receive of byte ranges between the ranks of one job.
+///
+/// A transport moves bytes; it knows nothing of element types or algorithms. Every operation is
+/// non-blocking: it is posted with a callback and completes later, exactly once, with a Status.
+/// Buffers are never copied into an intermediate queue by the caller's side: the bytes stay in the
+/// caller's buffer until the operation completes, so the buffer must stay valid until then.
+///
+/// Matching: a send to `peer` with tag T matches the receive posted on `peer` for (this rank, T).
+/// Messages between the same pair under the same tag match in posting order. The sizes of a
+/// matching send and receive must be equal; a mismatch fails the receive with a message naming
+/// both sizes.
+///
+/// Threads: send/recv/fail_peer may be called from any thread. Callbacks run on a thread owned by
+/// the transport (or on the thread that completed the match); they must be short and must not call
+/// back into blocking APIs. Collectives marshal them to their own driver (see collectives/driver.h).
+///
+/// Implementations: inproc/ (ranks as threads of one process) and ucx/ (processes and hosts).
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/status.h"
+
+namespace troupe::comm {
+
+/// A message tag. Only the low kTagBits bits are carried; higher bits must be zero.
+using Tag = uint64_t;
+constexpr int kTagBits = 48;
+constexpr Tag kTagMask = (Tag{1} << kTagBits) - 1;
+
+/// Called once when an operation ends, successfully or not.
+using Callback = std::function<void(const Status&)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// "inproc", "ucx", ...
+  virtual std::string name() const = 0;
+
+  /// Sends `bytes` bytes at `data` to `peer` under `tag`. `data` must stay valid until `done`.
+  virtual void send(int peer, Tag tag, const void* data, size_t bytes, Callback done) = 0;
+  /// Receives exactly `bytes` bytes from `peer` under `tag` into `data`.
+  virtual void recv(int peer, Tag tag, void* data, size_t bytes, Callback done) = 0;
+
+  /// Declares `peer` dead: every pending operation with it fails with `reason`, and so does every
+  /// later one. Called when the directory reports a lost rank, or when an operation times out.
+  virtual void fail_peer(int peer, const std::string& reason) = 0;
+};
+
+}  // namespace troupe::comm

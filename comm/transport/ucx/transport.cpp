@@ -1,0 +1,581 @@
+#include "comm/transport/ucx/transport.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace troupe::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kRankBits = 64 - kTagBits;
+constexpr int kMaxWorldSize = 1 << kRankBits;
+constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
+constexpr int kIdleWaitMs = 100;  // safety net only: wake-ups come from the fds
+// With only receives pending, keep polling this long after the last event before sleeping in
+// epoll: a reply usually arrives within it, and past it the poll would only burn a core.
+constexpr auto kRecvSpin = std::chrono::microseconds(500);
+constexpr auto kConnectDeadline = std::chrono::seconds(30);
+constexpr auto kShutdownDeadline = std::chrono::seconds(2);
+const char* const kShutDown = "transport shut down";
+
+ucp_tag_t wire_tag(int src_rank, Tag tag) {
+  return (static_cast<ucp_tag_t>(src_rank) << kTagBits) | (tag & kTagMask);
+}
+
+Error ucx_error(const std::string& call, ucs_status_t status, int peer = -1) {
+  return Error(call + " failed: " + ucs_status_string(status), peer);
+}
+
+void check_ucx(const std::string& call, ucs_status_t status) {
+  if (status != UCS_OK) throw ucx_error(call, status);
+}
+
+/// One send or receive, from submission until UCX is done with it and its callback has run.
+struct Op {
+  enum class Kind { send, recv };
+  Kind kind = Kind::send;
+  int peer = 0;
+  Tag tag = 0;
+  void* data = nullptr;
+  size_t bytes = 0;
+  Callback done;
+  void* request = nullptr;  // UCX request while UCX still owns the operation
+  bool ucx_done = false;    // UCX called back or completed it in the posting call
+  bool finished = false;    // `done` has run
+  ucs_status_t ucx_status = UCS_OK;
+  ucp_tag_recv_info_t info{};
+  void* impl = nullptr;  // the UcxTransport::Impl that posted it
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "ucx " << (kind == Kind::send ? "send to" : "recv from") << " rank " << peer << " tag "
+      << tag;
+    return s.str();
+  }
+};
+
+/// Work for the progress thread: an operation to post, or a task (connect, fail_peer).
+struct Command {
+  std::unique_ptr<Op> op;
+  std::function<void()> task;
+};
+
+}  // namespace
+
+struct UcxTransport::Impl {
+  const int rank_;
+  const int world_size_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  int worker_fd_ = -1;
+  int wake_fd_ = -1;
+  int epoll_fd_ = -1;
+  std::thread thread_;
+
+  // Shared with callers, guarded by mutex_.
+  std::mutex mutex_;
+  std::deque<Command> queue_;
+  bool sleeping_ = false;
+  bool stop_ = false;
+  std::atomic<bool> has_commands_{false};
+
+  // Owned by the progress thread (or by the destructor once the thread has joined).
+  std::vector<ucp_ep_h> eps_;
+  std::vector<std::string> dead_;  // non-empty: the reason the peer was failed
+  std::unordered_map<Op*, std::unique_ptr<Op>> ops_;  // every operation UCX may still call back
+  std::vector<std::unordered_set<Op*>> pending_;      // per peer: posted, not yet finished
+  std::vector<Op*> completed_;                        // called back by UCX, not yet processed
+  std::vector<void*> closing_;                        // ep close requests in progress
+  size_t sends_in_flight_ = 0;
+  size_t recvs_in_flight_ = 0;
+  bool shutting_down_ = false;
+  bool destroying_ = false;
+
+  Impl(int rank, int world_size)
+      : rank_(rank), world_size_(world_size), eps_(world_size), dead_(world_size),
+        pending_(world_size) {}
+
+  ~Impl() {
+    if (thread_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+        has_commands_.store(true, std::memory_order_release);
+      }
+      wake();
+      thread_.join();
+    }
+    destroying_ = true;
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  void start() {
+    ucp_config_t* config = nullptr;
+    check_ucx("ucp_config_read", ucp_config_read(nullptr, nullptr, &config));
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    params.estimated_num_eps = static_cast<size_t>(world_size_);
+    ucs_status_t status = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    check_ucx("ucp_init", status);
+
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+    check_ucx("ucp_worker_create", ucp_worker_create(context_, &worker_params, &worker_));
+
+    ucp_address_t* address = nullptr;
+    size_t length = 0;
+    check_ucx("ucp_worker_get_address", ucp_worker_get_address(worker_, &address, &length));
+    address_.assign(reinterpret_cast<const char*>(address), length);
+    ucp_worker_release_address(worker_, address);
+
+    check_ucx("ucp_worker_get_efd", ucp_worker_get_efd(worker_, &worker_fd_));
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (wake_fd_ < 0 || epoll_fd_ < 0) {
+      throw Error(std::string("UcxTransport: eventfd/epoll_create1 failed: ") + std::strerror(errno));
+    }
+    for (int fd : {worker_fd_, wake_fd_}) {
+      epoll_event event{};
+      event.events = EPOLLIN;
+      event.data.fd = fd;
+      if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+        throw Error(std::string("UcxTransport: epoll_ctl failed: ") + std::strerror(errno));
+      }
+    }
+    thread_ = std::thread([this] { run(); });
+  }
+
+  // ---- caller side ----
+
+  void submit(Command command) {
+    bool wake_now = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(command));
+      has_commands_.store(true, std::memory_order_release);
+      wake_now = sleeping_;
+      sleeping_ = false;
+    }
+    if (wake_now) wake();
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+  }
+
+  void post(Op::Kind kind, int peer, Tag tag, void* data, size_t bytes, Callback done) {
+    auto op = std::make_unique<Op>();
+    op->kind = kind;
+    op->peer = peer;
+    op->tag = tag;
+    op->data = data;
+    op->bytes = bytes;
+    op->done = std::move(done);
+    op->impl = this;
+    submit(Command{std::move(op), nullptr});
+  }
+
+  // ---- progress thread ----
+
+  void run() {
+    auto last_event = Clock::now();
+    for (;;) {
+      if (has_commands_.load(std::memory_order_acquire)) {
+        if (drain_commands()) break;
+        last_event = Clock::now();
+      }
+      if (ucp_worker_progress(worker_) != 0) last_event = Clock::now();
+      if (!completed_.empty()) process_completions();
+      reap_closing();
+      if (sends_in_flight_ > 0 || !closing_.empty() ||
+          (recvs_in_flight_ > 0 && Clock::now() - last_event < kRecvSpin)) {
+        continue;
+      }
+      // Idle: sleep until UCX or a caller signals. Arm only after progress found nothing.
+      ucs_status_t status = ucp_worker_arm(worker_);
+      if (status == UCS_ERR_BUSY) continue;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!queue_.empty() || stop_) continue;
+        sleeping_ = true;
+      }
+      epoll_event events[2];
+      ::epoll_wait(epoll_fd_, events, 2, status == UCS_OK ? kIdleWaitMs : 1);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        sleeping_ = false;
+      }
+      uint64_t count = 0;
+      while (::read(wake_fd_, &count, sizeof count) > 0) {
+      }
+      last_event = Clock::now();
+    }
+    shut_down();
+  }
+
+  // Runs queued commands; returns true when the transport is stopping.
+  bool drain_commands() {
+    std::deque<Command> commands;
+    bool stop = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      commands.swap(queue_);
+      has_commands_.store(false, std::memory_order_relaxed);
+      stop = stop_;
+    }
+    for (Command& command : commands) {
+      if (command.op) {
+        start_op(std::move(command.op));
+      } else if (command.task) {
+        command.task();
+      }
+    }
+    return stop;
+  }
+
+  Status precheck(const Op& op) const {
+    if (op.peer < 0 || op.peer >= world_size_) {
+      return Status::failure(op.describe() + ": peer must be in [0, " +
+                             std::to_string(world_size_) + ")");
+    }
+    if ((op.tag & ~kTagMask) != 0) {
+      return Status::failure(op.describe() + ": tag must fit in " + std::to_string(kTagBits) +
+                             " bits", op.peer);
+    }
+    if (shutting_down_) return Status::failure(kShutDown, op.peer);
+    if (!dead_[op.peer].empty()) return Status::failure(dead_[op.peer], op.peer);
+    if (op.kind == Op::Kind::send && eps_[op.peer] == nullptr) {
+      return Status::failure(op.describe() + ": not connected (call connect() first)", op.peer);
+    }
+    return Status::success();
+  }
+
+  void start_op(std::unique_ptr<Op> owned) {
+    Op* op = owned.get();
+    Status problem = precheck(*op);
+    if (!problem.ok()) {
+      op->finished = true;
+      if (op->done) op->done(problem);
+      return;
+    }
+    ops_.emplace(op, std::move(owned));
+    pending_[op->peer].insert(op);
+    ++(op->kind == Op::Kind::send ? sends_in_flight_ : recvs_in_flight_);
+
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.user_data = op;
+    ucs_status_ptr_t result;
+    if (op->kind == Op::Kind::send) {
+      param.cb.send = &on_send_done;
+      result = ucp_tag_send_nbx(eps_[op->peer], op->data, op->bytes, wire_tag(rank_, op->tag),
+                                &param);
+    } else {
+      // UCX 1.13 leaves recv_info.tag_info unfilled when an unexpected eager message completes
+      // the receive inside the call, so the length check would be blind: have UCX call back.
+      param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      param.cb.recv = &on_recv_done;
+      result = ucp_tag_recv_nbx(worker_, op->data, op->bytes, wire_tag(op->peer, op->tag),
+                                kFullTagMask, &param);
+    }
+    if (UCS_PTR_IS_PTR(result)) {
+      // UCX may already have called back from inside the posting call.
+      if (!op->ucx_done) op->request = result;
+      return;
+    }
+    // Completed (or failed) inside the call: UCX will not call back.
+    op->ucx_done = true;
+    op->ucx_status = UCS_PTR_STATUS(result);
+    finish(op, outcome(*op));
+    ops_.erase(op);
+  }
+
+  static void on_send_done(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<Op*>(user_data);
+    static_cast<Impl*>(op->impl)->on_ucx_done(op, request, status);
+  }
+
+  static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                           void* user_data) {
+    auto* op = static_cast<Op*>(user_data);
+    if (info != nullptr) op->info = *info;
+    static_cast<Impl*>(op->impl)->on_ucx_done(op, request, status);
+  }
+
+  // Called from inside UCX: only record, user callbacks run later from process_completions.
+  void on_ucx_done(Op* op, void* request, ucs_status_t status) {
+    op->ucx_done = true;
+    op->ucx_status = status;
+    op->request = nullptr;
+    if (!destroying_) ucp_request_free(request);
+    completed_.push_back(op);
+  }
+
+  void process_completions() {
+    while (!completed_.empty()) {
+      std::vector<Op*> batch;
+      batch.swap(completed_);
+      for (Op* op : batch) {
+        if (!op->finished) finish(op, outcome(*op));
+        ops_.erase(op);
+      }
+    }
+  }
+
+  Status outcome(const Op& op) const {
+    bool is_recv = op.kind == Op::Kind::recv;
+    if (op.ucx_status == UCS_OK && (!is_recv || op.info.length == op.bytes)) {
+      return Status::success();
+    }
+    if (!dead_[op.peer].empty()) return Status::failure(dead_[op.peer], op.peer);
+    if (shutting_down_) return Status::failure(kShutDown, op.peer);
+    if (is_recv && (op.ucx_status == UCS_OK || op.ucx_status == UCS_ERR_MESSAGE_TRUNCATED)) {
+      std::string sent = op.info.length > op.bytes || op.ucx_status == UCS_OK
+                             ? std::to_string(op.info.length) + "-byte message"
+                             : "message larger than " + std::to_string(op.bytes) + " bytes";
+      return Status::failure(op.describe() + ": received a " + sent +
+                             " but the receive was posted for " + std::to_string(op.bytes) +
+                             " bytes", op.peer);
+    }
+    return Status::failure(op.describe() + ": " +
+                               (is_recv ? "ucp_tag_recv_nbx" : "ucp_tag_send_nbx") + " failed: " +
+                               ucs_status_string(op.ucx_status), op.peer);
+  }
+
+  void finish(Op* op, const Status& status) {
+    if (op->finished) return;
+    op->finished = true;
+    pending_[op->peer].erase(op);
+    --(op->kind == Op::Kind::send ? sends_in_flight_ : recvs_in_flight_);
+    Callback done = std::move(op->done);
+    if (done) done(status);
+  }
+
+  void connect_all(const std::vector<std::string>& addresses) {
+    for (int r = 0; r < world_size_; ++r) {
+      if (eps_[r] != nullptr) throw Error("UcxTransport::connect: already connected to rank " +
+                                          std::to_string(r), r);
+      if (addresses[r].empty()) throw Error("UcxTransport::connect: address of rank " +
+                                            std::to_string(r) + " is empty", r);
+    }
+    for (int r = 0; r < world_size_; ++r) {
+      ucp_ep_params_t params{};
+      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      params.address = reinterpret_cast<const ucp_address_t*>(addresses[r].data());
+      params.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // PEER mode would disable shared memory
+      ucs_status_t status = ucp_ep_create(worker_, &params, &eps_[r]);
+      if (status != UCS_OK) {
+        eps_[r] = nullptr;
+        throw Error("UcxTransport::connect: ucp_ep_create for rank " + std::to_string(r) +
+                    " failed (" + std::to_string(addresses[r].size()) + "-byte address): " +
+                    ucs_status_string(status), r);
+      }
+    }
+  }
+
+  void close_ep(int peer) {
+    ucp_ep_h ep = eps_[peer];
+    if (ep == nullptr) return;
+    eps_[peer] = nullptr;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // never waits for the peer, which may be gone
+    ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+    if (UCS_PTR_IS_PTR(request)) closing_.push_back(request);
+  }
+
+  void reap_closing() {
+    for (size_t i = 0; i < closing_.size();) {
+      if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
+        ucp_request_free(closing_[i]);
+        closing_[i] = closing_.back();
+        closing_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  // Cancels what can be cancelled, force-closes endpoints, then fails whatever is still pending
+  // (a receive already matched to a dead sender never completes on its own).
+  void abort_pending(const std::vector<int>& peers, const std::string& reason) {
+    for (int peer : peers) {
+      std::vector<Op*> ops(pending_[peer].begin(), pending_[peer].end());
+      for (Op* op : ops) {
+        if (op->kind == Op::Kind::recv && op->request != nullptr) {
+          ucp_request_cancel(worker_, op->request);
+        }
+      }
+      close_ep(peer);
+    }
+    ucp_worker_progress(worker_);
+    process_completions();
+    for (int peer : peers) {
+      std::vector<Op*> ops(pending_[peer].begin(), pending_[peer].end());
+      for (Op* op : ops) finish(op, Status::failure(reason, peer));
+    }
+  }
+
+  void fail_peer_now(int peer, const std::string& reason) {
+    if (!dead_[peer].empty()) return;
+    dead_[peer] = reason.empty() ? "rank " + std::to_string(peer) + " failed" : reason;
+    abort_pending({peer}, dead_[peer]);
+  }
+
+  void shut_down() {
+    shutting_down_ = true;
+    std::deque<Command> commands;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      commands.swap(queue_);
+    }
+    for (Command& command : commands) {
+      if (command.op && command.op->done) command.op->done(Status::failure(kShutDown));
+    }
+    std::vector<int> all(world_size_);
+    for (int r = 0; r < world_size_; ++r) all[r] = r;
+    abort_pending(all, kShutDown);
+    auto deadline = Clock::now() + kShutdownDeadline;
+    while (!closing_.empty() && Clock::now() < deadline) {
+      ucp_worker_progress(worker_);
+      reap_closing();
+    }
+    process_completions();
+  }
+};
+
+UcxTransport::UcxTransport(int rank, int world_size) {
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    throw Error("UcxTransport: world_size " + std::to_string(world_size) + " must be in [1, " +
+                std::to_string(kMaxWorldSize) + "]");
+  }
+  if (rank < 0 || rank >= world_size) {
+    throw Error("UcxTransport: rank " + std::to_string(rank) + " must be in [0, " +
+                std::to_string(world_size) + ")");
+  }
+  impl_ = std::make_unique<Impl>(rank, world_size);
+  impl_->start();
+}
+
+UcxTransport::~UcxTransport() = default;
+
+std::string UcxTransport::local_address() const { return impl_->address_; }
+
+void UcxTransport::connect(const std::vector<std::string>& addresses) {
+  if (static_cast<int>(addresses.size()) != impl_->world_size_) {
+    throw Error("UcxTransport::connect: got " + std::to_string(addresses.size()) +
+                " addresses, expected world_size " + std::to_string(impl_->world_size_));
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> result = done->get_future();
+  Impl* impl = impl_.get();
+  impl_->submit(Command{nullptr, [impl, addresses, done] {
+                          try {
+                            impl->connect_all(addresses);
+                            done->set_value();
+                          } catch (...) {
+                            done->set_exception(std::current_exception());
+                          }
+                        }});
+  if (result.wait_for(kConnectDeadline) != std::future_status::ready) {
+    throw Error("UcxTransport::connect: the progress thread did not create the endpoints within " +
+                std::to_string(kConnectDeadline.count()) + " s");
+  }
+  result.get();
+}
+
+std::string UcxTransport::available_transports() {
+  ucp_config_t* config = nullptr;
+  check_ucx("ucp_config_read", ucp_config_read(nullptr, nullptr, &config));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG;
+  ucp_context_h context = nullptr;
+  ucs_status_t status = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  check_ucx("ucp_init", status);
+
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = ::open_memstream(&text, &size);
+  if (stream == nullptr) {
+    ucp_cleanup(context);
+    throw Error(std::string("UcxTransport: open_memstream failed: ") + std::strerror(errno));
+  }
+  ucp_context_print_info(context, stream);
+  std::fclose(stream);
+  ucp_cleanup(context);
+  std::string info(text, size);
+  std::free(text);
+
+  // Lines read "#      resource 1  :  md 1  dev 1  flags -- tcp/lo": keep the names before '/'.
+  std::vector<std::string> names;
+  std::istringstream lines(info);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.find("resource") == std::string::npos) continue;
+    size_t end = line.find_last_not_of(" \t");
+    size_t begin = line.find_last_of(" \t", end);
+    if (end == std::string::npos || begin == std::string::npos) continue;
+    std::string resource = line.substr(begin + 1, end - begin);
+    std::string name = resource.substr(0, resource.find('/'));
+    if (resource.find('/') == std::string::npos || name.empty()) continue;
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  std::string joined;
+  for (const std::string& name : names) joined += (joined.empty() ? "" : ", ") + name;
+  return joined;
+}
+
+std::string UcxTransport::version() { return ucp_get_version_string(); }
+
+int UcxTransport::rank() const { return impl_->rank_; }
+
+int UcxTransport::world_size() const { return impl_->world_size_; }
+
+void UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes, Callback done) {
+  impl_->post(Op::Kind::send, peer, tag, const_cast<void*>(data), bytes, std::move(done));
+}
+
+void UcxTransport::recv(int peer, Tag tag, void* data, size_t bytes, Callback done) {
+  impl_->post(Op::Kind::recv, peer, tag, data, bytes, std::move(done));
+}
+
+void UcxTransport::fail_peer(int peer, const std::string& reason) {
+  if (peer < 0 || peer >= impl_->world_size_) {
+    throw Error("UcxTransport::fail_peer: peer " + std::to_string(peer) + " must be in [0, " +
+                std::to_string(impl_->world_size_) + ")");
+  }
+  Impl* impl = impl_.get();
+  impl_->submit(Command{nullptr, [impl, peer, reason] { impl->fail_peer_now(peer, reason); }});
+}
+
+}  // namespace troupe::comm

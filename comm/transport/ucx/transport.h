@@ -1,0 +1,54 @@
+#pragma once
+/// UcxTransport: the Transport between processes and hosts, over the UCX ucp tag API.
+///
+/// One progress thread owns the ucp worker (UCX workers are single-threaded): callers submit
+/// operations through a lock-protected queue and wake the thread through an eventfd; the thread
+/// busy-polls ucp_worker_progress only while operations are in flight and otherwise sleeps in
+/// epoll on the worker's event fd (ucp_worker_arm) and the wake-up fd, so an idle rank costs no CPU.
+///
+/// Which UCX transports carry the bytes is chosen by UCX's own environment: UCX_TLS (e.g.
+/// "sm,self" for shared memory on one host, "tcp,self" across hosts), UCX_NET_DEVICES (e.g. "eth0").
+/// Peer error handling is left at UCP_ERR_HANDLING_MODE_NONE because PEER mode silently disables
+/// shared memory; dead peers are detected by the directory actor instead, which calls fail_peer.
+///
+/// The wire tag is (source rank << 48) | tag, so a receive matches one peer.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport/transport.h"
+
+namespace troupe::comm {
+
+class UcxTransport final : public Transport {
+ public:
+  /// Creates the ucp context and worker and starts the progress thread.
+  /// Throws comm::Error naming the UCX call and status when UCX cannot start.
+  UcxTransport(int rank, int world_size);
+  ~UcxTransport() override;
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  /// This rank's ucp worker address (opaque bytes) to publish through rendezvous.
+  std::string local_address() const;
+  /// Creates an endpoint to every other rank; `addresses[r]` is rank r's local_address().
+  /// Throws comm::Error naming the rank whose address is unusable.
+  void connect(const std::vector<std::string>& addresses);
+  /// The UCX transports the context found on this machine, e.g. "posix, sysv, cma, tcp".
+  static std::string available_transports();
+  /// UCX's version string, e.g. "1.13.1".
+  static std::string version();
+
+  int rank() const override;
+  int world_size() const override;
+  std::string name() const override { return "ucx"; }
+  void send(int peer, Tag tag, const void* data, size_t bytes, Callback done) override;
+  void recv(int peer, Tag tag, void* data, size_t bytes, Callback done) override;
+  void fail_peer(int peer, const std::string& reason) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::comm

@@ -1,0 +1,44 @@
+#pragma once
+/// Env: where this process sits in a job (rank, world size, rendezvous address), read from the
+/// variables that torchrun, mpirun (Open MPI) or Slurm set, so one program starts under any of them.
+#include <functional>
+#include <string>
+
+namespace troupe {
+
+/// Where this process sits in a job, and how to reach the rendezvous (rank 0's directory).
+/// `source` says who described it: "torchrun" (also `troupe launch`), "mpirun", "slurm",
+/// "default" (no launcher: a single process) or "explicit" (built by hand in code).
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "default";
+};
+
+/// Looks up one environment variable; returns nullptr when it is not set. A parameter so tests
+/// can hand in a fake environment.
+using GetEnv = std::function<const char*(const char*)>;
+
+/// The process environment (std::getenv).
+GetEnv default_getenv();
+
+/// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; else
+/// Open MPI's OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; else Slurm's SLURM_PROCID,
+/// SLURM_NTASKS, SLURM_LOCALID (local size from SLURM_NTASKS_PER_NODE, else the entry for
+/// SLURM_NODEID in SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE such as "2(x3),1", best
+/// effort); else a single process. MASTER_ADDR/MASTER_PORT override for mpirun and Slurm too
+/// (Slurm's default address: SLURM_LAUNCH_NODE_IPADDR when set).
+/// A missing local rank defaults to the rank and a missing local size to the world size (one node).
+/// Throws comm::Error naming the variable and its value when a value is malformed or out of range,
+/// or when a launcher's variables are only partly set (RANK without WORLD_SIZE). Calls validate().
+RankInfo rank_info_from_env(const GetEnv& getenv = default_getenv());
+
+/// Throws comm::Error when rank < 0, rank >= world_size, world_size < 1, local_rank or
+/// local_world_size out of range, master_port not in 1..65535, or master_addr empty.
+void validate(const RankInfo& info);
+
+}  // namespace troupe

@@ -1,0 +1,508 @@
+// UcxTransport between real processes: the test forks one child per rank before any UCX state
+// exists, the children swap worker addresses through pipes to the parent, and each child reports
+// pass or fail through its exit code.
+#include "comm/transport/ucx/transport.h"
+
+#include <doctest/doctest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace troupe::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::seconds;
+
+constexpr auto kPipeDeadline = seconds(60);
+constexpr auto kOpDeadline = seconds(30);
+constexpr auto kJobDeadline = seconds(90);
+
+bool write_all(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, size_t size, Clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    int ready = ::poll(&pfd, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return false;
+    ssize_t n = ::read(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+/// Length-prefixed messages over a pipe.
+void tell(int fd, const std::string& message) {
+  uint32_t size = static_cast<uint32_t>(message.size());
+  if (!write_all(fd, &size, sizeof size) || !write_all(fd, message.data(), message.size())) {
+    throw std::runtime_error("pipe write failed");
+  }
+}
+
+std::string hear(int fd, const char* waiting_for) {
+  auto deadline = Clock::now() + kPipeDeadline;
+  uint32_t size = 0;
+  std::string message;
+  bool ok = read_all(fd, &size, sizeof size, deadline);
+  if (ok) {
+    message.resize(size);
+    ok = read_all(fd, &message[0], size, deadline);
+  }
+  if (!ok) throw std::runtime_error(std::string("pipe closed or timed out waiting for ") + waiting_for);
+  return message;
+}
+
+/// Failures seen inside a child rank; its exit code is 1 when there is any.
+struct Verdict {
+  int rank = 0;
+  int failures = 0;
+  void expect(bool ok, const std::string& what) {
+    if (ok) return;
+    ++failures;
+    std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
+  }
+};
+
+/// Statuses of the operations a child posted; waits for them with a deadline.
+class Outcomes {
+ public:
+  Callback track() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    size_t index = state_->statuses.size();
+    state_->statuses.emplace_back();
+    state_->calls.push_back(0);
+    auto state = state_;
+    return [state, index](const Status& status) {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->statuses[index] = status;
+      ++state->calls[index];
+      state->changed.notify_all();
+    };
+  }
+  bool wait_all(Clock::duration limit = kOpDeadline) {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    return state_->changed.wait_for(lock, limit, [&] {
+      for (int c : state_->calls) {
+        if (c == 0) return false;
+      }
+      return true;
+    });
+  }
+  Status status(size_t i) {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->statuses[i];
+  }
+  int calls(size_t i) {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->calls[i];
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->calls.size();
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::vector<Status> statuses;
+    std::vector<int> calls;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+/// What a child rank's body sees: its transport, the pipes to the parent, its verdict.
+struct RankContext {
+  int rank;
+  int world;
+  std::unique_ptr<UcxTransport> transport;
+  int to_parent;
+  int from_parent;
+  Verdict verdict;
+};
+
+using Body = std::function<void(RankContext&)>;
+
+int run_child(int rank, int world, int to_parent, int from_parent, const Body& body) {
+  RankContext ctx{rank, world, nullptr, to_parent, from_parent, Verdict{rank, 0}};
+  try {
+    ctx.transport = std::make_unique<UcxTransport>(rank, world);
+    tell(to_parent, ctx.transport->local_address());
+    std::vector<std::string> table;
+    for (int r = 0; r < world; ++r) table.push_back(hear(from_parent, "the address table"));
+    ctx.transport->connect(table);
+    body(ctx);
+    tell(to_parent, "done");
+    hear(from_parent, "the final barrier");
+    ctx.transport.reset();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: exception: %s\n", rank, e.what());
+    return 2;
+  }
+  return ctx.verdict.failures == 0 ? 0 : 1;
+}
+
+/// A job of `world` forked processes, each running `body` over a UcxTransport.
+class ProcessJob {
+ public:
+  ProcessJob(int world, const Body& body) : children_(world) {
+    old_sigpipe_ = ::signal(SIGPIPE, SIG_IGN);
+    for (int r = 0; r < world; ++r) {
+      int up[2];
+      int down[2];
+      REQUIRE(::pipe(up) == 0);
+      REQUIRE(::pipe(down) == 0);
+      std::fflush(nullptr);
+      pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        for (int q = 0; q < r; ++q) {
+          ::close(children_[q].to_child);
+          ::close(children_[q].from_child);
+        }
+        ::close(up[0]);
+        ::close(down[1]);
+        ::_exit(run_child(r, world, up[1], down[0], body));
+      }
+      ::close(up[1]);
+      ::close(down[0]);
+      children_[r] = Child{pid, down[1], up[0], true, -1};
+    }
+    std::vector<std::string> table;
+    for (int r = 0; r < world; ++r) table.push_back(hear(r));
+    for (int r = 0; r < world; ++r) {
+      for (const std::string& address : table) say(r, address);
+    }
+  }
+
+  ~ProcessJob() {
+    for (Child& child : children_) {
+      if (child.running) {
+        ::kill(child.pid, SIGKILL);
+        ::waitpid(child.pid, nullptr, 0);
+      }
+      ::close(child.to_child);
+      ::close(child.from_child);
+    }
+    ::signal(SIGPIPE, old_sigpipe_);
+  }
+
+  std::string hear(int rank) { return troupe::comm::hear(children_[rank].from_child, "a child"); }
+  void say(int rank, const std::string& message) { tell(children_[rank].to_child, message); }
+
+  void kill(int rank) {
+    Child& child = children_[rank];
+    ::kill(child.pid, SIGKILL);
+    int status = 0;
+    ::waitpid(child.pid, &status, 0);
+    child.running = false;
+    child.code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  }
+
+  /// Lets every live child leave its body only when all have finished their operations.
+  void barrier() {
+    for (size_t r = 0; r < children_.size(); ++r) {
+      if (children_[r].running) CHECK(hear(static_cast<int>(r)) == "done");
+    }
+    for (size_t r = 0; r < children_.size(); ++r) {
+      if (children_[r].running) say(static_cast<int>(r), "exit");
+    }
+  }
+
+  /// Exit codes (128 + signal when killed by one); a child past the deadline is killed: -1.
+  std::vector<int> wait() {
+    auto deadline = Clock::now() + kJobDeadline;
+    for (Child& child : children_) {
+      while (child.running) {
+        int status = 0;
+        pid_t done = ::waitpid(child.pid, &status, WNOHANG);
+        if (done == child.pid) {
+          child.running = false;
+          child.code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+        } else if (Clock::now() > deadline) {
+          ::kill(child.pid, SIGKILL);
+          ::waitpid(child.pid, nullptr, 0);
+          child.running = false;
+          child.code = -1;
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+    }
+    std::vector<int> codes;
+    for (const Child& child : children_) codes.push_back(child.code);
+    return codes;
+  }
+
+ private:
+  struct Child {
+    pid_t pid = -1;
+    int to_child = -1;
+    int from_child = -1;
+    bool running = false;
+    int code = -1;
+  };
+  std::vector<Child> children_;
+  void (*old_sigpipe_)(int) = SIG_DFL;
+};
+
+uint8_t pattern(int src, Tag tag, size_t i) {
+  return static_cast<uint8_t>(src * 131 + tag * 31 + i * 7 + (i >> 12));
+}
+
+std::vector<uint8_t> patterned(int src, Tag tag, size_t size) {
+  std::vector<uint8_t> data(size);
+  for (size_t i = 0; i < size; ++i) data[i] = pattern(src, tag, i);
+  return data;
+}
+
+bool intact(const std::vector<uint8_t>& data, int src, Tag tag) {
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (data[i] != pattern(src, tag, i)) return false;
+  }
+  return true;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+const std::vector<size_t> kSizes = {0, 1, 4099, 8u << 20};
+
+// Sends every size under tags base+k, receives them from `from` posted in reverse order, and
+// checks every byte; `gate` runs between posting the first and the second half of the work.
+void exchange(RankContext& ctx, int to, int from, Tag base, const std::function<void()>& gate,
+              bool recvs_first) {
+  UcxTransport& t = *ctx.transport;
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<std::vector<uint8_t>> in;
+  for (size_t k = 0; k < kSizes.size(); ++k) {
+    out.push_back(patterned(ctx.rank, base + k, kSizes[k]));
+    in.emplace_back(kSizes[k], 0xEE);
+  }
+  Outcomes sends;
+  Outcomes recvs;
+  auto post_recvs = [&] {
+    for (size_t k = kSizes.size(); k-- > 0;) {
+      t.recv(from, base + k, in[k].data(), in[k].size(), recvs.track());
+    }
+  };
+  auto post_sends = [&] {
+    for (size_t k = 0; k < kSizes.size(); ++k) {
+      t.send(to, base + k, out[k].data(), out[k].size(), sends.track());
+    }
+  };
+  if (recvs_first) {
+    post_recvs();
+    gate();
+    post_sends();
+  } else {
+    post_sends();
+    gate();
+    post_recvs();
+  }
+  ctx.verdict.expect(sends.wait_all() && recvs.wait_all(), "timed out at tag base " +
+                                                               std::to_string(base));
+  for (size_t k = 0; k < kSizes.size(); ++k) {
+    std::string what = "tag " + std::to_string(base + k) + " size " + std::to_string(kSizes[k]);
+    ctx.verdict.expect(sends.status(k).ok(), what + " send: " + sends.status(k).message());
+    Status r = recvs.status(kSizes.size() - 1 - k);
+    ctx.verdict.expect(r.ok(), what + " recv: " + r.message());
+    ctx.verdict.expect(intact(in[k], from, base + k), what + " arrived corrupted");
+  }
+}
+
+// Tells `peer` a zero-byte marker under `tag` and waits for the same marker from it.
+void handshake(RankContext& ctx, int peer, Tag tag) {
+  Outcomes marks;
+  ctx.transport->send(peer, tag, nullptr, 0, marks.track());
+  ctx.transport->recv(peer, tag, nullptr, 0, marks.track());
+  ctx.verdict.expect(marks.wait_all() && marks.status(0).ok() && marks.status(1).ok(),
+                     "handshake " + std::to_string(tag) + " failed");
+}
+
+void check_exit_codes(const std::vector<int>& codes, const std::vector<int>& expected) {
+  REQUIRE(codes.size() == expected.size());
+  for (size_t r = 0; r < codes.size(); ++r) {
+    INFO("rank " << r << " exit code " << codes[r] << " (details on stderr)");
+    CHECK(codes[r] == expected[r]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ucx tagged messages of every size arrive intact between two processes in any order") {
+  ProcessJob job(2, [](RankContext& ctx) {
+    int other = 1 - ctx.rank;
+    // Unexpected: every send is posted before the matching receive.
+    exchange(ctx, other, other, 100, [&] { handshake(ctx, other, 1); }, false);
+    // Expected: every receive is posted before the matching send.
+    exchange(ctx, other, other, 200, [&] { handshake(ctx, other, 2); }, true);
+    // A rank talks to itself through the same API.
+    exchange(ctx, ctx.rank, ctx.rank, 300, [] {}, false);
+  });
+  job.barrier();
+  check_exit_codes(job.wait(), {0, 0});
+}
+
+TEST_CASE("a ucx receive whose posted size differs from the message fails naming both sizes") {
+  struct Case {
+    Tag tag;
+    size_t sent;
+    size_t posted;
+  };
+  static const std::vector<Case> cases = {
+      {10, 100, 64}, {11, 8u << 20, 4u << 20}, {12, 16, 32}, {13, 4u << 20, 8u << 20}};
+  ProcessJob job(2, [](RankContext& ctx) {
+    UcxTransport& t = *ctx.transport;
+    Outcomes ops;
+    std::vector<std::vector<uint8_t>> buffers;
+    for (const Case& c : cases) buffers.emplace_back(ctx.rank == 0 ? c.sent : c.posted);
+    std::vector<uint8_t> good = patterned(0, 14, 64);
+    std::vector<uint8_t> good_in(64);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (ctx.rank == 0) {
+        t.send(1, cases[i].tag, buffers[i].data(), buffers[i].size(), ops.track());
+      } else {
+        t.recv(0, cases[i].tag, buffers[i].data(), buffers[i].size(), ops.track());
+      }
+    }
+    // A well-sized message afterwards still arrives: a mismatch spoils nothing else.
+    if (ctx.rank == 0) {
+      t.send(1, 14, good.data(), good.size(), ops.track());
+    } else {
+      t.recv(0, 14, good_in.data(), good_in.size(), ops.track());
+    }
+    ctx.verdict.expect(ops.wait_all(), "operations did not complete");
+    if (ctx.rank == 1) {
+      for (size_t i = 0; i < cases.size(); ++i) {
+        Status s = ops.status(i);
+        const std::string& m = s.message();
+        ctx.verdict.expect(!s.ok(), "tag " + std::to_string(cases[i].tag) + " succeeded");
+        ctx.verdict.expect(has(m, std::to_string(cases[i].sent)) &&
+                               has(m, std::to_string(cases[i].posted)) &&
+                               has(m, "rank 0") && has(m, "tag " + std::to_string(cases[i].tag)),
+                           "message lacks sizes, peer or tag: " + m);
+        ctx.verdict.expect(s.peer() == 0, "status peer is " + std::to_string(s.peer()));
+      }
+      ctx.verdict.expect(ops.status(cases.size()).ok() && good_in == good,
+                         "the well-sized message after the mismatches failed");
+    }
+  });
+  job.barrier();
+  check_exit_codes(job.wait(), {0, 0});
+}
+
+TEST_CASE("fail_peer fails pending ucx operations with the reason and later ones at once") {
+  static const std::string reason = "rank 0 left the job (test)";
+  ProcessJob job(2, [](RankContext& ctx) {
+    UcxTransport& t = *ctx.transport;
+    Outcomes bye;
+    if (ctx.rank == 0) {
+      t.recv(1, 22, nullptr, 0, bye.track());
+      ctx.verdict.expect(bye.wait_all() && bye.status(0).ok(), "goodbye from rank 1 missing");
+      return;
+    }
+    std::vector<uint8_t> small(64);
+    std::vector<uint8_t> large(8u << 20, 1);
+    Outcomes pending;
+    t.recv(0, 20, small.data(), small.size(), pending.track());  // rank 0 never sends it
+    t.send(0, 21, large.data(), large.size(), pending.track());  // rank 0 never receives it
+    t.send(0, 22, nullptr, 0, bye.track());
+    ctx.verdict.expect(bye.wait_all() && bye.status(0).ok(), "goodbye to rank 0 failed");
+    t.fail_peer(0, reason);
+    ctx.verdict.expect(pending.wait_all(), "pending operations not failed by fail_peer");
+    for (size_t i = 0; i < 2; ++i) {
+      Status s = pending.status(i);
+      ctx.verdict.expect(!s.ok() && s.message() == reason && s.peer() == 0,
+                         "pending op " + std::to_string(i) + " ended with: " + s.message());
+    }
+    Outcomes later;
+    t.send(0, 23, small.data(), small.size(), later.track());
+    t.recv(0, 24, small.data(), small.size(), later.track());
+    ctx.verdict.expect(later.wait_all(std::chrono::seconds(1)), "later ops did not fail at once");
+    for (size_t i = 0; i < 2; ++i) {
+      Status s = later.status(i);
+      ctx.verdict.expect(!s.ok() && s.message() == reason && s.peer() == 0,
+                         "later op " + std::to_string(i) + " ended with: " + s.message());
+    }
+    // Other peers are unaffected: rank 1 still reaches itself.
+    exchange(ctx, 1, 1, 300, [] {}, true);
+    for (Outcomes* o : {&pending, &later}) {
+      for (size_t i = 0; i < o->size(); ++i) {
+        ctx.verdict.expect(o->calls(i) == 1, "a callback ran " + std::to_string(o->calls(i)) +
+                                                 " times");
+      }
+    }
+  });
+  job.barrier();
+  check_exit_codes(job.wait(), {0, 0});
+}
+
+TEST_CASE("a ucx receive pending from a killed process fails through fail_peer without a hang") {
+  static const std::string reason = "rank 0 died (test)";
+  ProcessJob job(2, [](RankContext& ctx) {
+    handshake(ctx, 1 - ctx.rank, 1);  // the endpoints have carried traffic before the kill
+    if (ctx.rank == 0) {
+      hear(ctx.from_parent, "being killed");
+      ctx.verdict.expect(false, "rank 0 was not killed");
+      return;
+    }
+    std::vector<uint8_t> in(8u << 20);
+    std::vector<uint8_t> out(8u << 20, 7);
+    Outcomes pending;
+    ctx.transport->recv(0, 30, in.data(), in.size(), pending.track());
+    ctx.transport->send(0, 31, out.data(), out.size(), pending.track());
+    tell(ctx.to_parent, "ready");
+    hear(ctx.from_parent, "rank 0 killed");
+    ctx.transport->fail_peer(0, reason);
+    ctx.verdict.expect(pending.wait_all(std::chrono::seconds(10)), "fail_peer did not complete");
+    Status r = pending.status(0);
+    ctx.verdict.expect(!r.ok() && r.message() == reason && r.peer() == 0,
+                       "the recv ended with: " + r.message());
+    // UCX itself may fail the send first (its shared memory segment vanished with the process).
+    Status s = pending.status(1);
+    ctx.verdict.expect(!s.ok() && s.peer() == 0, "the send ended with: " + s.message());
+    auto start = Clock::now();
+    ctx.transport.reset();
+    ctx.verdict.expect(Clock::now() - start < std::chrono::seconds(5), "destructor took over 5 s");
+  });
+  CHECK(job.hear(1) == "ready");
+  job.kill(0);
+  job.say(1, "killed");
+  job.barrier();
+  check_exit_codes(job.wait(), {128 + SIGKILL, 0});
+}
+
+}  // namespace troupe::comm

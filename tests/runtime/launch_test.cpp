@@ -1,0 +1,251 @@
+#include "runtime/launch.h"
+
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/status.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// One launch with its output captured and its wall time measured.
+struct Run {
+  troupe::LaunchResult result;
+  std::string out;
+  std::string err;
+  double seconds = 0;
+};
+
+Run run(const troupe::LaunchOptions& options) {
+  std::ostringstream out, err;
+  auto start = Clock::now();
+  Run r;
+  r.result = troupe::launch(options, out, err);
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+troupe::LaunchOptions shell(int nprocs, const std::string& script) {
+  troupe::LaunchOptions options;
+  options.nprocs = nprocs;
+  options.command = {"/bin/sh", "-c", script};
+  return options;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+/// True once process `pid` has exited (gone, or a zombie waiting for its new parent), polled
+/// until a deadline because the kernel finishes an exit asynchronously.
+bool exits_within(int pid, double seconds) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < deadline) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return true;
+    auto close_paren = line.rfind(')');
+    if (close_paren != std::string::npos && close_paren + 2 < line.size() &&
+        (line[close_paren + 2] == 'Z' || line[close_paren + 2] == 'X')) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("three ranks see their own RANK, the world size and one shared MASTER_PORT") {
+  Run r = run(shell(3, "echo rank=$RANK world=$WORLD_SIZE port=$MASTER_PORT "
+                       "local=$LOCAL_RANK/$LOCAL_WORLD_SIZE addr=$MASTER_ADDR"));
+  CHECK(r.result.exit_code == 0);
+  CHECK(r.result.failed_rank == -1);
+  CHECK(r.result.rank_exit_codes == std::vector<int>{0, 0, 0});
+  CHECK(r.result.message == "all 3 ranks exited with status 0");
+  std::regex line(R"(\[rank (\d)\] rank=(\d) world=3 port=(\d+) local=(\d)/3 addr=127\.0\.0\.1)");
+  std::set<std::string> ranks, ports;
+  std::istringstream lines(r.out);
+  for (std::string text; std::getline(lines, text);) {
+    std::smatch m;
+    REQUIRE_MESSAGE(std::regex_match(text, m, line), text);
+    CHECK(m[1] == m[2]);
+    CHECK(m[1] == m[4]);
+    ranks.insert(m[1]);
+    ports.insert(m[3]);
+  }
+  CHECK(ranks == std::set<std::string>{"0", "1", "2"});
+  REQUIRE(ports.size() == 1);
+  CHECK(std::stoi(*ports.begin()) > 0);
+  CHECK(r.err.empty());
+}
+
+TEST_CASE("an explicit master port and address reach every rank") {
+  troupe::LaunchOptions options = shell(2, "echo $MASTER_ADDR:$MASTER_PORT");
+  options.master_addr = "10.1.2.3";
+  options.master_port = 29555;
+  Run r = run(options);
+  CHECK(r.result.exit_code == 0);
+  CHECK(contains(r.out, "[rank 0] 10.1.2.3:29555\n"));
+  CHECK(contains(r.out, "[rank 1] 10.1.2.3:29555\n"));
+}
+
+TEST_CASE("a failing rank stops the others quickly and is reported with its status") {
+  Run r = run(shell(3, "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"));
+  CHECK(r.result.exit_code == 3);
+  CHECK(r.result.failed_rank == 1);
+  CHECK(r.result.rank_exit_codes == std::vector<int>{128 + SIGTERM, 3, 128 + SIGTERM});
+  CHECK(r.result.message == "rank 1 exited with status 3; stopped ranks 0, 2");
+  CHECK(r.seconds < 5);
+}
+
+TEST_CASE("a rank that ignores SIGTERM is killed once the grace period ends") {
+  // Rank 0 fails only once rank 1 ignores SIGTERM (a file says so; timeout_sec bounds the spin).
+  std::string ready = "/tmp/troupe_launch_test_" + std::to_string(getpid()) + ".ready";
+  std::remove(ready.c_str());
+  troupe::LaunchOptions options = shell(
+      2, "if [ $RANK = 0 ]; then until [ -e " + ready + " ]; do :; done; echo ready; exit 4; fi; " +
+             "trap '' TERM; touch " + ready + "; sleep 30");
+  options.grace_sec = 0.3;
+  options.timeout_sec = 20;
+  Run r = run(options);
+  std::remove(ready.c_str());
+  CHECK(r.result.failed_rank == 0);
+  CHECK(r.result.exit_code == 4);
+  CHECK(r.result.rank_exit_codes == std::vector<int>{4, 128 + SIGKILL});
+  CHECK(r.out == "[rank 0] ready\n");
+  CHECK(r.seconds < 5);
+}
+
+TEST_CASE("a rank killed by a signal is reported with the signal") {
+  Run r = run(shell(2, "if [ $RANK = 1 ]; then kill -KILL $$; fi; sleep 30"));
+  CHECK(r.result.failed_rank == 1);
+  CHECK(r.result.exit_code == 128 + SIGKILL);
+  CHECK(contains(r.result.message, "rank 1 was killed by signal 9"));
+  CHECK(contains(r.result.message, "stopped ranks 0"));
+}
+
+TEST_CASE("no process started by a failed rank outlives the launch") {
+  Run r = run(shell(2, "sleep 30 & echo child=$!; if [ $RANK = 1 ]; then exit 3; fi; wait"));
+  CHECK(r.result.failed_rank == 1);
+  std::regex child(R"(\[rank \d\] child=(\d+))");
+  int checked = 0;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), child), end; it != end; ++it) {
+    CHECK(exits_within(std::stoi((*it)[1]), 2));
+    ++checked;
+  }
+  CHECK(checked == 2);
+  CHECK(r.seconds < 5);
+}
+
+TEST_CASE("a program that is not in PATH fails naming it") {
+  troupe::LaunchOptions options;
+  options.nprocs = 2;
+  options.command = {"troupe-no-such-program", "--flag"};
+  Run r = run(options);
+  CHECK(r.result.exit_code == 127);
+  CHECK(contains(r.result.message, "'troupe-no-such-program'"));
+  CHECK(contains(r.result.message, "not found in PATH"));
+  CHECK(r.result.rank_exit_codes == std::vector<int>{-1, -1});
+}
+
+TEST_CASE("a file that cannot be executed fails naming it and starts no further rank") {
+  troupe::LaunchOptions options;
+  options.nprocs = 3;
+  options.command = {"/dev/null"};
+  Run r = run(options);
+  CHECK(r.result.exit_code == 126);
+  CHECK(r.result.failed_rank == 0);
+  CHECK(contains(r.result.message, "rank 0 could not execute '/dev/null'"));
+  CHECK(contains(r.result.message, "ranks 1, 2 not started"));
+  CHECK(r.result.rank_exit_codes == std::vector<int>{126, -1, -1});
+}
+
+TEST_CASE("timeout_sec stops every rank and reports the timeout") {
+  troupe::LaunchOptions options = shell(2, "sleep 30");
+  options.timeout_sec = 0.5;
+  Run r = run(options);
+  CHECK(r.result.exit_code == 124);
+  CHECK(r.result.failed_rank == -1);
+  CHECK(r.result.message == "timed out after 0.5 s; stopped ranks 0, 1");
+  CHECK(r.result.rank_exit_codes == std::vector<int>{128 + SIGTERM, 128 + SIGTERM});
+  CHECK(r.seconds >= 0.5);
+  CHECK(r.seconds < 5);
+}
+
+TEST_CASE("SIGTERM sent to the launcher stops the ranks") {
+  Run r = run(shell(2, "if [ $RANK = 0 ]; then kill -TERM $PPID; fi; sleep 30"));
+  CHECK(r.result.exit_code == 128 + SIGTERM);
+  CHECK(r.result.failed_rank == -1);
+  CHECK(contains(r.result.message, "launcher received SIGTERM; stopped ranks 0"));
+  CHECK(r.seconds < 5);
+}
+
+TEST_CASE("stderr goes to the err stream and a last line without newline is not lost") {
+  Run r = run(shell(1, "echo out; echo oops >&2; printf 'a\\nb\\nno newline'"));
+  CHECK(r.result.exit_code == 0);
+  CHECK(r.out == "[rank 0] out\n[rank 0] a\n[rank 0] b\n[rank 0] no newline\n");
+  CHECK(r.err == "[rank 0] oops\n");
+}
+
+TEST_CASE("without prefixes output passes through unchanged") {
+  troupe::LaunchOptions options = shell(1, "printf 'x\\ny'");
+  options.prefix_output = false;
+  Run r = run(options);
+  CHECK(r.out == "x\ny");
+}
+
+TEST_CASE("extra_env reaches the ranks but cannot override the rank variables") {
+  troupe::LaunchOptions options = shell(2, "echo $TROUPE_TEST_VALUE $RANK");
+  options.extra_env = {{"TROUPE_TEST_VALUE", "hello"}, {"RANK", "7"}};
+  Run r = run(options);
+  CHECK(contains(r.out, "[rank 0] hello 0\n"));
+  CHECK(contains(r.out, "[rank 1] hello 1\n"));
+}
+
+TEST_CASE("invalid launch options are errors naming the option") {
+  troupe::LaunchOptions options = shell(0, "true");
+  CHECK_THROWS_WITH_AS(troupe::launch(options),
+                       "LaunchOptions.nprocs=0 is not positive (expected at least 1)",
+                       troupe::comm::Error);
+  options = troupe::LaunchOptions{};
+  CHECK_THROWS_WITH_AS(troupe::launch(options),
+                       "LaunchOptions.command is empty (expected a program and its arguments)",
+                       troupe::comm::Error);
+  options = shell(1, "true");
+  options.master_port = 70000;
+  CHECK_THROWS_AS(troupe::launch(options), troupe::comm::Error);
+  options = shell(1, "true");
+  options.timeout_sec = -1;
+  CHECK_THROWS_AS(troupe::launch(options), troupe::comm::Error);
+}
+
+TEST_CASE("pick_free_port returns a port that can be bound on 127.0.0.1") {
+  int port = troupe::pick_free_port();
+  REQUIRE(port > 0);
+  REQUIRE(port <= 65535);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  CHECK(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  close(fd);
+}
