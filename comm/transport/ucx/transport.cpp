@@ -29,24 +29,23 @@ using Clock = std::chrono::steady_clock;
 constexpr int kRankBits = 64 - kTagBits;
 constexpr int kMaxWorldSize = 1 << kRankBits;
 constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
-constexpr int kIdleWaitMs = 100;  // safety net only: wake-ups come from the fds
-// With only receives pending, keep polling this long after the last event before sleeping in
-// epoll: a reply usually arrives within it, and past it the poll would only burn a core.
-constexpr auto kRecvSpin = std::chrono::microseconds(500);
+// While operations are in flight the thread polls, but only until nothing has happened for
+// kSpin: a reply usually comes within it, and past it polling would only steal a core from compute
+// (a receive may be posted long before its peer sends). It then sleeps in epoll like an idle rank,
+// with a short timeout as a safety net for progress UCX does not signal on the event fd (e.g. a
+// send queued behind a full shared-memory fifo).
+constexpr auto kSpin = std::chrono::microseconds(500);
+constexpr int kBusyWaitMs = 1;
+constexpr int kIdleWaitMs = 100;
 constexpr auto kConnectDeadline = std::chrono::seconds(30);
-constexpr auto kShutdownDeadline = std::chrono::seconds(2);
 const char* const kShutDown = "transport shut down";
 
 ucp_tag_t wire_tag(int src_rank, Tag tag) {
   return (static_cast<ucp_tag_t>(src_rank) << kTagBits) | (tag & kTagMask);
 }
 
-Error ucx_error(const std::string& call, ucs_status_t status, int peer = -1) {
-  return Error(call + " failed: " + ucs_status_string(status), peer);
-}
-
-void check_ucx(const std::string& call, ucs_status_t status) {
-  if (status != UCS_OK) throw ucx_error(call, status);
+void check_ucx(const char* call, ucs_status_t status) {
+  if (status != UCS_OK) throw Error(std::string(call) + " failed: " + ucs_status_string(status));
 }
 
 /// One send or receive, from submission until UCX is done with it and its callback has run.
@@ -66,10 +65,8 @@ struct Op {
   void* impl = nullptr;  // the UcxTransport::Impl that posted it
 
   std::string describe() const {
-    std::ostringstream s;
-    s << "ucx " << (kind == Kind::send ? "send to" : "recv from") << " rank " << peer << " tag "
-      << tag;
-    return s.str();
+    return std::string("ucx ") + (kind == Kind::send ? "send to" : "recv from") + " rank " +
+           std::to_string(peer) + " tag " + std::to_string(tag);
   }
 };
 
@@ -105,9 +102,7 @@ struct UcxTransport::Impl {
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;  // every operation UCX may still call back
   std::vector<std::unordered_set<Op*>> pending_;      // per peer: posted, not yet finished
   std::vector<Op*> completed_;                        // called back by UCX, not yet processed
-  std::vector<void*> closing_;                        // ep close requests in progress
-  size_t sends_in_flight_ = 0;
-  size_t recvs_in_flight_ = 0;
+  size_t in_flight_ = 0;  // operations posted to UCX whose callback has not run
   bool shutting_down_ = false;
   bool destroying_ = false;
 
@@ -141,7 +136,12 @@ struct UcxTransport::Impl {
     params.estimated_num_eps = static_cast<size_t>(world_size_);
     ucs_status_t status = ucp_init(&params, config, &context_);
     ucp_config_release(config);
-    check_ucx("ucp_init", status);
+    if (status != UCS_OK) {
+      const char* tls = std::getenv("UCX_TLS");
+      throw Error("ucp_init failed: " + std::string(ucs_status_string(status)) + " (UCX_TLS=" +
+                  (tls != nullptr ? "\"" + std::string(tls) + "\"" : "unset") +
+                  "; `ucx_info -d` lists the transports this machine has)");
+    }
 
     ucp_worker_params_t worker_params{};
     worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -214,11 +214,8 @@ struct UcxTransport::Impl {
       }
       if (ucp_worker_progress(worker_) != 0) last_event = Clock::now();
       if (!completed_.empty()) process_completions();
-      reap_closing();
-      if (sends_in_flight_ > 0 || !closing_.empty() ||
-          (recvs_in_flight_ > 0 && Clock::now() - last_event < kRecvSpin)) {
-        continue;
-      }
+      bool in_flight = in_flight_ > 0;
+      if (in_flight && Clock::now() - last_event < kSpin) continue;
       // Idle: sleep until UCX or a caller signals. Arm only after progress found nothing.
       ucs_status_t status = ucp_worker_arm(worker_);
       if (status == UCS_ERR_BUSY) continue;
@@ -228,7 +225,8 @@ struct UcxTransport::Impl {
         sleeping_ = true;
       }
       epoll_event events[2];
-      ::epoll_wait(epoll_fd_, events, 2, status == UCS_OK ? kIdleWaitMs : 1);
+      int woken = ::epoll_wait(epoll_fd_, events, 2,
+                               status == UCS_OK && !in_flight ? kIdleWaitMs : kBusyWaitMs);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         sleeping_ = false;
@@ -236,7 +234,7 @@ struct UcxTransport::Impl {
       uint64_t count = 0;
       while (::read(wake_fd_, &count, sizeof count) > 0) {
       }
-      last_event = Clock::now();
+      if (woken > 0) last_event = Clock::now();
     }
     shut_down();
   }
@@ -288,7 +286,7 @@ struct UcxTransport::Impl {
     }
     ops_.emplace(op, std::move(owned));
     pending_[op->peer].insert(op);
-    ++(op->kind == Op::Kind::send ? sends_in_flight_ : recvs_in_flight_);
+    ++in_flight_;
 
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -374,7 +372,7 @@ struct UcxTransport::Impl {
     if (op->finished) return;
     op->finished = true;
     pending_[op->peer].erase(op);
-    --(op->kind == Op::Kind::send ? sends_in_flight_ : recvs_in_flight_);
+    --in_flight_;
     Callback done = std::move(op->done);
     if (done) done(status);
   }
@@ -408,20 +406,9 @@ struct UcxTransport::Impl {
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // never waits for the peer, which may be gone
+    // A forced close completes at once; should UCX still return a request, it frees it when done.
     ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
-    if (UCS_PTR_IS_PTR(request)) closing_.push_back(request);
-  }
-
-  void reap_closing() {
-    for (size_t i = 0; i < closing_.size();) {
-      if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
-        ucp_request_free(closing_[i]);
-        closing_[i] = closing_.back();
-        closing_.pop_back();
-      } else {
-        ++i;
-      }
-    }
+    if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
   }
 
   // Cancels what can be cancelled, force-closes endpoints, then fails whatever is still pending
@@ -458,17 +445,13 @@ struct UcxTransport::Impl {
       commands.swap(queue_);
     }
     for (Command& command : commands) {
-      if (command.op && command.op->done) command.op->done(Status::failure(kShutDown));
+      if (command.op && command.op->done) {
+        command.op->done(Status::failure(kShutDown, command.op->peer));
+      }
     }
     std::vector<int> all(world_size_);
     for (int r = 0; r < world_size_; ++r) all[r] = r;
     abort_pending(all, kShutDown);
-    auto deadline = Clock::now() + kShutdownDeadline;
-    while (!closing_.empty() && Clock::now() < deadline) {
-      ucp_worker_progress(worker_);
-      reap_closing();
-    }
-    process_completions();
   }
 };
 
@@ -541,14 +524,13 @@ std::string UcxTransport::available_transports() {
   std::istringstream lines(info);
   std::string line;
   while (std::getline(lines, line)) {
-    if (line.find("resource") == std::string::npos) continue;
-    size_t end = line.find_last_not_of(" \t");
-    size_t begin = line.find_last_of(" \t", end);
-    if (end == std::string::npos || begin == std::string::npos) continue;
-    std::string resource = line.substr(begin + 1, end - begin);
-    std::string name = resource.substr(0, resource.find('/'));
-    if (resource.find('/') == std::string::npos || name.empty()) continue;
-    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    size_t slash = line.rfind('/');
+    size_t space = slash == std::string::npos ? slash : line.rfind(' ', slash);
+    if (line.find("resource") == std::string::npos || space == std::string::npos) continue;
+    std::string name = line.substr(space + 1, slash - space - 1);
+    if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) {
+      names.push_back(name);
+    }
   }
   std::string joined;
   for (const std::string& name : names) joined += (joined.empty() ? "" : ", ") + name;

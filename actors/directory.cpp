@@ -1,0 +1,149 @@
+#include "actors/directory.h"
+
+#include <caf/all.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "actors/atoms.h"
+
+namespace troupe::actors {
+
+namespace {
+
+struct Member {
+  std::string host;
+  std::string address;
+  caf::actor worker;
+  caf::response_promise reply;
+  bool gone = false;
+};
+
+struct DirectoryState {
+  int world_size = 0;
+  std::map<int, Member> members;
+  bool complete = false;
+  std::string failure;  // set once the rendezvous has failed; later registrations get it too
+  static inline const char* name = "troupe.directory";
+};
+
+using Directory = caf::stateful_actor<DirectoryState>;
+
+std::string list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+void fail_all(Directory* self, const std::string& why) {
+  self->state.failure = why;
+  for (auto& [rank, m] : self->state.members)
+    if (m.reply.pending())
+      m.reply.deliver(table_atom::value, false, why, std::vector<std::string>{},
+                      std::vector<std::string>{});
+}
+
+void tell_survivors(Directory* self, int rank, const std::string& why, bool fatal) {
+  for (auto& [r, m] : self->state.members)
+    if (r != rank && !m.gone) self->send(m.worker, peer_down_atom::value, rank, why, fatal);
+}
+
+caf::behavior directory(Directory* self, int world_size, std::chrono::milliseconds deadline) {
+  self->state.world_size = world_size;
+  self->delayed_send(self, deadline, deadline_atom::value);
+  self->set_down_handler([self](const caf::down_msg& down) {
+    for (auto& [rank, m] : self->state.members) {
+      if (m.gone || m.worker.address() != down.source) continue;
+      m.gone = true;
+      if (self->state.complete) {
+        tell_survivors(self, rank,
+                       "rank " + std::to_string(rank) + " (on " + m.host +
+                           ") died: its connection to the rendezvous was lost",
+                       true);
+      } else if (m.reply.pending()) {
+        // Died while waiting: forget it, so that the deadline names it as missing.
+        m.reply = caf::response_promise{};
+      }
+    }
+  });
+  return {
+      [self](register_atom, int rank, int world, const std::string& host,
+                       const std::string& address, const caf::actor& worker) -> caf::result<
+                                                                         table_atom, bool, std::string,
+                                                                         std::vector<std::string>,
+                                                                         std::vector<std::string>> {
+        auto& st = self->state;
+        std::string why;
+        if (!st.failure.empty()) {
+          why = st.failure;
+        } else if (st.complete) {
+          why = "rank " + std::to_string(rank) + " registered after the rendezvous of all " +
+                std::to_string(st.world_size) + " ranks had completed";
+        } else if (world != st.world_size) {
+          why = "world size mismatch: rank " + std::to_string(rank) + " on " + host +
+                " has WORLD_SIZE=" + std::to_string(world) + ", but rank 0 started the job with " +
+                std::to_string(st.world_size);
+        } else if (rank < 0 || rank >= st.world_size) {
+          why = "rank " + std::to_string(rank) + " on " + host + " is outside [0, " +
+                std::to_string(st.world_size) + ")";
+        } else if (auto it = st.members.find(rank); it != st.members.end() && !it->second.gone) {
+          why = "duplicate rank: rank " + std::to_string(rank) + " registered twice (from " +
+                it->second.host + " and from " + host + ")";
+        }
+        if (!why.empty()) {
+          fail_all(self, why);
+          return {table_atom::value, false, why, std::vector<std::string>{},
+                  std::vector<std::string>{}};
+        }
+        self->monitor(worker);
+        Member m{host, address, worker, self->make_response_promise(), false};
+        st.members[rank] = std::move(m);
+        if (static_cast<int>(st.members.size()) == st.world_size) {
+          bool all_here = true;
+          for (auto& [r, mm] : st.members) all_here = all_here && !mm.gone;
+          if (all_here) {
+            std::vector<std::string> hosts, addresses;
+            for (auto& [r, mm] : st.members) {
+              hosts.push_back(mm.host);
+              addresses.push_back(mm.address);
+            }
+            st.complete = true;
+            for (auto& [r, mm] : st.members)
+              mm.reply.deliver(table_atom::value, true, std::string{}, hosts, addresses);
+          }
+        }
+        return caf::delegated<table_atom, bool, std::string, std::vector<std::string>,
+                              std::vector<std::string>>{};
+      },
+      [self, deadline](deadline_atom) {
+        auto& st = self->state;
+        if (st.complete || !st.failure.empty()) return;
+        std::vector<int> missing;
+        for (int r = 0; r < st.world_size; ++r) {
+          auto it = st.members.find(r);
+          if (it == st.members.end() || it->second.gone) missing.push_back(r);
+        }
+        fail_all(self, "rendezvous timed out after " + std::to_string(deadline.count()) +
+                           " ms: rank(s) " + list(missing) + " never arrived (world size " +
+                           std::to_string(st.world_size) + ")");
+      },
+      [self](leave_atom, int rank) {
+        auto it = self->state.members.find(rank);
+        if (it == self->state.members.end() || it->second.gone) return true;
+        it->second.gone = true;
+        self->demonitor(it->second.worker);
+        tell_survivors(self, rank, "rank " + std::to_string(rank) + " left the job", false);
+        return true;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_directory(caf::actor_system& system, int world_size,
+                           std::chrono::milliseconds deadline) {
+  return system.spawn(directory, world_size, deadline);
+}
+
+}  // namespace troupe::actors

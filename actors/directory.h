@@ -1,0 +1,20 @@
+#pragma once
+/// The directory: the rendezvous of a job, an actor on rank 0 published with CAF's middleman at
+/// MASTER_ADDR:MASTER_PORT.
+///
+/// Each rank registers (rank, world size, host, transport address, worker). When all world_size
+/// ranks have registered, every one of them gets the peer table (hosts and transport addresses by
+/// rank). Registration fails for everyone, at once, on a duplicate rank, a world size that differs
+/// from rank 0's, or a rank outside [0, world_size); and when the deadline passes first, with a
+/// message naming the ranks that never arrived. After the rendezvous the directory monitors every
+/// worker; when one disappears it tells every survivor which rank it was (peer_down_atom).
+#include <caf/fwd.hpp>
+
+#include <chrono>
+
+namespace troupe::actors {
+
+caf::actor spawn_directory(caf::actor_system& system, int world_size,
+                           std::chrono::milliseconds deadline);
+
+}  // namespace troupe::actors

@@ -1,0 +1,43 @@
+#pragma once
+/// The client side of the rendezvous: reach the directory, register, get the peer table.
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "comm/status.h"
+
+namespace troupe::actors {
+
+/// What this rank tells the directory, and where the directory is.
+struct RendezvousRequest {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string host;     // this rank's host name, for the peer table and error messages
+  std::string address;  // this rank's transport address
+  std::chrono::milliseconds timeout{30000};
+};
+
+/// The rendezvous' outcome: every rank's host and transport address, by rank.
+struct PeerTable {
+  std::vector<std::string> hosts;
+  std::vector<std::string> addresses;
+  caf::actor directory;
+};
+
+/// On rank 0: spawns the directory and publishes it at master_port (all interfaces). Throws
+/// comm::Error naming the port when it cannot be bound.
+caf::actor publish_directory(caf::actor_system& system, const RendezvousRequest& request);
+
+/// Registers `worker` with the directory (`directory` on rank 0, else reached at
+/// master_addr:master_port, retrying until the timeout) and waits for the table. Throws comm::Error
+/// naming host:port when the directory cannot be reached in time, and passing on the directory's
+/// refusal (duplicate rank, world size mismatch, missing ranks) otherwise.
+PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request,
+                     const caf::actor& worker, caf::actor directory);
+
+}  // namespace troupe::actors

@@ -1,0 +1,171 @@
+#include "runtime/cli/bench_allreduce.h"
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <iostream>
+
+#include "runtime/launch.h"
+#include "runtime/runtime.h"
+
+namespace troupe::cli {
+
+std::vector<size_t> parse_sizes(const std::string& list) {
+  std::vector<size_t> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    size_t pos = 0;
+    unsigned long long value = 0;
+    try {
+      value = std::stoull(item, &pos);
+    } catch (const std::exception&) {
+      throw comm::Error("size '" + item + "' is not a number with an optional unit B, KiB, MiB, GiB");
+    }
+    std::string unit = item.substr(pos);
+    size_t scale = 1;
+    if (unit == "" || unit == "B") scale = 1;
+    else if (unit == "KiB" || unit == "K") scale = size_t{1} << 10;
+    else if (unit == "MiB" || unit == "M") scale = size_t{1} << 20;
+    else if (unit == "GiB" || unit == "G") scale = size_t{1} << 30;
+    else
+      throw comm::Error("size '" + item + "' has unit '" + unit + "' (expected B, KiB, MiB or GiB)");
+    out.push_back(static_cast<size_t>(value) * scale);
+  }
+  if (out.empty()) throw comm::Error("--bytes '" + list + "' names no size");
+  return out;
+}
+
+namespace {
+
+struct Row {
+  size_t bytes;
+  double sec;
+};
+
+// Every rank runs this; all ranks agree on iteration counts through allreduce, and the time of an
+// allreduce is the slowest rank's.
+std::vector<Row> measure(Runtime& rt, const AllreduceBench& bench) {
+  auto& comm = rt.comm();
+  std::vector<Row> rows;
+  for (size_t bytes : bench.bytes) {
+    const size_t count = bytes / sizeof(float);
+    std::vector<float> data(count, 1.0f);
+    for (int i = 0; i < 2; ++i)
+      comm.allreduce(data.data(), count, comm::DataType::float32, comm::ReduceOp::sum);
+    // Calibrate: how many iterations fill seconds_per_size.
+    comm.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    comm.allreduce(data.data(), count, comm::DataType::float32, comm::ReduceOp::sum);
+    double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    comm.allreduce(&one, 1, comm::DataType::float64, comm::ReduceOp::max);
+    int64_t iters = std::clamp<int64_t>(static_cast<int64_t>(bench.seconds_per_size / one), 3,
+                                        20000);
+    comm.barrier();
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i)
+      comm.allreduce(data.data(), count, comm::DataType::float32, comm::ReduceOp::sum);
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                 static_cast<double>(iters);
+    comm.allreduce(&sec, 1, comm::DataType::float64, comm::ReduceOp::max);
+    rows.push_back(Row{count * sizeof(float), sec});
+  }
+  return rows;
+}
+
+std::string human(size_t bytes) {
+  char buf[32];
+  if (bytes >= (size_t{1} << 30) && bytes % (size_t{1} << 30) == 0)
+    std::snprintf(buf, sizeof buf, "%zuGiB", bytes >> 30);
+  else if (bytes >= (size_t{1} << 20) && bytes % (size_t{1} << 20) == 0)
+    std::snprintf(buf, sizeof buf, "%zuMiB", bytes >> 20);
+  else if (bytes >= 1024 && bytes % 1024 == 0)
+    std::snprintf(buf, sizeof buf, "%zuKiB", bytes >> 10);
+  else
+    std::snprintf(buf, sizeof buf, "%zuB", bytes);
+  return buf;
+}
+
+void print(const std::vector<Row>& rows, const AllreduceBench& bench) {
+  const int W = bench.world;
+  if (!bench.json)
+    std::printf("troupe allreduce, %d ranks over %s, float32 sum\n%10s %12s %12s %12s\n", W,
+                bench.transport.c_str(), "bytes", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+  for (auto& r : rows) {
+    double algbw = static_cast<double>(r.bytes) / r.sec / 1e9;
+    double busbw = algbw * 2.0 * (W - 1) / W;
+    if (bench.json)
+      std::printf("{\"bytes\": %zu, \"world\": %d, \"transport\": \"%s\", \"sec\": %.9g, "
+                  "\"algbw_GBps\": %.6g, \"busbw_GBps\": %.6g}\n",
+                  r.bytes, W, bench.transport.c_str(), r.sec, algbw, busbw);
+    else
+      std::printf("%10s %12.1f %12.3f %12.3f\n", human(r.bytes).c_str(), r.sec * 1e6, algbw, busbw);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_allreduce_bench_rank(const AllreduceBench& bench) {
+  RuntimeOptions options;
+  options.scheduler_threads = 1;
+  Runtime rt(options);
+  auto rows = measure(rt, bench);
+  if (rt.rank() == 0) print(rows, bench);
+  return 0;
+}
+
+int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe) {
+  if (bench.world < 1) throw comm::Error("--world " + std::to_string(bench.world) + " (expected >= 1)");
+  if (bench.transport == "inproc") {
+    auto fabric = std::make_shared<comm::InprocFabric>(bench.world);
+    const int port = pick_free_port();
+    std::vector<std::future<std::vector<Row>>> ranks;
+    for (int r = 0; r < bench.world; ++r)
+      ranks.push_back(std::async(std::launch::async, [&, r] {
+        RuntimeOptions options;
+        options.transport = "inproc";
+        options.fabric = fabric;
+        options.scheduler_threads = 1;
+        RankInfo info;
+        info.rank = r;
+        info.world_size = bench.world;
+        info.local_rank = r;
+        info.local_world_size = bench.world;
+        info.master_port = port;
+        info.source = "explicit";
+        options.rank_info = info;
+        Runtime rt(options);
+        return measure(rt, bench);
+      }));
+    std::vector<Row> rows;
+    for (int r = 0; r < bench.world; ++r) {
+      auto got = ranks[r].get();
+      if (r == 0) rows = got;
+    }
+    print(rows, bench);
+    return 0;
+  }
+  if (bench.transport != "ucx")
+    throw comm::Error("--transport '" + bench.transport + "' (expected ucx or inproc)");
+  LaunchOptions launch_options;
+  launch_options.nprocs = bench.world;
+  launch_options.prefix_output = false;
+  launch_options.command = {self_exe, "bench", "allreduce", "--as-rank", "--world",
+                            std::to_string(bench.world), "--transport", "ucx", "--bytes"};
+  std::string sizes;
+  for (size_t b : bench.bytes) sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
+  launch_options.command.push_back(sizes);
+  launch_options.command.push_back("--seconds");
+  launch_options.command.push_back(std::to_string(bench.seconds_per_size));
+  if (bench.json) launch_options.command.push_back("--json");
+  auto result = launch(launch_options);
+  if (result.exit_code != 0) std::cerr << "troupe bench: " << result.message << "\n";
+  return result.exit_code;
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,25 @@
+#pragma once
+/// `troupe bench allreduce`: time allreduce over a job of this tool's own ranks.
+#include <string>
+#include <vector>
+
+namespace troupe::cli {
+
+struct AllreduceBench {
+  int world = 2;
+  std::vector<size_t> bytes;
+  std::string transport = "ucx";
+  bool json = false;
+  double seconds_per_size = 0.3;  // measure each size for about this long
+};
+
+/// Parses "4KiB,1MiB,64MiB" (B, KiB, MiB, GiB, or plain bytes); throws naming a bad entry.
+std::vector<size_t> parse_sizes(const std::string& list);
+
+/// Runs the benchmark: over inproc as threads of this process, over ucx by launching `world`
+/// copies of `self_exe` with `bench allreduce --as-rank`. Returns the exit code.
+int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe);
+/// The body of one rank (the environment says which): prints results on rank 0.
+int run_allreduce_bench_rank(const AllreduceBench& bench);
+
+}  // namespace troupe::cli

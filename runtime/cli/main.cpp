@@ -1,0 +1,105 @@
+// build/bin/troupe: launch a job, print versions, run benchmarks.
+#include <CLI/CLI.hpp>
+#include <caf/config.hpp>
+#include <torch/csrc/api/include/torch/version.h>
+#include <unistd.h>
+
+#include <climits>
+#include <iostream>
+
+#include "comm/transport/ucx/transport.h"
+#include "runtime/cli/bench_allreduce.h"
+#include "runtime/launch.h"
+#ifdef TROUPE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "cuda/reduce.h"
+#endif
+
+namespace {
+
+std::string self_exe(const char* argv0) {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return argv0;
+  buf[n] = 0;
+  return buf;
+}
+
+void print_info() {
+  std::cout << "troupe " << TROUPE_VERSION << "\n";
+  std::cout << "CAF " << CAF_MAJOR_VERSION << "." << CAF_MINOR_VERSION << "." << CAF_PATCH_VERSION
+            << "\n";
+  std::cout << "UCX " << troupe::comm::UcxTransport::version()
+            << " (transports: " << troupe::comm::UcxTransport::available_transports() << ")\n";
+  std::cout << "LibTorch " << TORCH_VERSION << "\n";
+#ifdef TROUPE_HAVE_CUDA
+  int runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  std::cout << "CUDA runtime " << runtime / 1000 << "." << (runtime % 1000) / 10
+            << ", NCCL " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH
+            << " (compiled), GPU " << (troupe::cuda::device_available() ? "available" : "not found")
+            << "\n";
+#else
+  std::cout << "CUDA not built (-DTROUPE_WITH_CUDA=OFF or nvcc not found)\n";
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: an actor runtime for communication-efficient data-parallel training"};
+  app.require_subcommand(1);
+
+  auto* launch_cmd = app.add_subcommand("launch", "Start N local processes as the ranks of a job");
+  troupe::LaunchOptions launch;
+  launch_cmd->add_option("-n,--nprocs", launch.nprocs, "Number of processes")->required()
+      ->check(CLI::Range(1, 4096));
+  launch_cmd->add_option("--master-addr", launch.master_addr, "Rendezvous address");
+  launch_cmd->add_option("--master-port", launch.master_port, "Rendezvous port (0: a free one)")
+      ->check(CLI::Range(0, 65535));
+  launch_cmd->add_option("--timeout", launch.timeout_sec, "Stop every rank after this many seconds");
+  launch_cmd->add_flag("!--no-prefix", launch.prefix_output, "Do not prefix output lines with the rank");
+  launch_cmd->add_option("command", launch.command, "Program and its arguments (after --)")
+      ->required();
+
+  app.add_subcommand("info", "Print the versions of troupe and its dependencies");
+
+  auto* bench_cmd = app.add_subcommand("bench", "Benchmarks");
+  bench_cmd->require_subcommand(1);
+  auto* bench_ar = bench_cmd->add_subcommand("allreduce", "Time allreduce per message size");
+  troupe::cli::AllreduceBench bench;
+  std::string sizes = "4KiB,1MiB,64MiB";
+  bool as_rank = false;
+  bench_ar->add_option("--world", bench.world, "Number of ranks")->check(CLI::Range(1, 1024));
+  bench_ar->add_option("--bytes", sizes, "Comma-separated sizes, e.g. 4KiB,1MiB,64MiB");
+  bench_ar->add_option("--transport", bench.transport, "ucx or inproc")
+      ->check(CLI::IsMember({"ucx", "inproc"}));
+  bench_ar->add_option("--seconds", bench.seconds_per_size, "Measuring time per size");
+  bench_ar->add_flag("--json", bench.json, "One JSON object per line");
+  bench_ar->add_flag("--as-rank", as_rank, "Internal: run as one rank of the benchmark job")
+      ->group("");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*launch_cmd) {
+      auto result = troupe::launch(launch);
+      if (result.exit_code != 0) std::cerr << "troupe launch: " << result.message << "\n";
+      return result.exit_code;
+    }
+    if (app.got_subcommand("info")) {
+      print_info();
+      return 0;
+    }
+    if (*bench_ar) {
+      bench.bytes = troupe::cli::parse_sizes(sizes);
+      if (as_rank) return troupe::cli::run_allreduce_bench_rank(bench);
+      return troupe::cli::run_allreduce_bench(bench, self_exe(argv[0]));
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "troupe: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,164 @@
+#include "runtime/runtime.h"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+#include "actors/atoms.h"
+#include "actors/rendezvous.h"
+#include "actors/worker.h"
+#include "comm/transport/ucx/transport.h"
+
+namespace troupe {
+
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+int default_threads() {
+  unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(hw, 1u, 2u));
+}
+
+}  // namespace
+
+struct Runtime::Impl {
+  RuntimeOptions options;
+  RankInfo info;
+  caf::actor_system_config config;
+  std::unique_ptr<caf::actor_system> system;
+  std::shared_ptr<comm::Transport> transport;
+  caf::actor worker;
+  caf::actor directory;  // on every rank: the directory (local on rank 0)
+  bool owns_directory = false;
+  std::vector<std::string> hosts;
+  std::unique_ptr<comm::Communicator> comm;
+  mutable std::mutex dead_mutex;
+  std::vector<int> dead;
+
+  void start();
+  void stop();
+};
+
+void Runtime::Impl::start() {
+  info = options.rank_info ? *options.rank_info : rank_info_from_env();
+  validate(info);
+  if (options.scheduler_threads < 0)
+    throw comm::Error("RuntimeOptions.scheduler_threads=" +
+                      std::to_string(options.scheduler_threads) + " (expected >= 0; 0 = default)");
+  const int threads = options.scheduler_threads ? options.scheduler_threads : default_threads();
+  config.set("scheduler.max-threads", threads);
+  config.load<caf::io::middleman>();
+  system = std::make_unique<caf::actor_system>(config);
+
+  std::string address;
+  if (options.transport == "ucx") {
+    auto ucx = std::make_shared<comm::UcxTransport>(info.rank, info.world_size);
+    address = ucx->local_address();
+    transport = ucx;
+  } else if (options.transport == "inproc") {
+    if (!options.fabric)
+      throw comm::Error("RuntimeOptions.transport=\"inproc\" needs RuntimeOptions.fabric "
+                        "(an InprocFabric shared by the ranks of this process)");
+    if (options.fabric->world_size() != info.world_size)
+      throw comm::Error("InprocFabric has world size " +
+                        std::to_string(options.fabric->world_size()) + ", but WORLD_SIZE is " +
+                        std::to_string(info.world_size));
+    transport = options.fabric->transport(info.rank);
+  } else {
+    throw comm::Error("RuntimeOptions.transport=\"" + options.transport +
+                      "\" (expected \"ucx\" or \"inproc\")");
+  }
+
+  worker = actors::spawn_worker(*system, info.rank, transport,
+                                [this](int rank, const std::string&, bool) {
+                                  std::lock_guard<std::mutex> lock(dead_mutex);
+                                  dead.push_back(rank);
+                                });
+
+  actors::RendezvousRequest request;
+  request.rank = info.rank;
+  request.world_size = info.world_size;
+  request.master_addr = info.master_addr;
+  request.master_port = info.master_port;
+  request.host = host_name();
+  request.address = address;
+  request.timeout = options.rendezvous_timeout;
+  caf::actor local;
+  if (info.rank == 0) {
+    local = actors::publish_directory(*system, request);
+    owns_directory = true;
+    directory = local;
+  }
+  auto table = actors::rendezvous(*system, request, worker, local);
+  directory = table.directory;
+  hosts = table.hosts;
+  actors::watch_directory(worker, directory);
+
+  if (auto* ucx = dynamic_cast<comm::UcxTransport*>(transport.get())) ucx->connect(table.addresses);
+  comm = std::make_unique<comm::Communicator>(transport, options.collectives,
+                                              options.rendezvous_timeout);
+  comm->barrier();
+  comm->set_timeout(options.collective_timeout);
+}
+
+void Runtime::Impl::stop() {
+  if (!system) return;
+  if (directory && worker && !hosts.empty()) {
+    // Tell the directory we leave on purpose, so survivors hear "left" rather than "died".
+    caf::scoped_actor self{*system};
+    self->request(directory, std::chrono::seconds(2), actors::leave_atom::value, info.rank)
+        .receive([](bool) {}, [](caf::error&) {});
+  }
+  comm.reset();
+  if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
+  if (owns_directory && directory) {
+    system->middleman().unpublish(directory);
+    caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+  }
+  worker = nullptr;
+  directory = nullptr;
+  transport.reset();
+  system.reset();
+}
+
+Runtime::Runtime() : Runtime(RuntimeOptions{}) {}
+
+Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  try {
+    impl_->start();
+  } catch (...) {
+    impl_->stop();
+    throw;
+  }
+}
+
+Runtime::~Runtime() { impl_->stop(); }
+
+int Runtime::rank() const { return impl_->info.rank; }
+int Runtime::world_size() const { return impl_->info.world_size; }
+int Runtime::local_rank() const { return impl_->info.local_rank; }
+const RankInfo& Runtime::rank_info() const { return impl_->info; }
+const std::vector<std::string>& Runtime::hosts() const { return impl_->hosts; }
+caf::actor_system& Runtime::system() { return *impl_->system; }
+const caf::actor& Runtime::worker() const { return impl_->worker; }
+std::shared_ptr<comm::Transport> Runtime::transport() { return impl_->transport; }
+comm::Communicator& Runtime::comm() { return *impl_->comm; }
+
+std::vector<int> Runtime::dead_ranks() const {
+  std::lock_guard<std::mutex> lock(impl_->dead_mutex);
+  auto d = impl_->dead;
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+}  // namespace troupe

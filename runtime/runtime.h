@@ -1,0 +1,79 @@
+#pragma once
+/// Runtime: a rank of a troupe job — the actor system, the rendezvous, the transport and the
+/// collectives, set up in one constructor.
+///
+/// ```cpp
+/// troupe::Runtime rt;                      // rank from troupe launch / torchrun / mpirun / Slurm
+/// rt.comm().allreduce(buf, n, troupe::comm::DataType::float32, troupe::comm::ReduceOp::avg);
+/// ```
+/// The constructor reads the rank environment (or takes RuntimeOptions::rank_info), starts CAF
+/// with min(2, cores) scheduler threads unless told otherwise, creates the transport, registers
+/// with the directory on rank 0 (which rank 0 publishes at MASTER_ADDR:MASTER_PORT), connects to
+/// every peer and passes a barrier. Every step has a deadline; failures throw comm::Error with a
+/// message naming what was expected. When a rank dies later, every survivor's pending and later
+/// communication fails with an error naming it; dead_ranks() lists the ranks lost so far.
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/collectives/communicator.h"
+#include "comm/transport/inproc/transport.h"
+#include "runtime/env.h"
+
+namespace caf {
+class actor_system;
+class actor;
+}  // namespace caf
+
+namespace troupe {
+
+/// How a Runtime starts. Defaults fit a process started by `troupe launch`, torchrun, mpirun or
+/// srun.
+struct RuntimeOptions {
+  /// Where this rank sits; read from the environment when empty.
+  std::optional<RankInfo> rank_info;
+  /// CAF scheduler threads; 0 means min(2, hardware threads).
+  int scheduler_threads = 0;
+  /// "ucx" (processes and hosts) or "inproc" (ranks as threads of one process; needs `fabric`).
+  std::string transport = "ucx";
+  /// The shared medium of an in-process job (transport "inproc").
+  std::shared_ptr<comm::InprocFabric> fabric;
+  /// Deadline for reaching rank 0 and for every rank to arrive.
+  std::chrono::milliseconds rendezvous_timeout{30000};
+  /// Deadline of each blocking collective.
+  std::chrono::milliseconds collective_timeout{60000};
+  comm::CollectiveOptions collectives;
+};
+
+class Runtime {
+ public:
+  Runtime();
+  explicit Runtime(RuntimeOptions options);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  int local_rank() const;
+  const RankInfo& rank_info() const;
+  /// Host name of every rank, by rank (from the rendezvous).
+  const std::vector<std::string>& hosts() const;
+
+  caf::actor_system& system();
+  /// This rank's worker actor.
+  const caf::actor& worker() const;
+  std::shared_ptr<comm::Transport> transport();
+  /// Blocking collectives over this job's transport.
+  comm::Communicator& comm();
+  /// Ranks reported gone (died or left) so far, sorted.
+  std::vector<int> dead_ranks() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,106 @@
+// The CPU reduction kernels and the half / bfloat16 conversions.
+#include <doctest/doctest.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "comm/reduce.h"
+
+using namespace troupe::comm;
+
+namespace {
+__attribute__((target("f16c"))) float hw_half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) uint16_t hw_float_to_half(float f) {
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+}
+}  // namespace
+
+TEST_CASE("half conversions agree with the processor's F16C for every half and many floats") {
+  if (!__builtin_cpu_supports("f16c")) {
+    MESSAGE("no F16C on this processor: skipped");
+    return;
+  }
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float want = hw_half_to_float(static_cast<uint16_t>(h));
+    float got = half_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(want)) {
+      REQUIRE(std::isnan(got));
+      continue;
+    }
+    REQUIRE(std::memcmp(&got, &want, 4) == 0);
+  }
+  uint32_t bits = 12345;
+  for (int i = 0; i < 2000000; ++i) {
+    bits = bits * 1664525u + 1013904223u;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (std::isnan(f)) continue;
+    CAPTURE(f);
+    REQUIRE(float_to_half(f) == hw_float_to_half(f));
+  }
+}
+
+TEST_CASE("bfloat16 rounds to nearest even and keeps NaN") {
+  CHECK(float_to_bfloat16(1.0f) == 0x3f80);
+  // 1 + 2^-8 is halfway between two bfloat16 values: ties go to the even one (1.0).
+  CHECK(float_to_bfloat16(1.00390625f) == 0x3f80);
+  CHECK(float_to_bfloat16(1.01171875f) == 0x3f82);  // 1 + 3 * 2^-8 rounds up to even
+  CHECK(std::isnan(bfloat16_to_float(float_to_bfloat16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(bfloat16_to_float(float_to_bfloat16(-2.5f)) == -2.5f);
+}
+
+TEST_CASE("reduce computes sum, min and max for every dtype, in place and out of place") {
+  const size_t n = 1031;  // not a multiple of any vector width
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(static_cast<int>(i % 17) - 8);
+    b[i] = static_cast<float>(static_cast<int>(i % 13) - 6);
+  }
+  for (auto op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max}) {
+    auto want = [&](size_t i) {
+      return op == ReduceOp::sum ? a[i] + b[i] : op == ReduceOp::min ? std::min(a[i], b[i])
+                                                                     : std::max(a[i], b[i]);
+    };
+    std::vector<double> da(a.begin(), a.end()), db(b.begin(), b.end()), dd(n);
+    reduce(dd.data(), da.data(), db.data(), n, DataType::float64, op);
+    std::vector<int64_t> la(a.begin(), a.end()), lb(b.begin(), b.end());
+    reduce(la.data(), la.data(), lb.data(), n, DataType::int64, op);  // in place
+    std::vector<int32_t> ia(a.begin(), a.end()), ib(b.begin(), b.end()), id(n);
+    reduce(id.data(), ia.data(), ib.data(), n, DataType::int32, op);
+    std::vector<uint16_t> ha(n), hb(n), hd(n), ba(n), bb(n), bd(n);
+    for (size_t i = 0; i < n; ++i) {
+      ha[i] = float_to_half(a[i]);
+      hb[i] = float_to_half(b[i]);
+      ba[i] = float_to_bfloat16(a[i]);
+      bb[i] = float_to_bfloat16(b[i]);
+    }
+    reduce(hd.data(), ha.data(), hb.data(), n, DataType::float16, op);
+    reduce(bd.data(), ba.data(), bb.data(), n, DataType::bfloat16, op);
+    std::vector<float> fd = a;
+    reduce(fd.data(), fd.data(), b.data(), n, DataType::float32, op);
+    for (size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      REQUIRE(fd[i] == want(i));
+      REQUIRE(dd[i] == want(i));
+      REQUIRE(la[i] == static_cast<int64_t>(want(i)));
+      REQUIRE(id[i] == static_cast<int32_t>(want(i)));
+      REQUIRE(half_to_float(hd[i]) == want(i));
+      REQUIRE(bfloat16_to_float(bd[i]) == want(i));
+    }
+  }
+}
+
+TEST_CASE("divide truncates integers toward zero and rejects a divisor below 1") {
+  std::vector<int32_t> v = {7, -7, 3};
+  divide(v.data(), 3, DataType::int32, 2);
+  CHECK(v == std::vector<int32_t>{3, -3, 1});
+  std::vector<float> f = {3.0f};
+  divide(f.data(), 1, DataType::float32, 4);
+  CHECK(f[0] == 0.75f);
+  CHECK_THROWS_WITH(divide(f.data(), 1, DataType::float32, 0),
+                    doctest::Contains("divisor 0 is not >= 1"));
+}

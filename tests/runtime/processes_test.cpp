@@ -1,0 +1,47 @@
+// The same collective checks as the thread tests, as real processes over UCX, started by the
+// launcher; and a rank killed in the middle of a large allreduce.
+#include <doctest/doctest.h>
+
+#include <sstream>
+
+#include "runtime/launch.h"
+
+using namespace troupe;
+
+namespace {
+LaunchResult run_job(int n, const std::string& scenario, bool stop_on_failure, std::string* log) {
+  LaunchOptions o;
+  o.nprocs = n;
+  o.command = {TROUPE_TEST_RANK_BIN, scenario};
+  o.timeout_sec = 240;
+  o.stop_on_failure = stop_on_failure;
+  o.extra_env = {{"UCX_TLS", "sm,self"}};
+  std::ostringstream out, err;
+  auto result = launch(o, out, err);
+  *log = out.str() + err.str();
+  return result;
+}
+}  // namespace
+
+TEST_CASE("every collective over UCX between 2 processes matches the reference") {
+  std::string log;
+  auto r = run_job(2, "collectives", true, &log);
+  INFO(log);
+  CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("every collective over UCX between 4 processes matches the reference") {
+  std::string log;
+  auto r = run_job(4, "collectives", true, &log);
+  INFO(log);
+  CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("killing one rank in a large allreduce ends every other rank's call with an error naming it") {
+  std::string log;
+  auto r = run_job(4, "kill_one", false, &log);
+  INFO(log);
+  REQUIRE(r.rank_exit_codes.size() == 4);
+  CHECK(r.rank_exit_codes[3] == 128 + 9);  // SIGKILL
+  for (int rank = 0; rank < 3; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
+}

@@ -1,0 +1,83 @@
+// troupe_test_rank: one rank of a multi-process test job, started by tests/runtime/processes_test
+// through troupe::launch. The scenario is argv[1]; the exit code says whether it held.
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "runtime/runtime.h"
+#include "tests/support/collective_checks.h"
+
+using namespace troupe;
+
+namespace {
+
+int collectives() {
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  Runtime rt(o);
+  auto failures = test::check_collectives(rt.comm(), {0, 1, 3, 1000, 100003});
+  // A second pass with tiny thresholds forces the pipelined ring on every size.
+  comm::CollectiveOptions ring;
+  ring.small_bytes = 0;
+  ring.chunk_bytes = 256;
+  ring.max_lanes = 4;
+  comm::Communicator forced(rt.transport(), ring, std::chrono::seconds(60));
+  auto more = test::check_collectives(forced, {5, 4099});
+  failures.insert(failures.end(), more.begin(), more.end());
+  for (auto& f : failures) std::cerr << "rank " << rt.rank() << ": " << f << "\n";
+  return failures.empty() ? 0 : 1;
+}
+
+// Every rank allreduces 64 MiB several times; the last rank kills itself after the first one.
+// Every survivor must end its next allreduce with an error naming that rank, well before the
+// collective timeout.
+int kill_one() {
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  o.collective_timeout = std::chrono::seconds(30);
+  Runtime rt(o);
+  const int victim = rt.world_size() - 1;
+  std::vector<float> data((64u << 20) / sizeof(float), 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; i < 50; ++i) {
+      rt.comm().allreduce(data.data(), data.size(), comm::DataType::float32, comm::ReduceOp::sum);
+      if (rt.rank() == victim) raise(SIGKILL);
+      start = std::chrono::steady_clock::now();
+    }
+  } catch (const comm::Error& e) {
+    double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string what = e.what();
+    std::cout << "rank " << rt.rank() << " got after " << waited << " s: " << what << std::endl;
+    bool named = what.find("rank " + std::to_string(victim)) != std::string::npos;
+    if (named && waited < 20) return 0;
+    std::cerr << "rank " << rt.rank() << ": error does not name rank " << victim
+              << " or came too late\n";
+    return 2;
+  }
+  std::cerr << "rank " << rt.rank() << ": every allreduce succeeded although rank " << victim
+            << " was killed\n";
+  return 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: troupe_test_rank collectives|kill_one\n";
+    return 64;
+  }
+  try {
+    if (!std::strcmp(argv[1], "collectives")) return collectives();
+    if (!std::strcmp(argv[1], "kill_one")) return kill_one();
+  } catch (const std::exception& e) {
+    std::cerr << "troupe_test_rank " << argv[1] << ": " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "troupe_test_rank: unknown scenario '" << argv[1] << "'\n";
+  return 64;
+}
