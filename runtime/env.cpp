@@ -107,9 +107,9 @@ RankInfo from_mpirun(const GetEnv& getenv) {
   RankInfo info;
   info.source = "mpirun";
   bool has_rank = getenv("OMPI_COMM_WORLD_RANK") != nullptr;
-  info.rank = require_int(getenv, "OMPI_COMM_WORLD_RANK",
-                          has_rank ? "OMPI_COMM_WORLD_RANK" : "OMPI_COMM_WORLD_SIZE", 0,
-                          kNonNegative);
+  info.rank =
+      require_int(getenv, "OMPI_COMM_WORLD_RANK",
+                  has_rank ? "OMPI_COMM_WORLD_RANK" : "OMPI_COMM_WORLD_SIZE", 0, kNonNegative);
   info.world_size =
       require_int(getenv, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", 1, kPositive);
   info.local_rank =

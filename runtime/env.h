@@ -1,6 +1,7 @@
 #pragma once
 /// Env: where this process sits in a job (rank, world size, rendezvous address), read from the
-/// variables that torchrun, mpirun (Open MPI) or Slurm set, so one program starts under any of them.
+/// variables that torchrun, mpirun (Open MPI) or Slurm set, so one program starts under any of
+/// them.
 #include <functional>
 #include <string>
 

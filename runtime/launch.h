@@ -15,32 +15,45 @@ namespace troupe {
 struct LaunchOptions {
   int nprocs = 1;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;                  ///< 0: pick a free TCP port
-  std::vector<std::string> command;     ///< program and args; a program without '/' is looked up in PATH
+  /// 0: pick a free TCP port.
+  int master_port = 0;
+  /// Program and arguments; a program without '/' is looked up in the launcher's PATH.
+  std::vector<std::string> command;
   std::vector<std::pair<std::string, std::string>> extra_env;
-  bool prefix_output = true;            ///< "[rank N] " before each line of stdout/stderr
-  double timeout_sec = 0;               ///< 0: no limit; else stop all and fail after this long
-  double grace_sec = 5;                 ///< SIGTERM -> SIGKILL delay when stopping the ranks
+  /// "[rank N] " before each line of stdout/stderr; false passes the bytes through unchanged.
+  bool prefix_output = true;
+  /// 0: no limit; else stop every rank and fail after this long.
+  double timeout_sec = 0;
+  /// SIGTERM -> SIGKILL delay when stopping the ranks.
+  double grace_sec = 5;
+  /// false: a failing rank is reported but the others run on (to test how survivors react).
+  bool stop_on_failure = true;
 };
 
 /// How a launch ended.
 struct LaunchResult {
-  /// 0 when every rank exited 0; else the failed rank's status (128+signal when killed), 124 on
-  /// timeout, 128+signal when the launcher itself was interrupted, 127 when the program was not
-  /// found, 126 when it could not be executed.
+  /// 0 when every rank exited 0. Else the failed rank's status (128+signal when it was killed),
+  /// 124 on timeout, 128+signal when the launcher itself got SIGINT/SIGTERM, 127 when the
+  /// program was not found, 126 when it could not be executed.
   int exit_code = 0;
-  int failed_rank = -1;                 ///< first rank that failed; -1 when no rank did
-  std::vector<int> rank_exit_codes;     ///< per rank: exit status, 128+signal, or -1 if never started
-  std::string message;                  ///< e.g. "rank 2 exited with status 3; stopped ranks 0, 1, 3"
+  /// The first rank that failed (exited nonzero, was killed, or could not start); -1 when none.
+  int failed_rank = -1;
+  /// Per rank: exit status, 128+signal, 127/126 when it could not start, -1 if never started.
+  std::vector<int> rank_exit_codes;
+  /// What happened, e.g. "rank 2 exited with status 3; stopped ranks 0, 1, 3".
+  std::string message;
 };
 
-/// Starts options.nprocs processes (each in its own process group, stdin from /dev/null), forwards
-/// their stdout and stderr line by line (prefixed when options.prefix_output) to `out` and `err`,
-/// and waits for all of them. When one fails (nonzero status or a signal), on timeout, or when the
-/// launcher gets SIGINT/SIGTERM, it stops the others' process groups with SIGTERM, then SIGKILL
-/// after grace_sec, and reaps them. Every wait has a deadline. Throws comm::Error on invalid
-/// options (nprocs < 1, empty command, negative times, port out of range); failures of the ranks
-/// are reported in the result, not thrown. One launch at a time per process forwards signals.
+/// Starts options.nprocs processes (posix_spawnp; each in its own process group, stdin from
+/// /dev/null), forwards their stdout and stderr line by line (prefixed when
+/// options.prefix_output; a last partial line is flushed at EOF) to `out` and `err`, and waits
+/// for all of them. When one fails (nonzero status or a signal; see stop_on_failure), on timeout,
+/// or when the launcher gets SIGINT/SIGTERM, it stops the others' process groups with SIGTERM, then
+/// SIGKILL after grace_sec, and reaps them; a second SIGINT skips the grace period. Every wait has
+/// a deadline. While it runs, the launcher's SIGINT/SIGTERM handlers are replaced (restored on
+/// return; only the first of concurrent launches takes them). Throws comm::Error on invalid
+/// options (nprocs < 1, empty command or address, negative times, port out of range) and on
+/// system errors (pipe, fork); failures of the ranks are reported in the result, not thrown.
 LaunchResult launch(const LaunchOptions& options, std::ostream& out = std::cout,
                     std::ostream& err = std::cerr);
 

@@ -18,26 +18,27 @@ Schedule allgatherv_schedule(Group g, const void* in, void* out, const std::vect
   char* base = static_cast<char*>(out);
 
   ring::Layout layout;
-  size_t offset = 0, largest = 0;
+  size_t offset = 0;
   for (size_t c : counts) {
     layout.blocks.push_back(Range{offset, offset + c});
     offset += c;
-    largest = std::max(largest, c);
   }
-  layout.lanes = ring::lane_count(largest * elem, std::max(W - 1, 1), options);
+  layout.plan(elem, std::max(W - 1, 1), options);
   const Range own = layout.blocks[static_cast<size_t>(r)];
   const bool in_place = in == base + own.begin * elem;
 
   for (int lane = 0; lane < layout.lanes; ++lane) {
     std::vector<Step> steps;
-    Range c = layout.chunk(r, lane);
-    if (!in_place && c.size()) {
-      Step copy;  // no operations: runs at once, before the ring starts sending this chunk
-      const char* from = static_cast<const char*>(in) + (c.begin - own.begin) * elem;
-      copy.then = [=] { std::memcpy(base + c.begin * elem, from, c.size() * elem); };
-      steps.push_back(std::move(copy));
+    for (int c = lane; c < layout.chunks; c += layout.lanes) {
+      Range mine = layout.chunk(r, c);
+      if (!in_place && mine.size()) {
+        Step copy;  // no operations: runs at once, before the ring starts sending this chunk
+        const char* from = static_cast<const char*>(in) + (mine.begin - own.begin) * elem;
+        copy.then = [=] { std::memcpy(base + mine.begin * elem, from, mine.size() * elem); };
+        steps.push_back(std::move(copy));
+      }
+      ring::append_allgather(steps, g, base, elem, layout, c, c * (W - 1));
     }
-    ring::append_allgather(steps, g, base, elem, layout, lane, lane * (W - 1));
     s.lanes.push_back(std::move(steps));
   }
   return s;

@@ -17,33 +17,35 @@ Schedule ring_allreduce_schedule(Group g, void* data, size_t count, DataType typ
 
   ring::Layout layout;
   for (int i = 0; i < W; ++i) layout.blocks.push_back(block_range(count, W, i));
-  const int steps_per_lane = 2 * (W - 1);
-  layout.lanes = ring::lane_count(layout.blocks.back().size() * elem, steps_per_lane, options);
+  const int steps_per_chunk = 2 * (W - 1);
+  layout.plan(elem, steps_per_chunk, options);
   const int left = mod(r - 1, W), right = mod(r + 1, W);
 
   for (int lane = 0; lane < layout.lanes; ++lane) {
     std::vector<Step> steps;
     char* tmp = s.allocate(layout.max_chunk(lane) * elem);
-    const int sub0 = lane * steps_per_lane;
-    // Reduce-scatter: after step k, block r-k-2 holds the reduction of k+2 ranks; rank r ends
-    // owning the full reduction of block r.
-    for (int k = 0; k < W - 1; ++k) {
-      Range sent = layout.chunk(mod(r - k - 1, W), lane);
-      Range got = layout.chunk(mod(r - k - 2, W), lane);
-      const auto sub = static_cast<uint16_t>(sub0 + k);
-      Step step;
-      step.ops.push_back(
-          Op{Op::Kind::send, right, base + sent.begin * elem, sent.size() * elem, sub});
-      step.ops.push_back(Op{Op::Kind::recv, left, tmp, got.size() * elem, sub});
-      const bool last = k == W - 2;
-      step.then = [=] {
-        char* dst = base + got.begin * elem;
-        reduce(dst, dst, tmp, got.size(), type, op);
-        if (last && op == ReduceOp::avg) divide(dst, got.size(), type, W);
-      };
-      steps.push_back(std::move(step));
+    for (int c = lane; c < layout.chunks; c += layout.lanes) {
+      const int sub0 = c * steps_per_chunk;
+      // Reduce-scatter: after step k, block r-k-2 holds the reduction of k+2 ranks; rank r ends
+      // owning the full reduction of block r.
+      for (int k = 0; k < W - 1; ++k) {
+        Range sent = layout.chunk(mod(r - k - 1, W), c);
+        Range got = layout.chunk(mod(r - k - 2, W), c);
+        const auto sub = static_cast<uint16_t>(sub0 + k);
+        Step step;
+        step.ops.push_back(
+            Op{Op::Kind::send, right, base + sent.begin * elem, sent.size() * elem, sub});
+        step.ops.push_back(Op{Op::Kind::recv, left, tmp, got.size() * elem, sub});
+        const bool last = k == W - 2;
+        step.then = [=] {
+          char* dst = base + got.begin * elem;
+          reduce(dst, dst, tmp, got.size(), type, op);
+          if (last && op == ReduceOp::avg) divide(dst, got.size(), type, W);
+        };
+        steps.push_back(std::move(step));
+      }
+      ring::append_allgather(steps, g, base, elem, layout, c, sub0 + W - 1);
     }
-    ring::append_allgather(steps, g, base, elem, layout, lane, sub0 + W - 1);
     s.lanes.push_back(std::move(steps));
   }
   return s;

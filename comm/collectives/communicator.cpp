@@ -15,9 +15,7 @@ uint32_t Communicator::next_key() {
 }
 
 void Communicator::run(Schedule schedule) {
-  auto execution =
-      std::make_shared<Execution>(transport_, next_key(), std::move(schedule), driver_.post());
-  Status status = driver_.run(execution, *transport_, timeout_);
+  Status status = driver_.run(std::move(schedule), next_key(), transport_, timeout_);
   if (!status.ok()) throw Error(status.message(), status.peer());
 }
 

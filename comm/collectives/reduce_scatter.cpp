@@ -24,7 +24,7 @@ Schedule reduce_scatter_schedule(Group g, const void* in, void* out, size_t coun
 
   ring::Layout layout;
   for (int i = 0; i < W; ++i) layout.blocks.push_back(block_range(count, W, i));
-  layout.lanes = ring::lane_count(layout.blocks.back().size() * elem, W - 1, options);
+  layout.plan(elem, W - 1, options);
   const int left = mod(r - 1, W), right = mod(r + 1, W);
   const size_t mine = layout.blocks[static_cast<size_t>(r)].begin;
 
@@ -35,22 +35,24 @@ Schedule reduce_scatter_schedule(Group g, const void* in, void* out, size_t coun
     // next partial is written to the other. The input is never modified.
     char* acc[2] = {s.allocate(chunk_bytes), s.allocate(chunk_bytes)};
     std::vector<Step> steps;
-    for (int k = 0; k < W - 1; ++k) {
-      Range sent = layout.chunk(mod(r - k - 1, W), lane);
-      Range got = layout.chunk(mod(r - k - 2, W), lane);
-      const auto sub = static_cast<uint16_t>(lane * (W - 1) + k);
-      const char* send_buf = k == 0 ? src + sent.begin * elem : acc[(k - 1) % 2];
-      Step step;
-      step.ops.push_back(Op{Op::Kind::send, right, const_cast<char*>(send_buf),
-                            sent.size() * elem, sub});
-      step.ops.push_back(Op{Op::Kind::recv, left, tmp, got.size() * elem, sub});
-      const bool last = k == W - 2;
-      char* dst = last ? dst_base + (got.begin - mine) * elem : acc[k % 2];
-      step.then = [=] {
-        reduce(dst, src + got.begin * elem, tmp, got.size(), type, op);
-        if (last && op == ReduceOp::avg) divide(dst, got.size(), type, W);
-      };
-      steps.push_back(std::move(step));
+    for (int c = lane; c < layout.chunks; c += layout.lanes) {
+      for (int k = 0; k < W - 1; ++k) {
+        Range sent = layout.chunk(mod(r - k - 1, W), c);
+        Range got = layout.chunk(mod(r - k - 2, W), c);
+        const auto sub = static_cast<uint16_t>(c * (W - 1) + k);
+        const char* send_buf = k == 0 ? src + sent.begin * elem : acc[(k - 1) % 2];
+        Step step;
+        step.ops.push_back(Op{Op::Kind::send, right, const_cast<char*>(send_buf),
+                              sent.size() * elem, sub});
+        step.ops.push_back(Op{Op::Kind::recv, left, tmp, got.size() * elem, sub});
+        const bool last = k == W - 2;
+        char* dst = last ? dst_base + (got.begin - mine) * elem : acc[k % 2];
+        step.then = [=] {
+          reduce(dst, src + got.begin * elem, tmp, got.size(), type, op);
+          if (last && op == ReduceOp::avg) divide(dst, got.size(), type, W);
+        };
+        steps.push_back(std::move(step));
+      }
     }
     s.lanes.push_back(std::move(steps));
   }

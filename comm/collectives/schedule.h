@@ -63,15 +63,14 @@ class Execution : public std::enable_shared_from_this<Execution> {
 
   /// Posts the first step of every lane. On the driver's thread.
   void start();
-  /// Called by the driver on its thread whenever this execution's state changes.
-  /// Returns true once done() has become true (exactly once).
+  /// True once every lane has ended and no operation is in flight.
   bool done() const { return done_; }
   const Status& status() const { return status_; }
   const std::string& name() const { return schedule_.name; }
   uint32_t key() const { return key_; }
   /// The peers of operations still in flight (sorted, unique): whom a stalled collective waits on.
   std::vector<int> waiting_on() const;
-  /// Sets the callback run on the driver's thread once when the execution ends.
+  /// Sets the callback run on the driver's thread once when the execution ends. Set before start().
   void on_done(std::function<void(const Status&)> fn) { on_done_ = std::move(fn); }
 
  private:

@@ -48,6 +48,11 @@ class Transport {
   /// Receives exactly `bytes` bytes from `peer` under `tag` into `data`.
   virtual void recv(int peer, Tag tag, void* data, size_t bytes, Callback done) = 0;
 
+  /// True when every callback runs on one thread owned by the transport, never inside send/recv.
+  /// A driver may then do a collective's local work directly in the callbacks (BlockingDriver
+  /// does), which saves a thread hand-off per step.
+  virtual bool serial_callbacks() const { return false; }
+
   /// Declares `peer` dead: every pending operation with it fails with `reason`, and so does every
   /// later one. Called when the directory reports a lost rank, or when an operation times out.
   virtual void fail_peer(int peer, const std::string& reason) = 0;

@@ -113,6 +113,7 @@ void print(const std::vector<Row>& rows, const AllreduceBench& bench) {
 int run_allreduce_bench_rank(const AllreduceBench& bench) {
   RuntimeOptions options;
   options.scheduler_threads = 1;
+  options.collectives = bench.tuning;
   Runtime rt(options);
   auto rows = measure(rt, bench);
   if (rt.rank() == 0) print(rows, bench);
@@ -131,6 +132,7 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
         options.transport = "inproc";
         options.fabric = fabric;
         options.scheduler_threads = 1;
+        options.collectives = bench.tuning;
         RankInfo info;
         info.rank = r;
         info.world_size = bench.world;
@@ -163,6 +165,10 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
   launch_options.command.push_back("--seconds");
   launch_options.command.push_back(std::to_string(bench.seconds_per_size));
   if (bench.json) launch_options.command.push_back("--json");
+  for (auto& arg : {std::string("--small-bytes"), std::to_string(bench.tuning.small_bytes),
+                    std::string("--chunk-bytes"), std::to_string(bench.tuning.chunk_bytes),
+                    std::string("--max-lanes"), std::to_string(bench.tuning.max_lanes)})
+    launch_options.command.push_back(arg);
   auto result = launch(launch_options);
   if (result.exit_code != 0) std::cerr << "troupe bench: " << result.message << "\n";
   return result.exit_code;

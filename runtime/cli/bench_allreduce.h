@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/collectives/collectives.h"
+
 namespace troupe::cli {
 
 struct AllreduceBench {
@@ -11,6 +13,7 @@ struct AllreduceBench {
   std::string transport = "ucx";
   bool json = false;
   double seconds_per_size = 0.3;  // measure each size for about this long
+  comm::CollectiveOptions tuning;  // thresholds and pipelining of the collectives
 };
 
 /// Parses "4KiB,1MiB,64MiB" (B, KiB, MiB, GiB, or plain bytes); throws naming a bad entry.

@@ -78,6 +78,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ucx", "inproc"}));
   bench_ar->add_option("--seconds", bench.seconds_per_size, "Measuring time per size");
   bench_ar->add_flag("--json", bench.json, "One JSON object per line");
+  bench_ar->add_option("--small-bytes", bench.tuning.small_bytes,
+                       "Up to this size: latency-optimal algorithms");
+  bench_ar->add_option("--chunk-bytes", bench.tuning.chunk_bytes, "Pipeline chunk of the ring")
+      ->check(CLI::PositiveNumber);
+  bench_ar->add_option("--max-lanes", bench.tuning.max_lanes, "Chunks in flight per collective")
+      ->check(CLI::Range(1, 1024));
   bench_ar->add_flag("--as-rank", as_rank, "Internal: run as one rank of the benchmark job")
       ->group("");
 

@@ -174,9 +174,9 @@ TEST_CASE("negative, zero and overflowing values are errors naming the variable"
                  "OMPI_COMM_WORLD_SIZE='-2' is negative"));
   CHECK(contains(error_of({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}}),
                  "SLURM_PROCID='x' is not an integer"));
-  CHECK(contains(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
-                           {"SLURM_NTASKS_PER_NODE", "0"}}),
-                 "SLURM_NTASKS_PER_NODE='0' is out of range"));
+  CHECK(contains(
+      error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "0"}}),
+      "SLURM_NTASKS_PER_NODE='0' is out of range"));
 }
 
 TEST_CASE("MASTER_PORT must be a port and MASTER_ADDR must not be empty") {
@@ -202,9 +202,10 @@ TEST_CASE("a rank at or past the world size is rejected with both numbers") {
         "rank 4 is out of range (expected 0..3 for world_size 4) (source torchrun)");
   CHECK(contains(error_of({{"OMPI_COMM_WORLD_RANK", "9"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
                  "rank 9 is out of range (expected 0..1 for world_size 2) (source mpirun)"));
-  CHECK(contains(error_of({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"},
-                           {"LOCAL_WORLD_SIZE", "2"}}),
-                 "local_rank 2 is out of range (expected 0..1 for local_world_size 2)"));
+  CHECK(contains(
+      error_of(
+          {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+      "local_rank 2 is out of range (expected 0..1 for local_world_size 2)"));
   CHECK(contains(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "3"}}),
                  "local_world_size 3 is out of range (expected 1..2"));
 }

@@ -1,5 +1,7 @@
 #include "comm/transport/ucx/transport.h"
 
+#include <sched.h>
+
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
@@ -29,11 +31,12 @@ using Clock = std::chrono::steady_clock;
 constexpr int kRankBits = 64 - kTagBits;
 constexpr int kMaxWorldSize = 1 << kRankBits;
 constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
-// While operations are in flight the thread polls, but only until nothing has happened for
-// kSpin: a reply usually comes within it, and past it polling would only steal a core from compute
-// (a receive may be posted long before its peer sends). It then sleeps in epoll like an idle rank,
-// with a short timeout as a safety net for progress UCX does not signal on the event fd (e.g. a
-// send queued behind a full shared-memory fifo).
+// The thread polls until nothing has happened for kSpin: a reply or the caller's next operation
+// usually comes within it, and past it polling would only steal a core from compute (a receive may
+// be posted long before its peer sends). It then sleeps in epoll. With operations in flight the
+// sleep is short: UCX 1.13 does not signal every event on its fd (measured here: with a 100 ms
+// timeout, a fraction of a percent of shared-memory ping-pongs waited for it), so a short timeout
+// bounds such a stall.
 constexpr auto kSpin = std::chrono::microseconds(500);
 constexpr int kBusyWaitMs = 1;
 constexpr int kIdleWaitMs = 100;
@@ -214,8 +217,12 @@ struct UcxTransport::Impl {
       }
       if (ucp_worker_progress(worker_) != 0) last_event = Clock::now();
       if (!completed_.empty()) process_completions();
+      if (Clock::now() - last_event < kSpin) {
+        // On few cores the thread that waits for our completions may share this core: let it run.
+        sched_yield();
+        continue;
+      }
       bool in_flight = in_flight_ > 0;
-      if (in_flight && Clock::now() - last_event < kSpin) continue;
       // Idle: sleep until UCX or a caller signals. Arm only after progress found nothing.
       ucs_status_t status = ucp_worker_arm(worker_);
       if (status == UCS_ERR_BUSY) continue;

@@ -42,6 +42,7 @@ class UcxTransport final : public Transport {
   int rank() const override;
   int world_size() const override;
   std::string name() const override { return "ucx"; }
+  bool serial_callbacks() const override { return true; }
   void send(int peer, Tag tag, const void* data, size_t bytes, Callback done) override;
   void recv(int peer, Tag tag, void* data, size_t bytes, Callback done) override;
   void fail_peer(int peer, const std::string& reason) override;

@@ -104,7 +104,7 @@ class Outcomes {
     state_->calls.push_back(0);
     auto state = state_;
     return [state, index](const Status& status) {
-      std::lock_guard<std::mutex> lock(state->mutex);
+      std::lock_guard<std::mutex> guard(state->mutex);
       state->statuses[index] = status;
       ++state->calls[index];
       state->changed.notify_all();
@@ -199,24 +199,19 @@ class ProcessJob {
       ::close(down[0]);
       children_[r] = Child{pid, down[1], up[0], true, -1};
     }
-    std::vector<std::string> table;
-    for (int r = 0; r < world; ++r) table.push_back(hear(r));
-    for (int r = 0; r < world; ++r) {
-      for (const std::string& address : table) say(r, address);
+    try {
+      std::vector<std::string> table;
+      for (int r = 0; r < world; ++r) table.push_back(hear(r));
+      for (int r = 0; r < world; ++r) {
+        for (const std::string& address : table) say(r, address);
+      }
+    } catch (...) {
+      end_all();
+      throw;
     }
   }
 
-  ~ProcessJob() {
-    for (Child& child : children_) {
-      if (child.running) {
-        ::kill(child.pid, SIGKILL);
-        ::waitpid(child.pid, nullptr, 0);
-      }
-      ::close(child.to_child);
-      ::close(child.from_child);
-    }
-    ::signal(SIGPIPE, old_sigpipe_);
-  }
+  ~ProcessJob() { end_all(); }
 
   std::string hear(int rank) { return troupe::comm::hear(children_[rank].from_child, "a child"); }
   void say(int rank, const std::string& message) { tell(children_[rank].to_child, message); }
@@ -273,6 +268,20 @@ class ProcessJob {
     bool running = false;
     int code = -1;
   };
+  void end_all() {
+    for (Child& child : children_) {
+      if (child.running) {
+        ::kill(child.pid, SIGKILL);
+        ::waitpid(child.pid, nullptr, 0);
+        child.running = false;
+      }
+      ::close(child.to_child);
+      ::close(child.from_child);
+      child.to_child = child.from_child = -1;
+    }
+    ::signal(SIGPIPE, old_sigpipe_);
+  }
+
   std::vector<Child> children_;
   void (*old_sigpipe_)(int) = SIG_DFL;
 };
@@ -503,6 +512,55 @@ TEST_CASE("a ucx receive pending from a killed process fails through fail_peer w
   job.say(1, "killed");
   job.barrier();
   check_exit_codes(job.wait(), {128 + SIGKILL, 0});
+}
+
+TEST_CASE("a lone ucx rank rejects bad peers and tags and fails what is pending when destroyed") {
+  ProcessJob job(1, [](RankContext& ctx) {
+    UcxTransport& t = *ctx.transport;
+    ctx.verdict.expect(!UcxTransport::version().empty(), "empty UCX version");
+    std::string transports = UcxTransport::available_transports();  // follows UCX_TLS
+    ctx.verdict.expect(!transports.empty() && !has(transports, "/") && !has(transports, "#"),
+                       "transports: \"" + transports + "\"");
+    std::vector<uint8_t> buffer(8u << 20);
+    Outcomes bad;
+    t.send(1, 1, buffer.data(), 8, bad.track());
+    t.recv(-1, 1, buffer.data(), 8, bad.track());
+    t.send(0, kTagMask + 1, buffer.data(), 8, bad.track());
+    ctx.verdict.expect(bad.wait_all(), "bad operations did not fail");
+    ctx.verdict.expect(has(bad.status(0).message(), "rank 1") &&
+                           has(bad.status(0).message(), "[0, 1)"),
+                       "bad peer message: " + bad.status(0).message());
+    ctx.verdict.expect(has(bad.status(1).message(), "rank -1"),
+                       "bad peer message: " + bad.status(1).message());
+    ctx.verdict.expect(has(bad.status(2).message(), "48 bits"),
+                       "bad tag message: " + bad.status(2).message());
+    bool threw = false;
+    try {
+      t.fail_peer(3, "no such rank");
+    } catch (const Error& e) {
+      threw = has(e.what(), "peer 3");
+    }
+    ctx.verdict.expect(threw, "fail_peer accepted rank 3 of 1");
+
+    Outcomes pending;
+    std::vector<uint8_t> small(64);
+    t.recv(0, 7, small.data(), small.size(), pending.track());    // never sent
+    t.send(0, 8, buffer.data(), buffer.size(), pending.track());  // never received
+    Outcomes sync;
+    t.send(0, 9, nullptr, 0, sync.track());
+    t.recv(0, 9, nullptr, 0, sync.track());
+    ctx.verdict.expect(sync.wait_all(), "self message did not arrive");
+    auto start = Clock::now();
+    ctx.transport.reset();
+    ctx.verdict.expect(Clock::now() - start < seconds(5), "destructor took over 5 s");
+    ctx.verdict.expect(pending.wait_all(seconds(0)), "destructor left operations pending");
+    for (size_t i = 0; i < 2; ++i) {
+      ctx.verdict.expect(pending.status(i).message() == "transport shut down",
+                         "pending op ended with: " + pending.status(i).message());
+    }
+  });
+  job.barrier();
+  check_exit_codes(job.wait(), {0});
 }
 
 }  // namespace troupe::comm

@@ -1,0 +1,79 @@
+// The troupe tool as users run it: info, and the allreduce benchmark's JSON over both transports.
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Output {
+  int status;
+  std::string text;
+};
+
+Output run(const std::string& command) {
+  Output out{-1, {}};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.text.append(buf, n);
+  out.status = pclose(pipe);
+  return out;
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("troupe info names the versions of troupe, CAF, UCX and LibTorch") {
+  auto out = run(std::string(TROUPE_BIN) + " info");
+  INFO(out.text);
+  CHECK(out.status == 0);
+  CHECK(out.text.find("troupe 0.") != std::string::npos);
+  CHECK(out.text.find("CAF 0.17.") != std::string::npos);
+  CHECK(out.text.find("UCX 1.") != std::string::npos);
+  CHECK(out.text.find("transports: ") != std::string::npos);
+  CHECK(out.text.find("LibTorch ") != std::string::npos);
+}
+
+TEST_CASE("troupe bench allreduce prints one JSON object per size over ucx and inproc") {
+  for (std::string transport : {"ucx", "inproc"}) {
+    CAPTURE(transport);
+    auto out = run(std::string(TROUPE_BIN) + " bench allreduce --world 2 --transport " + transport +
+                   " --bytes 4KiB,1MiB --seconds 0.02 --json");
+    INFO(out.text);
+    REQUIRE(out.status == 0);
+    auto rows = json_lines(out.text);
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0]["bytes"] == 4096);
+    CHECK(rows[1]["bytes"] == 1048576);
+    for (auto& row : rows) {
+      CHECK(row["world"] == 2);
+      CHECK(row["transport"] == transport);
+      CHECK(row["sec"].get<double>() > 0);
+      double algbw = row["bytes"].get<double>() / row["sec"].get<double>() / 1e9;
+      CHECK(row["algbw_GBps"].get<double>() == doctest::Approx(algbw).epsilon(1e-3));
+      CHECK(row["busbw_GBps"].get<double>() == doctest::Approx(algbw).epsilon(1e-3));
+    }
+  }
+}
+
+TEST_CASE("troupe rejects a bad size and a bad transport naming the value") {
+  auto bad_size = run(std::string(TROUPE_BIN) + " bench allreduce --bytes 4XB");
+  CHECK(bad_size.status != 0);
+  CHECK(bad_size.text.find("'4XB'") != std::string::npos);
+  auto bad_transport = run(std::string(TROUPE_BIN) + " bench allreduce --transport pigeon");
+  CHECK(bad_transport.status != 0);
+  CHECK(bad_transport.text.find("pigeon") != std::string::npos);
+}
