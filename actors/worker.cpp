@@ -28,12 +28,10 @@ void peer_down(Worker* self, int rank, const std::string& reason, bool fatal) {
   auto& st = self->state;
   if (rank < 0 || rank >= static_cast<int>(st.links.size()) || st.gone[rank]) return;
   st.gone[rank] = true;
-  if (fatal) {
-    for (size_t r = 0; r < st.links.size(); ++r)
-      if (st.links[r]) self->send(st.links[r], fail_atom::value, reason);
-  } else if (st.links[rank]) {
-    self->send(st.links[rank], fail_atom::value, reason);
-  }
+  // A rank that died: its operations fail at once; collectives waiting on it fail, and the other
+  // ranks' collectives stop with them (BlockingDriver). A rank that left cleanly had completed
+  // everything it sent; a wait for more ends at the waiter's deadline.
+  if (fatal && st.links[rank]) self->send(st.links[rank], fail_atom::value, reason);
   if (st.on_peer_down) st.on_peer_down(rank, reason, fatal);
 }
 

@@ -2,9 +2,11 @@
 /// The worker: one per rank, the rank's address in the actor world.
 ///
 /// It owns the rank's peer links (one per other rank), receives the directory's news of lost ranks,
-/// and turns it into transport failures: a rank that died fails the operations with every peer
-/// (a collective cannot complete without it, so nothing waits for its deadline), a rank that left
-/// cleanly fails only its own link. When the directory itself (rank 0) disappears, that counts as
+/// and turns it into transport failures: a rank that died fails the operations with it at once
+/// (the collectives waiting on it fail, and those of the other survivors stop with them, see
+/// comm::BlockingDriver), so nothing waits for its deadline; a rank that left
+/// cleanly is only recorded, since every message it sent had been delivered (a wait for one it
+/// never sent ends at that wait's deadline). When the directory itself (rank 0) disappears, that counts as
 /// rank 0 dying. `on_peer_down` is called on the worker's thread for each lost rank.
 #include <caf/fwd.hpp>
 

@@ -41,8 +41,10 @@ struct Runtime::Impl {
   bool owns_directory = false;
   std::vector<std::string> hosts;
   std::unique_ptr<comm::Communicator> comm;
-  mutable std::mutex dead_mutex;
+  mutable std::mutex dead_mutex;  // guards dead, death, death_rank and the creation of comm
   std::vector<int> dead;
+  std::string death;  // the first fatal loss, if any
+  int death_rank = -1;
 
   void start();
   void stop();
@@ -79,9 +81,14 @@ void Runtime::Impl::start() {
   }
 
   worker = actors::spawn_worker(*system, info.rank, transport,
-                                [this](int rank, const std::string&, bool) {
+                                [this](int rank, const std::string& reason, bool fatal) {
                                   std::lock_guard<std::mutex> lock(dead_mutex);
                                   dead.push_back(rank);
+                                  if (fatal) {
+                                    death = reason;
+                                    death_rank = rank;
+                                    if (comm) comm->abort(reason, rank);
+                                  }
                                 });
 
   actors::RendezvousRequest request;
@@ -104,8 +111,12 @@ void Runtime::Impl::start() {
   actors::watch_directory(worker, directory);
 
   if (auto* ucx = dynamic_cast<comm::UcxTransport*>(transport.get())) ucx->connect(table.addresses);
-  comm = std::make_unique<comm::Communicator>(transport, options.collectives,
-                                              options.rendezvous_timeout);
+  {
+    std::lock_guard<std::mutex> lock(dead_mutex);
+    comm = std::make_unique<comm::Communicator>(transport, options.collectives,
+                                                options.rendezvous_timeout);
+    if (!death.empty()) comm->abort(death, death_rank);
+  }
   comm->barrier();
   comm->set_timeout(options.collective_timeout);
 }
@@ -118,7 +129,10 @@ void Runtime::Impl::stop() {
     self->request(directory, std::chrono::seconds(2), actors::leave_atom::value, info.rank)
         .receive([](bool) {}, [](caf::error&) {});
   }
-  comm.reset();
+  {
+    std::lock_guard<std::mutex> lock(dead_mutex);
+    comm.reset();
+  }
   if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
   if (owns_directory && directory) {
     system->middleman().unpublish(directory);

@@ -14,7 +14,22 @@ uint32_t Communicator::next_key() {
   return key_;
 }
 
+void Communicator::abort(const std::string& reason, int peer) {
+  {
+    std::lock_guard<std::mutex> guard(broken_mutex_);
+    if (broken_.empty()) {
+      broken_ = reason;
+      broken_peer_ = peer;
+    }
+  }
+  driver_.abort(Status::failure(reason, peer));
+}
+
 void Communicator::run(Schedule schedule) {
+  {
+    std::lock_guard<std::mutex> guard(broken_mutex_);
+    if (!broken_.empty()) throw Error(schedule.name + " refused: " + broken_, broken_peer_);
+  }
   Status status = driver_.run(std::move(schedule), next_key(), transport_, timeout_);
   if (!status.ok()) throw Error(status.message(), status.peer());
 }

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "comm/collectives/collectives.h"
@@ -38,6 +40,10 @@ class Communicator {
   /// Runs any schedule under the next key (for algorithms built outside this class).
   void run(Schedule schedule);
 
+  /// Marks the job broken (a rank died), from any thread: the collective running now fails with
+  /// `reason`, and so does every later call, at once.
+  void abort(const std::string& reason, int peer);
+
  private:
   Group group() const { return Group{rank(), world_size()}; }
   uint32_t next_key();
@@ -47,6 +53,9 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   uint32_t key_ = 0;
   BlockingDriver driver_;
+  std::mutex broken_mutex_;
+  std::string broken_;  // why the job is broken; empty while it is not
+  int broken_peer_ = -1;
 };
 
 }  // namespace troupe::comm

@@ -1,6 +1,8 @@
 #include "comm/collectives/driver.h"
 
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace troupe::comm {
 
@@ -17,8 +19,11 @@ std::string timeout_message(const Execution& execution, const Transport& transpo
          (ranks.empty() ? "(none)" : ranks);
 }
 
-// After a timeout has failed the waited-on peers, their operations complete soon; this long at
-// most is spent waiting for them.
+// Once an operation has failed (a peer died), the other ranks stop too; operations already
+// matched with them finish within this time. Whatever is still in flight then is failed on the
+// transport, so that no peer reads from or writes to the caller's buffers after the return.
+constexpr auto kFailureGrace = std::chrono::milliseconds(1000);
+// After operations were failed on the transport, they complete within this time.
 constexpr auto kDrainGrace = std::chrono::seconds(10);
 
 }  // namespace
@@ -26,52 +31,92 @@ constexpr auto kDrainGrace = std::chrono::seconds(10);
 Status BlockingDriver::run(Schedule schedule, uint32_t key,
                            const std::shared_ptr<Transport>& transport,
                            std::chrono::milliseconds timeout) {
+  Post post;
   if (transport->serial_callbacks()) {
     auto lock = inline_lock_;
-    auto execution = std::make_shared<Execution>(
-        transport, key, std::move(schedule), [lock](std::function<void()> fn) {
-          std::lock_guard<std::mutex> guard(*lock);
-          fn();
-        });
-    return run_inline(execution, *transport, timeout);
+    post = [lock](std::function<void()> fn) {
+      std::lock_guard<std::mutex> guard(*lock);
+      fn();
+    };
+  } else {
+    std::weak_ptr<Queue> weak = queue_;
+    post = [weak](std::function<void()> fn) {
+      auto q = weak.lock();
+      if (!q) return;
+      {
+        std::lock_guard<std::mutex> guard(q->mutex);
+        q->items.push_back(std::move(fn));
+      }
+      q->ready.notify_one();
+    };
   }
-  std::weak_ptr<Queue> weak = queue_;
-  auto execution = std::make_shared<Execution>(
-      transport, key, std::move(schedule), [weak](std::function<void()> fn) {
-        auto q = weak.lock();
-        if (!q) return;
-        {
-          std::lock_guard<std::mutex> guard(q->mutex);
-          q->items.push_back(std::move(fn));
-        }
-        q->ready.notify_one();
-      });
-  return run_queued(execution, *transport, timeout);
+  auto execution = std::make_shared<Execution>(transport, key, std::move(schedule), post);
+  {
+    std::lock_guard<std::mutex> guard(current_mutex_);
+    current_ = execution;
+    current_post_ = post;
+  }
+  Status status = transport->serial_callbacks() ? run_inline(execution, *transport, timeout)
+                                                : run_queued(execution, *transport, timeout);
+  std::lock_guard<std::mutex> guard(current_mutex_);
+  current_.reset();
+  current_post_ = nullptr;
+  return status;
+}
+
+void BlockingDriver::abort(const Status& status) {
+  std::lock_guard<std::mutex> guard(current_mutex_);
+  if (!current_) return;
+  auto execution = current_;
+  current_post_([execution, status] { execution->abort(status); });
+}
+
+// Waits for `execution` on the calling thread. `wait(deadline)` returns when the execution is done
+// or has failed, or at the deadline; `peers()` reads whom it still waits on.
+template <class Wait, class Peers>
+Status finish(const std::shared_ptr<Execution>& execution, Transport& transport,
+              std::chrono::milliseconds timeout, Wait wait, Peers peers) {
+  auto [done, failed] = wait(Clock::now() + timeout);
+  if (done) return execution->status();
+  std::string why;
+  if (failed) {
+    std::tie(done, failed) = wait(Clock::now() + kFailureGrace);
+    if (done) return execution->status();
+    why = execution->status().message();
+  }
+  auto waiting = peers();
+  if (why.empty()) why = timeout_message(*execution, transport, timeout, waiting);
+  for (int p : waiting) transport.fail_peer(p, why);
+  std::tie(done, failed) = wait(Clock::now() + kDrainGrace);
+  if (done && !execution->status().ok()) return execution->status();
+  return Status::failure(why, waiting.empty() ? -1 : waiting.front());
 }
 
 Status BlockingDriver::run_queued(const std::shared_ptr<Execution>& execution,
                                   Transport& transport, std::chrono::milliseconds timeout) {
-  auto drain_until = [&](Clock::time_point deadline) {
+  bool failed = false;
+  execution->on_failure([&failed](const Status&) { failed = true; });
+  bool reported_failure = false;
+  auto wait = [&](Clock::time_point deadline) {
     std::deque<std::function<void()>> batch;
     while (!execution->done()) {
+      if (failed && !reported_failure) {
+        reported_failure = true;
+        return std::make_pair(false, true);
+      }
       {
         std::unique_lock<std::mutex> lock(queue_->mutex);
         if (!queue_->ready.wait_until(lock, deadline, [&] { return !queue_->items.empty(); }))
-          return false;
+          return std::make_pair(false, failed);
         batch.swap(queue_->items);
       }
       for (auto& fn : batch) fn();
       batch.clear();
     }
-    return true;
+    return std::make_pair(true, failed);
   };
   execution->start();
-  if (drain_until(Clock::now() + timeout)) return execution->status();
-  auto peers = execution->waiting_on();
-  std::string why = timeout_message(*execution, transport, timeout, peers);
-  for (int p : peers) transport.fail_peer(p, why);
-  drain_until(Clock::now() + kDrainGrace);
-  return Status::failure(why, peers.empty() ? -1 : peers.front());
+  return finish(execution, transport, timeout, wait, [&] { return execution->waiting_on(); });
 }
 
 Status BlockingDriver::run_inline(const std::shared_ptr<Execution>& execution,
@@ -80,6 +125,7 @@ Status BlockingDriver::run_inline(const std::shared_ptr<Execution>& execution,
   {
     std::lock_guard<std::mutex> guard(q->mutex);
     q->done = false;
+    q->failed = false;
   }
   execution->on_done([q](const Status&) {
     {
@@ -88,24 +134,29 @@ Status BlockingDriver::run_inline(const std::shared_ptr<Execution>& execution,
     }
     q->ready.notify_one();
   });
+  execution->on_failure([q](const Status&) {
+    {
+      std::lock_guard<std::mutex> guard(q->mutex);
+      q->failed = true;
+    }
+    q->ready.notify_one();
+  });
   {
     std::lock_guard<std::mutex> guard(*inline_lock_);
     execution->start();
   }
-  auto wait_until = [&](Clock::time_point deadline) {
+  bool reported_failure = false;
+  auto wait = [&](Clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(q->mutex);
-    return q->ready.wait_until(lock, deadline, [&] { return q->done; });
+    q->ready.wait_until(lock, deadline,
+                        [&] { return q->done || (q->failed && !reported_failure); });
+    if (q->failed) reported_failure = true;
+    return std::make_pair(q->done, q->failed);
   };
-  if (wait_until(Clock::now() + timeout)) return execution->status();
-  std::vector<int> peers;
-  {
+  return finish(execution, transport, timeout, wait, [&] {
     std::lock_guard<std::mutex> guard(*inline_lock_);
-    peers = execution->waiting_on();
-  }
-  std::string why = timeout_message(*execution, transport, timeout, peers);
-  for (int p : peers) transport.fail_peer(p, why);
-  wait_until(Clock::now() + kDrainGrace);
-  return Status::failure(why, peers.empty() ? -1 : peers.front());
+    return execution->waiting_on();
+  });
 }
 
 }  // namespace troupe::comm

@@ -26,8 +26,13 @@ class BlockingDriver {
   /// Runs `schedule` under `key` on `transport` until it ends or `timeout` passes. On timeout every
   /// peer it still waits on is failed on the transport (so pending operations end and no buffer is
   /// written after the return), and the status names the collective, the timeout and those ranks.
+  /// When an operation fails (a dead peer), operations in flight with live peers get a short grace
+  /// to finish (those peers stop too) before they are failed the same way.
   Status run(Schedule schedule, uint32_t key, const std::shared_ptr<Transport>& transport,
              std::chrono::milliseconds timeout);
+  /// Fails the collective running now, if any (from any thread): it posts nothing more, and what
+  /// it has in flight gets the failure grace, as when one of its own operations fails.
+  void abort(const Status& status);
 
  private:
   struct Queue {
@@ -35,12 +40,16 @@ class BlockingDriver {
     std::condition_variable ready;
     std::deque<std::function<void()>> items;
     bool done = false;
+    bool failed = false;
   };
   Status run_queued(const std::shared_ptr<Execution>& execution, Transport& transport,
                     std::chrono::milliseconds timeout);
   Status run_inline(const std::shared_ptr<Execution>& execution, Transport& transport,
                     std::chrono::milliseconds timeout);
   std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
+  std::mutex current_mutex_;
+  std::shared_ptr<Execution> current_;
+  Post current_post_;
   std::shared_ptr<std::mutex> inline_lock_ = std::make_shared<std::mutex>();
 };
 

@@ -64,6 +64,7 @@ void Execution::complete(size_t lane, size_t slot, const Status& status) {
   peers_[lane][slot] = -1;
   if (!status.ok() && status_.ok()) {
     status_ = Status::failure(schedule_.name + " failed: " + status.message(), status.peer());
+    if (on_failure_) on_failure_(status_);
   }
   if (lane_pending_[lane] == 0) {
     auto& step = schedule_.lanes[lane][next_step_[lane]];
@@ -74,10 +75,19 @@ void Execution::complete(size_t lane, size_t slot, const Status& status) {
   finish_if_idle();
 }
 
+void Execution::abort(const Status& status) {
+  if (done_ || !status_.ok()) return;
+  status_ = Status::failure(schedule_.name + " failed: " + status.message(), status.peer());
+  if (on_failure_) on_failure_(status_);
+}
+
 void Execution::finish_if_idle() {
   if (done_ || lanes_running_ > 0 || in_flight_ > 0) return;
   if (status_.ok() && schedule_.finally) schedule_.finally();
   done_ = true;
+  // The last closure holding this execution may run on a transport thread; it must not end up
+  // holding the last reference to the transport (whose destructor joins that thread).
+  transport_.reset();
   if (on_done_) on_done_(status_);
 }
 

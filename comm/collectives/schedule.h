@@ -63,6 +63,9 @@ class Execution : public std::enable_shared_from_this<Execution> {
 
   /// Posts the first step of every lane. On the driver's thread.
   void start();
+  /// Fails the execution from outside (a rank died elsewhere in the job): nothing more is posted,
+  /// and the driver ends what is in flight. On the driver's thread.
+  void abort(const Status& status);
   /// True once every lane has ended and no operation is in flight.
   bool done() const { return done_; }
   const Status& status() const { return status_; }
@@ -72,6 +75,9 @@ class Execution : public std::enable_shared_from_this<Execution> {
   std::vector<int> waiting_on() const;
   /// Sets the callback run on the driver's thread once when the execution ends. Set before start().
   void on_done(std::function<void(const Status&)> fn) { on_done_ = std::move(fn); }
+  /// Sets the callback run on the driver's thread once when the first operation fails (the
+  /// execution then posts nothing more and waits for what is in flight). Set before start().
+  void on_failure(std::function<void(const Status&)> fn) { on_failure_ = std::move(fn); }
 
  private:
   struct Pending {
@@ -94,6 +100,7 @@ class Execution : public std::enable_shared_from_this<Execution> {
   bool done_ = false;
   Status status_;
   std::function<void(const Status&)> on_done_;
+  std::function<void(const Status&)> on_failure_;
 };
 
 }  // namespace troupe::comm
