@@ -63,7 +63,8 @@ void Runtime::Impl::start() {
 
   std::string address;
   if (options.transport == "ucx") {
-    auto ucx = std::make_shared<comm::UcxTransport>(info.rank, info.world_size);
+    const bool single_host = info.local_world_size == info.world_size;
+    auto ucx = std::make_shared<comm::UcxTransport>(info.rank, info.world_size, single_host);
     address = ucx->local_address();
     transport = ucx;
   } else if (options.transport == "inproc") {

@@ -19,9 +19,9 @@ struct CollectiveOptions {
   /// (latency-optimal); above, ring reduce-scatter + allgather and scatter + allgather.
   size_t small_bytes = 64 * 1024;
   /// Ring collectives cut each rank's block into chunks of about this size, run as parallel lanes.
-  size_t chunk_bytes = 1 << 20;
+  size_t chunk_bytes = 512 << 10;
   /// At most this many lanes (chunks in flight) per collective.
-  int max_lanes = 4;
+  int max_lanes = 2;
 };
 
 /// Which rank this schedule is for.

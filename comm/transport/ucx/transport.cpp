@@ -37,6 +37,7 @@ constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
 // sleep is short: UCX 1.13 does not signal every event on its fd (measured here: with a 100 ms
 // timeout, a fraction of a percent of shared-memory ping-pongs waited for it), so a short timeout
 // bounds such a stall.
+constexpr const char* kSingleHostTls = "posix,sysv,self";
 constexpr auto kSpin = std::chrono::microseconds(500);
 constexpr int kBusyWaitMs = 1;
 constexpr int kIdleWaitMs = 100;
@@ -130,9 +131,13 @@ struct UcxTransport::Impl {
     if (wake_fd_ >= 0) ::close(wake_fd_);
   }
 
-  void start() {
+  void start(bool single_host) {
     ucp_config_t* config = nullptr;
     check_ucx("ucp_config_read", ucp_config_read(nullptr, nullptr, &config));
+    // Between processes of one host, shared memory without cross-memory attach moved large
+    // messages ~1.5x faster here than UCX's default (which adds cma); UCX_TLS, when set, wins.
+    if (single_host && std::getenv("UCX_TLS") == nullptr)
+      check_ucx("ucp_config_modify", ucp_config_modify(config, "TLS", kSingleHostTls));
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -462,7 +467,7 @@ struct UcxTransport::Impl {
   }
 };
 
-UcxTransport::UcxTransport(int rank, int world_size) {
+UcxTransport::UcxTransport(int rank, int world_size, bool single_host) {
   if (world_size < 1 || world_size > kMaxWorldSize) {
     throw Error("UcxTransport: world_size " + std::to_string(world_size) + " must be in [1, " +
                 std::to_string(kMaxWorldSize) + "]");
@@ -472,7 +477,7 @@ UcxTransport::UcxTransport(int rank, int world_size) {
                 std::to_string(world_size) + ")");
   }
   impl_ = std::make_unique<Impl>(rank, world_size);
-  impl_->start();
+  impl_->start(single_host);
 }
 
 UcxTransport::~UcxTransport() = default;

@@ -8,6 +8,7 @@
 ///
 /// Which UCX transports carry the bytes is chosen by UCX's own environment: UCX_TLS (e.g.
 /// "sm,self" for shared memory on one host, "tcp,self" across hosts), UCX_NET_DEVICES (e.g. "eth0").
+/// Without UCX_TLS, a job whose ranks all run on one host uses "posix,sysv,self" (see below).
 /// Peer error handling is left at UCP_ERR_HANDLING_MODE_NONE because PEER mode silently disables
 /// shared memory; dead peers are detected by the directory actor instead, which calls fail_peer.
 ///
@@ -22,9 +23,11 @@ namespace troupe::comm {
 
 class UcxTransport final : public Transport {
  public:
-  /// Creates the ucp context and worker and starts the progress thread.
+  /// Creates the ucp context and worker and starts the progress thread. With `single_host` (every
+  /// rank on this host) and UCX_TLS unset, UCX is limited to "posix,sysv,self": shared memory
+  /// without cross-memory attach, which measured ~1.5x faster for large messages here.
   /// Throws comm::Error naming the UCX call and status when UCX cannot start.
-  UcxTransport(int rank, int world_size);
+  UcxTransport(int rank, int world_size, bool single_host = false);
   ~UcxTransport() override;
   UcxTransport(const UcxTransport&) = delete;
   UcxTransport& operator=(const UcxTransport&) = delete;
