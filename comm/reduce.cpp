@@ -69,7 +69,32 @@ TROUPE_INLINE void apply_f16_scalar(uint16_t* dst, const uint16_t* a, const uint
     dst[i] = float_to_half(f(half_to_float(a[i]), half_to_float(b[i])));
 }
 
-void reduce_generic(void* dst, const void* a, const void* b, size_t n, DataType t, ReduceOp op) {
+// F16C converts 8 halves at a time; the tail goes through the scalar conversion.
+__attribute__((target("avx2,f16c"))) void apply_f16_f16c(uint16_t* d, const uint16_t* x,
+                                                          const uint16_t* y, size_t n,
+                                                          ReduceOp op) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 u = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i)));
+    __m256 r = op == ReduceOp::min   ? _mm256_min_ps(v, u)
+               : op == ReduceOp::max ? _mm256_max_ps(v, u)
+                                     : _mm256_add_ps(u, v);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
+  }
+  if (op == ReduceOp::min) apply_f16_scalar(d + i, x + i, y + i, n - i, Min{});
+  else if (op == ReduceOp::max) apply_f16_scalar(d + i, x + i, y + i, n - i, Max{});
+  else apply_f16_scalar(d + i, x + i, y + i, n - i, Sum{});
+}
+
+// Every (type, op) loop; inlined into one plain and one AVX2 build below.
+template <bool kF16c>
+TROUPE_INLINE void reduce_all(void* dst, const void* a, const void* b, size_t n, DataType t,
+                              ReduceOp op) {
+  auto* d16 = static_cast<uint16_t*>(dst);
+  auto* a16 = static_cast<const uint16_t*>(a);
+  auto* b16 = static_cast<const uint16_t*>(b);
   switch (t) {
     case DataType::float32:
       apply_op(static_cast<float*>(dst), static_cast<const float*>(a),
@@ -87,77 +112,28 @@ void reduce_generic(void* dst, const void* a, const void* b, size_t n, DataType 
       apply_op(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
                static_cast<const int64_t*>(b), n, op);
       break;
-    case DataType::bfloat16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      auto* x = static_cast<const uint16_t*>(a);
-      auto* y = static_cast<const uint16_t*>(b);
-      if (op == ReduceOp::min) apply_bf16(d, x, y, n, Min{});
-      else if (op == ReduceOp::max) apply_bf16(d, x, y, n, Max{});
-      else apply_bf16(d, x, y, n, Sum{});
+    case DataType::bfloat16:
+      if (op == ReduceOp::min) apply_bf16(d16, a16, b16, n, Min{});
+      else if (op == ReduceOp::max) apply_bf16(d16, a16, b16, n, Max{});
+      else apply_bf16(d16, a16, b16, n, Sum{});
       break;
-    }
-    case DataType::float16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      auto* x = static_cast<const uint16_t*>(a);
-      auto* y = static_cast<const uint16_t*>(b);
-      if (op == ReduceOp::min) apply_f16_scalar(d, x, y, n, Min{});
-      else if (op == ReduceOp::max) apply_f16_scalar(d, x, y, n, Max{});
-      else apply_f16_scalar(d, x, y, n, Sum{});
+    case DataType::float16:
+      if (kF16c) apply_f16_f16c(d16, a16, b16, n, op);
+      else if (op == ReduceOp::min) apply_f16_scalar(d16, a16, b16, n, Min{});
+      else if (op == ReduceOp::max) apply_f16_scalar(d16, a16, b16, n, Max{});
+      else apply_f16_scalar(d16, a16, b16, n, Sum{});
       break;
-    }
   }
 }
 
-// The same loops compiled for AVX2, with F16C for half precision.
+void reduce_generic(void* dst, const void* a, const void* b, size_t n, DataType t, ReduceOp op) {
+  reduce_all<false>(dst, a, b, n, t, op);
+}
+
 __attribute__((target("avx2,fma,f16c"))) void reduce_avx2(void* dst, const void* a,
                                                            const void* b, size_t n, DataType t,
                                                            ReduceOp op) {
-  if (t != DataType::float16) {
-    switch (t) {
-      case DataType::float32:
-        apply_op(static_cast<float*>(dst), static_cast<const float*>(a),
-                 static_cast<const float*>(b), n, op);
-        return;
-      case DataType::float64:
-        apply_op(static_cast<double*>(dst), static_cast<const double*>(a),
-                 static_cast<const double*>(b), n, op);
-        return;
-      case DataType::int32:
-        apply_op(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
-                 static_cast<const int32_t*>(b), n, op);
-        return;
-      case DataType::int64:
-        apply_op(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
-                 static_cast<const int64_t*>(b), n, op);
-        return;
-      case DataType::bfloat16: {
-        auto* d = static_cast<uint16_t*>(dst);
-        auto* x = static_cast<const uint16_t*>(a);
-        auto* y = static_cast<const uint16_t*>(b);
-        if (op == ReduceOp::min) apply_bf16(d, x, y, n, Min{});
-        else if (op == ReduceOp::max) apply_bf16(d, x, y, n, Max{});
-        else apply_bf16(d, x, y, n, Sum{});
-        return;
-      }
-      default: return;
-    }
-  }
-  auto* d = static_cast<uint16_t*>(dst);
-  auto* x = static_cast<const uint16_t*>(a);
-  auto* y = static_cast<const uint16_t*>(b);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 u = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
-    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i)));
-    __m256 r = op == ReduceOp::min   ? _mm256_min_ps(v, u)
-               : op == ReduceOp::max ? _mm256_max_ps(v, u)
-                                     : _mm256_add_ps(u, v);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
-  }
-  if (op == ReduceOp::min) apply_f16_scalar(d + i, x + i, y + i, n - i, Min{});
-  else if (op == ReduceOp::max) apply_f16_scalar(d + i, x + i, y + i, n - i, Max{});
-  else apply_f16_scalar(d + i, x + i, y + i, n - i, Sum{});
+  reduce_all<true>(dst, a, b, n, t, op);
 }
 
 bool have_avx2() {

@@ -1,0 +1,50 @@
+#include "examples/fashion_mnist/models.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/pooling.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace troupe::examples {
+
+CnnNetImpl::CnnNetImpl()
+    : conv1_(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5)))),
+      conv2_(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5)))),
+      fc1_(register_module("fc1", torch::nn::Linear(32 * 4 * 4, 128))),
+      fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
+
+torch::Tensor CnnNetImpl::forward(const torch::Tensor& x) {
+  torch::Tensor h = torch::max_pool2d(torch::relu(conv1_->forward(x)), 2);  // 16 x 12 x 12
+  h = torch::max_pool2d(torch::relu(conv2_->forward(h)), 2);                // 32 x 4 x 4
+  h = torch::relu(fc1_->forward(h.flatten(1)));
+  return torch::log_softmax(fc2_->forward(h), 1);
+}
+
+MlpNetImpl::MlpNetImpl(std::vector<int64_t> sizes) {
+  if (sizes.size() < 2) {
+    throw std::invalid_argument("MlpNet: " + std::to_string(sizes.size()) +
+                                " sizes, expected at least 2 (input and output)");
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 1) {
+      throw std::invalid_argument("MlpNet: size " + std::to_string(i) + " is " +
+                                  std::to_string(sizes[i]) + ", expected at least 1");
+    }
+  }
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers_.push_back(register_module("fc" + std::to_string(i + 1),
+                                      torch::nn::Linear(sizes[i], sizes[i + 1])));
+  }
+}
+
+torch::Tensor MlpNetImpl::forward(const torch::Tensor& x) {
+  torch::Tensor h = x.flatten(1);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    h = layers_[i]->forward(h);
+    if (i + 1 < layers_.size()) h = torch::relu(h);
+  }
+  return torch::log_softmax(h, 1);
+}
+
+}  // namespace troupe::examples
