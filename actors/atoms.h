@@ -20,3 +20,26 @@ using status_atom = caf::atom_constant<caf::atom("status")>;
 using fail_atom = caf::atom_constant<caf::atom("fail")>;
 
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+
+/// (ready_atom, step, divisor): one parameter of a bucket has its gradient.
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
+/// (launch_atom, step, divisor): start the bucket's reduction now, ready or not.
+using launch_atom = caf::atom_constant<caf::atom("launch")>;
+/// (run_atom, closure): work of a running collective, posted from a transport thread.
+using run_atom = caf::atom_constant<caf::atom("run")>;
+/// (bucket_done_atom, index, step, ok, error, peer): a bucket's reduction ended.
+using bucket_done_atom = caf::atom_constant<caf::atom("bdone")>;
+/// (await_atom, step, stall_ms): wake me when every bucket of the step is done.
+using await_atom = caf::atom_constant<caf::atom("await")>;
+/// (stall_atom, step): the stall timeout of a step has passed.
+using stall_atom = caf::atom_constant<caf::atom("stall")>;
+/// (abort_atom, reason, peer): a rank died; fail what is running.
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
+/// (force_atom): the failure grace has passed; fail what is still in flight.
+using force_atom = caf::atom_constant<caf::atom("force")>;
+/// (setup_atom, ...): configuration after spawn.
+using setup_atom = caf::atom_constant<caf::atom("setup")>;
+
+}  // namespace troupe::actors

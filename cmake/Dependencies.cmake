@@ -14,8 +14,8 @@ find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(doctest REQUIRED)
 
-# LibTorch (Debian libtorch-dev, CPU). Only its version header is needed by the foundation;
-# the data-parallel layer links it.
+# LibTorch (Debian libtorch-dev, CPU; the torch wheel's libtorch on GPU machines).
+find_package(Torch REQUIRED)
 find_path(TORCH_VERSION_INCLUDE_DIR torch/csrc/api/include/torch/version.h PATHS /usr/include)
 
 set(TROUPE_HAVE_CUDA OFF)

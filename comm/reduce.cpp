@@ -242,4 +242,42 @@ void divide(void* data, size_t count, DataType type, int divisor) {
   }
 }
 
+void scale(void* data, size_t count, DataType type, double factor) {
+  switch (type) {
+    case DataType::float32: {
+      auto* p = static_cast<float*>(data);
+      const float f = static_cast<float>(factor);
+      for (size_t i = 0; i < count; ++i) p[i] *= f;
+      break;
+    }
+    case DataType::float64: {
+      auto* p = static_cast<double*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] *= factor;
+      break;
+    }
+    case DataType::int32: {
+      auto* p = static_cast<int32_t*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] = static_cast<int32_t>(p[i] * factor);
+      break;
+    }
+    case DataType::int64: {
+      auto* p = static_cast<int64_t*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] = static_cast<int64_t>(static_cast<double>(p[i]) * factor);
+      break;
+    }
+    case DataType::float16: {
+      auto* p = static_cast<uint16_t*>(data);
+      const float f = static_cast<float>(factor);
+      for (size_t i = 0; i < count; ++i) p[i] = float_to_half(half_to_float(p[i]) * f);
+      break;
+    }
+    case DataType::bfloat16: {
+      auto* p = static_cast<uint16_t*>(data);
+      const float f = static_cast<float>(factor);
+      for (size_t i = 0; i < count; ++i) p[i] = f32_to_bf16(bf16_to_f32(p[i]) * f);
+      break;
+    }
+  }
+}
+
 }  // namespace troupe::comm

@@ -16,6 +16,9 @@ void reduce(void* dst, const void* a, const void* b, size_t count, DataType type
 /// data[i] /= divisor for i < count (integer types truncate toward zero). divisor must be >= 1.
 void divide(void* data, size_t count, DataType type, int divisor);
 
+/// data[i] *= factor for i < count (integer types: rounded toward zero).
+void scale(void* data, size_t count, DataType type, double factor);
+
 /// IEEE half <-> float conversions, exposed for tests and codecs (round to nearest even).
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -45,6 +46,9 @@ struct Runtime::Impl {
   std::vector<int> dead;
   std::string death;  // the first fatal loss, if any
   int death_rank = -1;
+  std::map<int, std::function<void(int, const std::string&)>> listeners;
+  int next_listener = 0;
+  int modules = 0;
 
   void start();
   void stop();
@@ -85,10 +89,11 @@ void Runtime::Impl::start() {
                                 [this](int rank, const std::string& reason, bool fatal) {
                                   std::lock_guard<std::mutex> lock(dead_mutex);
                                   dead.push_back(rank);
-                                  if (fatal) {
+                                  if (fatal && death.empty()) {
                                     death = reason;
                                     death_rank = rank;
                                     if (comm) comm->abort(reason, rank);
+                                    for (auto& [id, listener] : listeners) listener(rank, reason);
                                   }
                                 });
 
@@ -174,6 +179,26 @@ std::vector<int> Runtime::dead_ranks() const {
   auto d = impl_->dead;
   std::sort(d.begin(), d.end());
   return d;
+}
+
+int Runtime::add_failure_listener(std::function<void(int, const std::string&)> listener) {
+  std::lock_guard<std::mutex> lock(impl_->dead_mutex);
+  const int id = ++impl_->next_listener;
+  if (!impl_->death.empty()) listener(impl_->death_rank, impl_->death);
+  impl_->listeners[id] = std::move(listener);
+  return id;
+}
+
+void Runtime::remove_failure_listener(int id) {
+  std::lock_guard<std::mutex> lock(impl_->dead_mutex);
+  impl_->listeners.erase(id);
+}
+
+int Runtime::next_module_id() {
+  std::lock_guard<std::mutex> lock(impl_->dead_mutex);
+  if (impl_->modules >= 15)
+    throw comm::Error("a Runtime wraps at most 15 DistributedModules (tried a 16th)");
+  return ++impl_->modules;
 }
 
 }  // namespace troupe

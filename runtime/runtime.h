@@ -13,6 +13,7 @@
 /// message naming what was expected. When a rank dies later, every survivor's pending and later
 /// communication fails with an error naming it; dead_ranks() lists the ranks lost so far.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,6 +71,14 @@ class Runtime {
   comm::Communicator& comm();
   /// Ranks reported gone (died or left) so far, sorted.
   std::vector<int> dead_ranks() const;
+
+  /// Called (on an actor thread) with (rank, reason) when a rank dies; at once if one already has.
+  /// Returns an id for remove_failure_listener. Used by DistributedModule to fail its buckets.
+  int add_failure_listener(std::function<void(int, const std::string&)> listener);
+  void remove_failure_listener(int id);
+  /// A number for the next DistributedModule of this runtime (1, 2, ...): the same on every rank
+  /// when every rank wraps its modules in the same order.
+  int next_module_id();
 
  private:
   struct Impl;

@@ -9,8 +9,9 @@ Communicator::Communicator(std::shared_ptr<Transport> transport, CollectiveOptio
 }
 
 uint32_t Communicator::next_key() {
-  // Key 0 is left to callers that name their messages themselves.
-  if (++key_ == 0) ++key_;
+  // Keys from kFirstUserKey up are left to callers that name their messages themselves
+  // (the buckets of a DistributedModule); 0 is never used.
+  if (++key_ >= kFirstUserKey) key_ = 1;
   return key_;
 }
 

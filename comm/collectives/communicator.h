@@ -18,6 +18,10 @@
 
 namespace troupe::comm {
 
+/// Keys at or above this value are never taken by a Communicator: code that names its own
+/// collectives (e.g. one key per (module, step, bucket)) uses them.
+constexpr uint32_t kFirstUserKey = uint32_t{1} << 28;
+
 class Communicator {
  public:
   explicit Communicator(std::shared_ptr<Transport> transport, CollectiveOptions options = {},

@@ -91,6 +91,24 @@ void Execution::finish_if_idle() {
   if (on_done_) on_done_(status_);
 }
 
+size_t Execution::bytes_sent() const {
+  size_t n = 0;
+  for (auto& lane : schedule_.lanes)
+    for (auto& step : lane)
+      for (auto& op : step.ops)
+        if (op.kind == Op::Kind::send) n += op.bytes;
+  return n;
+}
+
+size_t Execution::bytes_received() const {
+  size_t n = 0;
+  for (auto& lane : schedule_.lanes)
+    for (auto& step : lane)
+      for (auto& op : step.ops)
+        if (op.kind == Op::Kind::recv) n += op.bytes;
+  return n;
+}
+
 std::vector<int> Execution::waiting_on() const {
   std::vector<int> peers;
   for (auto& lane : peers_)

@@ -71,6 +71,9 @@ class Execution : public std::enable_shared_from_this<Execution> {
   const Status& status() const { return status_; }
   const std::string& name() const { return schedule_.name; }
   uint32_t key() const { return key_; }
+  /// Bytes this rank sends and receives in the whole schedule (what it puts on the wire).
+  size_t bytes_sent() const;
+  size_t bytes_received() const;
   /// The peers of operations still in flight (sorted, unique): whom a stalled collective waits on.
   std::vector<int> waiting_on() const;
   /// Sets the callback run on the driver's thread once when the execution ends. Set before start().

@@ -1,0 +1,149 @@
+#include "actors/bucket.h"
+
+#include <caf/all.hpp>
+
+#include <functional>
+
+#include "actors/atoms.h"
+#include "comm/collectives/schedule.h"
+#include "comm/reduce.h"
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
+
+namespace troupe::actors {
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+namespace {
+
+struct BucketState {
+  BucketPlan plan;
+  ReduceSettings settings;
+  std::shared_ptr<comm::Transport> transport;
+  caf::actor reducer;
+  std::shared_ptr<BucketStats> stats;
+  uint32_t step = 0;
+  bool fresh = true;     // no message seen yet
+  int ready = 0;
+  bool launched = false;
+  std::shared_ptr<comm::Execution> execution;
+  std::string broken;  // why the job is broken (a rank died); empty while it is not
+  int broken_peer = -1;
+  static inline const char* name = "troupe.bucket";
+};
+
+using Bucket = caf::stateful_actor<BucketState>;
+
+void begin_step(Bucket* self, uint32_t step) {
+  auto& st = self->state;
+  if (!st.fresh && st.step == step) return;
+  st.fresh = false;
+  st.step = step;
+  st.ready = 0;
+  st.launched = false;
+}
+
+void report(Bucket* self, const comm::Status& status) {
+  auto& st = self->state;
+  st.stats->done_us = now_us();
+  self->send(st.reducer, bucket_done_atom::value, st.plan.index, st.step, status.ok(),
+             status.message(), status.peer());
+}
+
+void launch(Bucket* self, double divisor) {
+  auto& st = self->state;
+  st.launched = true;
+  *st.stats = BucketStats{};
+  st.stats->step = st.step;
+  st.stats->ready = st.ready;
+  st.stats->ready_us = now_us();
+  if (!st.broken.empty()) {
+    report(self, comm::Status::failure(st.broken, st.broken_peer));
+    return;
+  }
+  const int world = st.transport->world_size();
+  const auto& plan = st.plan;
+  comm::ReduceOp op = comm::ReduceOp::sum;
+  double after = 1.0;  // factor applied after the reduction
+  if (st.settings.average) {
+    if (st.settings.divide_before) comm::scale(plan.data, plan.count, plan.type, 1.0 / divisor);
+    else if (divisor == world) op = comm::ReduceOp::avg;
+    else after = 1.0 / divisor;
+  }
+  auto schedule = comm::allreduce_schedule(comm::Group{st.transport->rank(), world}, plan.data,
+                                           plan.count, plan.type, op, st.settings.collectives);
+  const uint32_t key = st.settings.key_prefix | (st.step & 0xffffu) << 12 |
+                       static_cast<uint32_t>(plan.index);
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  auto execution = std::make_shared<comm::Execution>(
+      st.transport, key, std::move(schedule),
+      [me](std::function<void()> fn) { caf::anon_send(me, run_atom::value, std::move(fn)); });
+  execution->on_done([self, after, raw = execution.get()](const comm::Status& status) {
+    auto& s = self->state;
+    if (status.ok() && after != 1.0) comm::scale(s.plan.data, s.plan.count, s.plan.type, after);
+    s.stats->bytes_sent = raw->bytes_sent();
+    s.stats->bytes_received = raw->bytes_received();
+    report(self, status);
+  });
+  st.execution = execution;
+  execution->start();
+}
+
+caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
+                     std::shared_ptr<comm::Transport> transport, caf::actor reducer,
+                     std::shared_ptr<BucketStats> stats) {
+  auto& st = self->state;
+  st.plan = plan;
+  st.settings = settings;
+  st.transport = std::move(transport);
+  st.reducer = std::move(reducer);
+  st.stats = std::move(stats);
+  return {
+      [self](ready_atom, uint32_t step, double divisor) {
+        begin_step(self, step);
+        auto& st = self->state;
+        if (++st.ready == st.plan.parameters && !st.launched) launch(self, divisor);
+      },
+      [self](launch_atom, uint32_t step, double divisor) {
+        begin_step(self, step);
+        if (!self->state.launched) launch(self, divisor);
+      },
+      [](run_atom, std::function<void()>& fn) { fn(); },
+      [self](abort_atom, const std::string& reason, int peer) {
+        auto& st = self->state;
+        if (!st.broken.empty()) return;
+        st.broken = reason;
+        st.broken_peer = peer;
+        if (st.execution && !st.execution->done()) {
+          st.execution->abort(comm::Status::failure(reason, peer));
+          self->delayed_send(self, st.settings.failure_grace, force_atom::value);
+        }
+      },
+      [self](force_atom) {
+        auto& st = self->state;
+        if (!st.execution || st.execution->done()) return;
+        for (int p : st.execution->waiting_on()) st.transport->fail_peer(p, st.broken);
+      },
+      [self](status_atom) {
+        auto& st = self->state;
+        std::vector<int> waiting;
+        if (st.execution && !st.execution->done()) waiting = st.execution->waiting_on();
+        return caf::make_message(st.launched, st.ready, waiting);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_bucket(caf::actor_system& system, BucketPlan plan, ReduceSettings settings,
+                        std::shared_ptr<comm::Transport> transport, caf::actor reducer,
+                        std::shared_ptr<BucketStats> stats) {
+  return system.spawn(bucket, plan, settings, std::move(transport), std::move(reducer),
+                      std::move(stats));
+}
+
+}  // namespace troupe::actors

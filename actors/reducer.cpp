@@ -1,0 +1,156 @@
+#include "actors/reducer.h"
+
+#include <caf/all.hpp>
+
+#include <map>
+
+#include "actors/atoms.h"
+
+namespace troupe::actors {
+
+namespace {
+
+struct StepState {
+  int done = 0;
+  std::vector<bool> finished;
+  std::string failure;
+  caf::response_promise waiter;
+  bool stalled = false;
+};
+
+struct ReducerState {
+  int buckets = 0;
+  std::vector<caf::actor> handles;
+  std::vector<std::vector<std::string>> names;
+  std::vector<int> expected;
+  std::map<uint32_t, StepState> steps;
+  static inline const char* name = "troupe.reducer";
+};
+
+using Reducer = caf::stateful_actor<ReducerState>;
+
+StepState& step_state(Reducer* self, uint32_t step) {
+  auto& s = self->state.steps[step];
+  if (s.finished.empty()) s.finished.assign(static_cast<size_t>(self->state.buckets), false);
+  return s;
+}
+
+std::string describe(Reducer* self, int bucket) {
+  std::string s = "bucket " + std::to_string(bucket) + " (";
+  const auto& names = self->state.names[static_cast<size_t>(bucket)];
+  for (size_t i = 0; i < names.size() && i < 4; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > 4) s += ", ... " + std::to_string(names.size() - 4) + " more";
+  return s + ")";
+}
+
+void deliver_if_ready(Reducer* self, uint32_t step) {
+  auto it = self->state.steps.find(step);
+  if (it == self->state.steps.end()) return;
+  auto& s = it->second;
+  if (!s.waiter.pending()) return;
+  if (!s.failure.empty()) {
+    s.waiter.deliver(false, s.failure);
+  } else if (s.done == self->state.buckets) {
+    s.waiter.deliver(true, std::string{});
+  } else {
+    return;
+  }
+  self->state.steps.erase(it);
+}
+
+std::string list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+caf::behavior reducer(Reducer* self, int buckets) {
+  self->state.buckets = buckets;
+  return {
+      [self](setup_atom, const std::vector<caf::actor>& handles,
+             const std::vector<std::vector<std::string>>& names, const std::vector<int>& expected) {
+        self->state.handles = handles;
+        self->state.names = names;
+        self->state.expected = expected;
+      },
+      [self](bucket_done_atom, int index, uint32_t step, bool ok, const std::string& error,
+             int) {
+        auto& s = step_state(self, step);
+        if (s.finished[static_cast<size_t>(index)]) return;
+        s.finished[static_cast<size_t>(index)] = true;
+        ++s.done;
+        if (!ok && s.failure.empty())
+          s.failure = "step " + std::to_string(step) + ": " + describe(self, index) +
+                      " failed: " + error;
+        deliver_if_ready(self, step);
+      },
+      [self](await_atom, uint32_t step, int64_t stall_ms) -> caf::result<bool, std::string> {
+        auto& s = step_state(self, step);
+        if (!s.failure.empty() || s.done == self->state.buckets) {
+          bool ok = s.failure.empty();
+          std::string failure = s.failure;
+          self->state.steps.erase(step);
+          return {ok, failure};
+        }
+        s.waiter = self->make_response_promise();
+        self->delayed_send(self, std::chrono::milliseconds(stall_ms), stall_atom::value, step,
+                           stall_ms);
+        return caf::delegated<bool, std::string>{};
+      },
+      [self](stall_atom, uint32_t step, int64_t stall_ms) {
+        auto it = self->state.steps.find(step);
+        if (it == self->state.steps.end() || !it->second.waiter.pending() || it->second.stalled)
+          return;
+        it->second.stalled = true;
+        // Ask every unfinished bucket where it stands, then report them all.
+        auto pending = std::make_shared<int>(0);
+        auto report = std::make_shared<std::string>(
+            "step " + std::to_string(step) + " stalled: not done after " +
+            std::to_string(stall_ms) + " ms:");
+        auto finish = [self, step, report] {
+          auto jt = self->state.steps.find(step);
+          if (jt == self->state.steps.end() || !jt->second.waiter.pending()) return;
+          jt->second.failure = *report;
+          deliver_if_ready(self, step);
+        };
+        for (int b = 0; b < self->state.buckets; ++b) {
+          if (it->second.finished[static_cast<size_t>(b)]) continue;
+          ++*pending;
+          self->request(self->state.handles[static_cast<size_t>(b)], std::chrono::seconds(2),
+                        status_atom::value)
+              .then(
+                  [self, b, pending, report, finish](bool launched, int ready,
+                                                     const std::vector<int>& waiting) {
+                    if (launched)
+                      *report += " " + describe(self, b) + " is reducing and waits for rank(s) " +
+                                 (waiting.empty() ? "(none)" : list(waiting)) + ";";
+                    else
+                      *report += " " + describe(self, b) + " never started: " +
+                                 std::to_string(ready) + " of " +
+                                 std::to_string(self->state.expected[static_cast<size_t>(b)]) +
+                                 " parameters had a gradient;";
+                    if (--*pending == 0) finish();
+                  },
+                  [self, b, pending, report, finish](caf::error&) {
+                    *report += " " + describe(self, b) + " did not answer;";
+                    if (--*pending == 0) finish();
+                  });
+        }
+        if (*pending == 0) finish();
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_reducer(caf::actor_system& system, int buckets) {
+  return system.spawn(reducer, buckets);
+}
+
+void set_buckets(const caf::actor& reducer, const std::vector<caf::actor>& buckets,
+                 const std::vector<std::vector<std::string>>& names,
+                 const std::vector<int>& expected) {
+  caf::anon_send(reducer, setup_atom::value, buckets, names, expected);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,584 @@
+#include "runtime/distributed_module.h"
+
+#include <caf/all.hpp>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <mutex>
+
+#include "actors/atoms.h"
+#include "actors/bucket.h"
+#include "actors/reducer.h"
+
+namespace troupe {
+
+namespace {
+
+comm::DataType to_comm(c10::ScalarType t, const std::string& what) {
+  switch (t) {
+    case torch::kFloat: return comm::DataType::float32;
+    case torch::kDouble: return comm::DataType::float64;
+    case torch::kHalf: return comm::DataType::float16;
+    case torch::kBFloat16: return comm::DataType::bfloat16;
+    case torch::kInt: return comm::DataType::int32;
+    case torch::kLong: return comm::DataType::int64;
+    default:
+      throw comm::Error(what + " has dtype " + std::string(c10::toString(t)) +
+                        " (expected float32, float64, float16, bfloat16, int32 or int64)");
+  }
+}
+
+std::string shape_of(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "] " + c10::toString(t.scalar_type());
+}
+
+struct TraceEvent {
+  std::string name;
+  int tid;
+  int64_t ts_us;
+  int64_t dur_us;
+};
+
+// The actors a failure listener must reach; replaced when buckets are rebuilt.
+struct Targets {
+  std::mutex mutex;
+  std::vector<caf::actor> buckets;
+};
+
+}  // namespace
+
+struct DistributedModule::Impl {
+  Runtime& rt;
+  std::shared_ptr<torch::nn::Module> module;
+  DdpOptions opt;
+  int rank = 0;
+  int world = 1;
+  uint32_t key_prefix = 0;
+
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+
+  struct Bucket {
+    torch::Tensor flat;
+    std::vector<int> params;
+    std::vector<int64_t> offsets;  // of each parameter, in elements
+    comm::DataType type = comm::DataType::float32;
+    caf::actor actor;
+    std::shared_ptr<actors::BucketStats> stats;
+  };
+  std::vector<Bucket> buckets;
+  std::vector<int> bucket_of;
+  std::vector<int64_t> offset_of;
+  caf::actor reducer;
+  std::shared_ptr<Targets> targets = std::make_shared<Targets>();
+  int listener = 0;
+
+  // Hooks: the accumulators are kept alive; `alive` turns the hooks off at destruction.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> hook_keys;
+  std::shared_ptr<std::atomic<Impl*>> hook_target;
+
+  // The step in progress (trainer thread only).
+  uint32_t step = 0;
+  std::vector<char> ready;
+  std::vector<int> ready_count;
+  std::vector<int> order;
+  bool sync = true;
+  double denominator = 0;
+  int64_t first_hook_us = 0;
+  int64_t last_hook_us = 0;
+  int64_t previous_end_us = 0;
+  StepMetrics metrics;
+  std::vector<TraceEvent> trace;
+
+  Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, DdpOptions o)
+      : rt(r), module(std::move(m)), opt(std::move(o)) {}
+
+  void check_options();
+  void collect_parameters();
+  void verify_same_model();
+  void build_buckets(const std::vector<int>& order_hint);
+  void spawn_actors();
+  void stop_actors();
+  void on_grad_ready(int index);
+  void await_step();
+  void rebuild_from_observed_order();
+  std::vector<torch::Tensor> state_tensors();
+};
+
+namespace {
+
+class ReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(std::shared_ptr<std::atomic<DistributedModule::Impl*>> target, int index)
+      : target_(std::move(target)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto* impl = target_->load()) impl->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  std::shared_ptr<std::atomic<DistributedModule::Impl*>> target_;
+  int index_;
+};
+
+}  // namespace
+
+void DistributedModule::Impl::check_options() {
+  if (opt.bucket_bytes == 0 || opt.first_bucket_bytes == 0)
+    throw comm::Error("DdpOptions.bucket_bytes=" + std::to_string(opt.bucket_bytes) +
+                      ", first_bucket_bytes=" + std::to_string(opt.first_bucket_bytes) +
+                      " (expected > 0)");
+  if (opt.align_bytes == 0 || (opt.align_bytes & (opt.align_bytes - 1)) != 0)
+    throw comm::Error("DdpOptions.align_bytes=" + std::to_string(opt.align_bytes) +
+                      " (expected a power of two)");
+  if (opt.stall_timeout.count() <= 0)
+    throw comm::Error("DdpOptions.stall_timeout=" + std::to_string(opt.stall_timeout.count()) +
+                      " ms (expected > 0)");
+}
+
+void DistributedModule::Impl::collect_parameters() {
+  for (auto& item : module->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    if (!item.value().is_contiguous())
+      throw comm::Error("parameter '" + item.key() + "' is not contiguous");
+    to_comm(item.value().scalar_type(), "parameter '" + item.key() + "'");
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  if (params.empty()) throw comm::Error("DistributedModule: the module has no trainable parameter");
+}
+
+// Every rank describes its model; rank by rank, the first difference is reported by name.
+void DistributedModule::Impl::verify_same_model() {
+  std::string mine;
+  for (size_t i = 0; i < params.size(); ++i) mine += names[i] + " " + shape_of(params[i]) + "\n";
+  for (auto& b : module->named_buffers(true))
+    mine += "buffer " + b.key() + " " + shape_of(b.value()) + "\n";
+  mine.resize((mine.size() + 3) / 4 * 4, ' ');
+  auto& comm = rt.comm();
+  int64_t length = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lengths(static_cast<size_t>(world));
+  comm.allgather(&length, lengths.data(), 1, comm::DataType::int64);
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (int64_t l : lengths) {
+    counts.push_back(static_cast<size_t>(l) / 4);
+    total += static_cast<size_t>(l);
+  }
+  std::string all(total, '\0');
+  comm.allgatherv(mine.data(), all.data(), counts, comm::DataType::int32);
+  std::vector<std::string> per_rank;
+  size_t at = 0;
+  for (int64_t l : lengths) {
+    per_rank.push_back(all.substr(at, static_cast<size_t>(l)));
+    at += static_cast<size_t>(l);
+  }
+  auto lines = [](const std::string& s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (start < s.size()) {
+      size_t end = s.find('\n', start);
+      if (end == std::string::npos) break;
+      out.push_back(s.substr(start, end - start));
+      start = end + 1;
+    }
+    return out;
+  };
+  auto reference = lines(per_rank[0]);
+  for (int r = 1; r < world; ++r) {
+    auto other = lines(per_rank[static_cast<size_t>(r)]);
+    for (size_t i = 0; i < std::max(reference.size(), other.size()); ++i) {
+      std::string a = i < reference.size() ? reference[i] : "(nothing)";
+      std::string b = i < other.size() ? other[i] : "(nothing)";
+      if (a != b)
+        throw comm::Error("model mismatch between rank 0 and rank " + std::to_string(r) +
+                          " at entry " + std::to_string(i) + ": rank 0 has '" + a + "', rank " +
+                          std::to_string(r) + " has '" + b +
+                          "' (every rank must wrap the same model)");
+    }
+  }
+}
+
+void DistributedModule::Impl::build_buckets(const std::vector<int>& order_hint) {
+  std::vector<int> sequence = order_hint;
+  if (sequence.empty())
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) sequence.push_back(i);
+  buckets.clear();
+  bucket_of.assign(params.size(), -1);
+  offset_of.assign(params.size(), 0);
+  // Open bucket per dtype while filling.
+  std::map<c10::ScalarType, int> open;
+  std::vector<int64_t> fill;  // elements used per bucket
+  for (int i : sequence) {
+    const auto& p = params[static_cast<size_t>(i)];
+    const auto type = p.scalar_type();
+    const int64_t elem = static_cast<int64_t>(p.element_size());
+    const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(opt.align_bytes) / elem);
+    const size_t limit = buckets.empty() ? opt.first_bucket_bytes : opt.bucket_bytes;
+    auto it = open.find(type);
+    bool need_new = it == open.end() || opt.aggregation == Aggregation::layer;
+    if (!need_new && opt.aggregation == Aggregation::bucket) {
+      const auto& b = buckets[static_cast<size_t>(it->second)];
+      const size_t after = static_cast<size_t>((fill[it->second] + align - 1) / align * align +
+                                               p.numel()) *
+                           static_cast<size_t>(elem);
+      const size_t bucket_limit = it->second == 0 ? opt.first_bucket_bytes : opt.bucket_bytes;
+      need_new = !b.params.empty() && after > bucket_limit;
+    }
+    (void)limit;
+    if (need_new) {
+      Bucket b;
+      b.type = to_comm(type, "parameter '" + names[static_cast<size_t>(i)] + "'");
+      buckets.push_back(std::move(b));
+      fill.push_back(0);
+      open[type] = static_cast<int>(buckets.size()) - 1;
+      it = open.find(type);
+    }
+    const int index = it->second;
+    int64_t offset = (fill[index] + align - 1) / align * align;
+    buckets[static_cast<size_t>(index)].params.push_back(i);
+    buckets[static_cast<size_t>(index)].offsets.push_back(offset);
+    bucket_of[static_cast<size_t>(i)] = index;
+    offset_of[static_cast<size_t>(i)] = offset;
+    fill[index] = offset + p.numel();
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    auto& bucket = buckets[b];
+    const auto& first = params[static_cast<size_t>(bucket.params[0])];
+    bucket.flat = torch::zeros({std::max<int64_t>(fill[b], 1)}, first.options().requires_grad(false));
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      auto& p = params[static_cast<size_t>(bucket.params[k])];
+      if (!opt.agg_grad) continue;
+      // The gradient shares the bucket's memory but is not an autograd view of it, so that
+      // optimizers may detach_() and zero_() it as they do any gradient.
+      auto flat = bucket.flat;
+      auto grad = torch::from_blob(
+          static_cast<char*>(flat.data_ptr()) + bucket.offsets[k] * p.element_size(), p.sizes(),
+          [flat](void*) {}, flat.options());
+      if (p.grad().defined()) grad.copy_(p.grad());
+      if (opt.gradient_as_bucket_view) p.mutable_grad() = grad;
+    }
+  }
+}
+
+void DistributedModule::Impl::spawn_actors() {
+  auto& system = rt.system();
+  reducer = actors::spawn_reducer(system, static_cast<int>(buckets.size()));
+  actors::ReduceSettings settings;
+  settings.average = opt.average || !opt.agg_grad;
+  settings.divide_before = opt.divide_before && opt.agg_grad;
+  settings.collectives = rt.comm().options();
+  settings.key_prefix = key_prefix;
+  std::vector<caf::actor> handles;
+  std::vector<std::vector<std::string>> bucket_names;
+  std::vector<int> expected;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    auto& bucket = buckets[b];
+    bucket.stats = std::make_shared<actors::BucketStats>();
+    actors::BucketPlan plan;
+    plan.index = static_cast<int>(b);
+    plan.data = bucket.flat.data_ptr();
+    plan.count = static_cast<size_t>(bucket.flat.numel());
+    plan.type = bucket.type;
+    plan.parameters = static_cast<int>(bucket.params.size());
+    bucket.actor = actors::spawn_bucket(system, plan, settings, rt.transport(), reducer,
+                                        bucket.stats);
+    handles.push_back(bucket.actor);
+    std::vector<std::string> n;
+    for (int p : bucket.params) n.push_back(names[static_cast<size_t>(p)]);
+    bucket_names.push_back(n);
+    expected.push_back(plan.parameters);
+  }
+  actors::set_buckets(reducer, handles, bucket_names, expected);
+  std::lock_guard<std::mutex> lock(targets->mutex);
+  targets->buckets = handles;
+}
+
+void DistributedModule::Impl::stop_actors() {
+  for (auto& b : buckets)
+    if (b.actor) caf::anon_send_exit(b.actor, caf::exit_reason::user_shutdown);
+  if (reducer) caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
+  reducer = nullptr;
+}
+
+void DistributedModule::Impl::on_grad_ready(int index) {
+  if (!sync) return;
+  const int64_t now = actors::now_us();
+  if (order.empty()) first_hook_us = now;
+  last_hook_us = now;
+  if (ready[static_cast<size_t>(index)]) return;
+  ready[static_cast<size_t>(index)] = 1;
+  order.push_back(index);
+  if (!opt.agg_grad) return;
+  const int b = bucket_of[static_cast<size_t>(index)];
+  auto& bucket = buckets[static_cast<size_t>(b)];
+  if (!opt.gradient_as_bucket_view) {
+    auto& p = params[static_cast<size_t>(index)];
+    torch::NoGradGuard no_grad;
+    bucket.flat.narrow(0, offset_of[static_cast<size_t>(index)], p.numel())
+        .copy_(p.grad().reshape({-1}));
+  }
+  ++ready_count[static_cast<size_t>(b)];
+  if (!opt.delay_reduce)
+    caf::anon_send(bucket.actor, actors::ready_atom::value, step, denominator);
+}
+
+void DistributedModule::Impl::await_step() {
+  caf::scoped_actor self{rt.system()};
+  bool ok = false;
+  std::string error;
+  const int64_t stall_ms = opt.stall_timeout.count();
+  self->request(reducer, opt.stall_timeout + std::chrono::seconds(10), actors::await_atom::value,
+                step, stall_ms)
+      .receive([&](bool k, const std::string& e) {
+                 ok = k;
+                 error = e;
+               },
+               [&](caf::error& e) {
+                 error = "step " + std::to_string(step) + ": no answer from the reducer: " +
+                         rt.system().render(e);
+               });
+  if (!ok) throw comm::Error(error);
+}
+
+void DistributedModule::Impl::rebuild_from_observed_order() {
+  // Rank 0's order, completed with parameters that had no gradient, becomes everyone's.
+  std::vector<int64_t> seen(params.size(), -1);
+  if (rank == 0) {
+    size_t k = 0;
+    std::vector<char> used(params.size(), 0);
+    for (int i : order) {
+      seen[k++] = i;
+      used[static_cast<size_t>(i)] = 1;
+    }
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i)
+      if (!used[static_cast<size_t>(i)]) seen[k++] = i;
+  }
+  rt.comm().broadcast(seen.data(), seen.size(), comm::DataType::int64, 0);
+  std::vector<int> new_order(seen.begin(), seen.end());
+  std::vector<int> current;
+  for (auto& b : buckets)
+    for (int p : b.params) current.push_back(p);
+  if (new_order == current) return;
+  stop_actors();
+  build_buckets(new_order);
+  spawn_actors();
+}
+
+std::vector<torch::Tensor> DistributedModule::Impl::state_tensors() {
+  std::vector<torch::Tensor> out;
+  for (auto& p : module->parameters(true)) out.push_back(p);
+  for (auto& b : module->buffers(true)) out.push_back(b);
+  return out;
+}
+
+DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                                     GradientAllReduce, DdpOptions options) {
+  if (!module) throw comm::Error("DistributedModule: module is null");
+  impl_ = std::make_unique<Impl>(runtime, std::move(module), std::move(options));
+  auto& m = *impl_;
+  m.check_options();
+  m.rank = runtime.rank();
+  m.world = runtime.world_size();
+  m.key_prefix = static_cast<uint32_t>(runtime.next_module_id()) << 28;
+  m.denominator = m.world;
+  m.collect_parameters();
+  m.verify_same_model();
+  broadcast_parameters(0);
+  m.build_buckets({});
+  m.spawn_actors();
+  m.ready.assign(m.params.size(), 0);
+  m.ready_count.assign(m.buckets.size(), 0);
+  m.hook_target = std::make_shared<std::atomic<Impl*>>(impl_.get());
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(m.params[i]);
+    m.hook_keys.push_back(
+        acc->add_post_hook(std::make_unique<ReadyHook>(m.hook_target, static_cast<int>(i))));
+    m.accumulators.push_back(std::move(acc));
+  }
+  auto targets = m.targets;
+  m.listener = runtime.add_failure_listener([targets](int rank, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(targets->mutex);
+    for (auto& b : targets->buckets) caf::anon_send(b, actors::abort_atom::value, reason, rank);
+  });
+  m.previous_end_us = actors::now_us();
+}
+
+DistributedModule::~DistributedModule() {
+  auto& m = *impl_;
+  m.hook_target->store(nullptr);
+  for (size_t i = 0; i < m.accumulators.size(); ++i) m.accumulators[i]->del_post_hook(m.hook_keys[i]);
+  m.rt.remove_failure_listener(m.listener);
+  m.stop_actors();
+  if (!m.opt.trace_path.empty()) {
+    std::string path = m.opt.trace_path;
+    auto at = path.find("{rank}");
+    if (at != std::string::npos) path.replace(at, 6, std::to_string(m.rank));
+    try {
+      write_trace(path);
+    } catch (const std::exception&) {
+      // A destructor must not throw; the trace is a diagnostic.
+    }
+  }
+}
+
+void DistributedModule::set_denominator(double denominator) {
+  if (!(denominator > 0))
+    throw comm::Error("set_denominator(" + std::to_string(denominator) + "): expected > 0");
+  impl_->denominator = denominator;
+}
+
+void DistributedModule::step(torch::optim::Optimizer& optimizer) {
+  auto& m = *impl_;
+  if (!m.sync)
+    throw comm::Error("DistributedModule::step() called inside no_sync(): leave the scope and "
+                      "run one more backward first");
+  const int64_t wait_start = actors::now_us();
+  if (m.opt.agg_grad) {
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < m.params.size(); ++i)
+      if (!m.ready[i]) missing.push_back(m.names[i]);
+    if (!missing.empty() && !m.opt.find_unused_parameters) {
+      std::string list;
+      for (auto& n : missing) list += (list.empty() ? "" : ", ") + n;
+      throw comm::Error("step " + std::to_string(m.step) + ": parameter(s) without a gradient: " +
+                        list + " (use DdpOptions.find_unused_parameters to reduce them as zeros)");
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      if (m.ready[i]) continue;
+      const int b = m.bucket_of[i];
+      m.buckets[static_cast<size_t>(b)].flat.narrow(0, m.offset_of[i], m.params[i].numel()).zero_();
+    }
+    for (size_t b = 0; b < m.buckets.size(); ++b)
+      if (m.opt.delay_reduce ||
+          m.ready_count[b] < static_cast<int>(m.buckets[b].params.size()))
+        caf::anon_send(m.buckets[b].actor, actors::launch_atom::value, m.step, m.denominator);
+    m.await_step();
+    if (!m.opt.gradient_as_bucket_view)
+      for (size_t i = 0; i < m.params.size(); ++i) {
+        auto& p = m.params[i];
+        auto view = m.buckets[static_cast<size_t>(m.bucket_of[i])].flat.narrow(0, m.offset_of[i], p.numel());
+        if (p.grad().defined()) p.mutable_grad().copy_(view.view(p.sizes()));
+        else p.mutable_grad() = view.view(p.sizes()).clone();
+      }
+  }
+  const int64_t reduced = actors::now_us();
+  optimizer.step();
+  if (!m.opt.agg_grad) {
+    torch::NoGradGuard no_grad;
+    for (auto& bucket : m.buckets)
+      for (size_t k = 0; k < bucket.params.size(); ++k) {
+        auto& p = m.params[static_cast<size_t>(bucket.params[k])];
+        bucket.flat.narrow(0, bucket.offsets[k], p.numel()).copy_(p.reshape({-1}));
+      }
+    for (auto& bucket : m.buckets)
+      caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, double(m.world));
+    m.await_step();
+    for (auto& bucket : m.buckets)
+      for (size_t k = 0; k < bucket.params.size(); ++k) {
+        auto& p = m.params[static_cast<size_t>(bucket.params[k])];
+        p.copy_(bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view(p.sizes()));
+      }
+  }
+  const int64_t end = actors::now_us();
+
+  StepMetrics metrics;
+  metrics.step = m.step;
+  metrics.step_sec = static_cast<double>(end - m.previous_end_us) / 1e6;
+  metrics.comm_wait_sec =
+      static_cast<double>((m.opt.agg_grad ? reduced - wait_start : end - reduced)) / 1e6;
+  metrics.backward_end_us = m.last_hook_us;
+  for (auto& bucket : m.buckets) {
+    metrics.bytes_sent += bucket.stats->bytes_sent;
+    metrics.bytes_received += bucket.stats->bytes_received;
+    metrics.bucket_start_us.push_back(bucket.stats->ready_us);
+    metrics.bucket_done_us.push_back(bucket.stats->done_us);
+  }
+  m.metrics = metrics;
+  if (!m.order.empty())
+    m.trace.push_back({"backward", 0, m.first_hook_us, m.last_hook_us - m.first_hook_us});
+  m.trace.push_back({m.opt.agg_grad ? "wait for reductions" : "average weights", 0, wait_start,
+                     (m.opt.agg_grad ? reduced : end) - wait_start});
+  for (size_t b = 0; b < m.buckets.size(); ++b)
+    m.trace.push_back({"reduce bucket " + std::to_string(b), 1, m.buckets[b].stats->ready_us,
+                       m.buckets[b].stats->done_us - m.buckets[b].stats->ready_us});
+
+  const bool first = m.step == 0;
+  ++m.step;
+  m.previous_end_us = end;
+  if (first && m.opt.rebuild_buckets && m.opt.agg_grad && m.opt.aggregation == Aggregation::bucket)
+    m.rebuild_from_observed_order();
+  std::fill(m.ready.begin(), m.ready.end(), 0);
+  m.ready_count.assign(m.buckets.size(), 0);
+  m.order.clear();
+  m.denominator = m.world;
+}
+
+DistributedModule::NoSync::NoSync(DistributedModule* module) : module_(module) {
+  module_->impl_->sync = false;
+}
+DistributedModule::NoSync::~NoSync() {
+  if (module_) module_->impl_->sync = true;
+}
+DistributedModule::NoSync::NoSync(NoSync&& other) noexcept : module_(other.module_) {
+  other.module_ = nullptr;
+}
+DistributedModule::NoSync DistributedModule::no_sync() { return NoSync(this); }
+
+void DistributedModule::broadcast_parameters(int root) {
+  torch::NoGradGuard no_grad;
+  auto& m = *impl_;
+  for (auto& t : m.state_tensors()) {
+    auto type = to_comm(t.scalar_type(), "a parameter or buffer");
+    m.rt.comm().broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), type, root);
+  }
+}
+
+void DistributedModule::allreduce_parameters() {
+  torch::NoGradGuard no_grad;
+  auto& m = *impl_;
+  for (auto& t : m.state_tensors()) {
+    if (!t.is_floating_point()) continue;
+    auto type = to_comm(t.scalar_type(), "a parameter or buffer");
+    m.rt.comm().allreduce(t.data_ptr(), static_cast<size_t>(t.numel()), type, comm::ReduceOp::avg);
+  }
+}
+
+const StepMetrics& DistributedModule::last_step() const { return impl_->metrics; }
+
+size_t DistributedModule::bucket_count() const { return impl_->buckets.size(); }
+
+std::vector<std::vector<std::string>> DistributedModule::bucket_parameters() const {
+  std::vector<std::vector<std::string>> out;
+  for (auto& b : impl_->buckets) {
+    out.emplace_back();
+    for (int p : b.params) out.back().push_back(impl_->names[static_cast<size_t>(p)]);
+  }
+  return out;
+}
+
+void DistributedModule::write_trace(const std::string& path) const {
+  std::ofstream out(path);
+  if (!out) throw comm::Error("cannot write the trace to '" + path + "'");
+  out << "{\"traceEvents\": [\n";
+  const auto& events = impl_->trace;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
+    out << "  {\"name\": \"" << e.name << "\", \"ph\": \"X\", \"pid\": " << impl_->rank
+        << ", \"tid\": " << e.tid << ", \"ts\": " << e.ts_us << ", \"dur\": " << e.dur_us << "}"
+        << (i + 1 < events.size() ? ",\n" : "\n");
+  }
+  out << "]}\n";
+}
+
+}  // namespace troupe

@@ -1,0 +1,137 @@
+#pragma once
+/// DistributedModule: data parallelism for a LibTorch module, with bucket reductions that overlap
+/// backward (what PyTorch's DistributedDataParallel is to Python).
+///
+/// ```cpp
+/// troupe::Runtime rt;
+/// auto net = std::make_shared<Net>();
+/// torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+/// troupe::DistributedModule ddp(rt, net, troupe::GradientAllReduce{});
+/// for (auto& batch : *loader) {
+///   opt.zero_grad();
+///   auto loss = torch::nll_loss(net->forward(batch.data), batch.target);
+///   loss.backward();   // buckets reduce while backward runs
+///   ddp.step(opt);     // waits for what is in flight, then steps
+/// }
+/// ```
+/// Construction checks that every rank wraps the same model (names, shapes, dtypes), broadcasts
+/// parameters and buffers from rank 0, and cuts the gradients into buckets: flat buffers of about
+/// `bucket_bytes` (the first `first_bucket_bytes`), parameters in reverse definition order (the
+/// order backward produces them), one dtype each; gradients are views into them. A post-hook on
+/// each parameter's gradient accumulator tells its bucket actor (actors/bucket.h) when the gradient
+/// is ready; a full bucket starts its allreduce at once. After step 1 the buckets are rebuilt in the
+/// gradient-ready order that rank 0 observed, the same on every rank.
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace troupe {
+
+/// Gradient allreduce (PyTorch DDP, Horovod): every step averages the gradients of all ranks.
+struct GradientAllReduce {};
+
+/// How gradients (or weights) are grouped into reductions (mlbench-core's by-layer / by-model).
+enum class Aggregation {
+  bucket,  // flat buckets of about bucket_bytes (PyTorch DDP, Bagua)
+  layer,   // one reduction per parameter tensor
+  model,   // one flat reduction for the whole model (per dtype)
+};
+
+/// Options of a DistributedModule; defaults follow PyTorch DDP.
+struct DdpOptions {
+  size_t bucket_bytes = 25u << 20;
+  size_t first_bucket_bytes = 1u << 20;
+  /// Each parameter starts at a multiple of this many bytes inside its bucket.
+  size_t align_bytes = 64;
+  Aggregation aggregation = Aggregation::bucket;
+  /// true: reduce gradients, then step. false: step locally, then average the weights (optimizer
+  /// state stays local).
+  bool agg_grad = true;
+  /// true: average (divide by the world size, or by set_denominator's value); false: sum.
+  bool average = true;
+  /// Divide before reducing rather than after (against overflow in low precision).
+  bool divide_before = false;
+  /// Reduce everything after backward instead of overlapping (for comparison).
+  bool delay_reduce = false;
+  /// Parameters without a gradient in a step are reduced as zeros instead of being an error.
+  bool find_unused_parameters = false;
+  /// Gradients are views into the buckets (no copy); false copies them in and out.
+  bool gradient_as_bucket_view = true;
+  /// After step 1, rebuild buckets in the observed gradient-ready order.
+  bool rebuild_buckets = true;
+  /// A step whose reductions are not done after this long fails with a report of which bucket
+  /// waits for which ranks.
+  std::chrono::milliseconds stall_timeout{60000};
+  /// When set, a Chrome trace (Perfetto) of this rank is written here at destruction; "{rank}" is
+  /// replaced by the rank.
+  std::string trace_path;
+};
+
+/// What the last step did, on this rank.
+struct StepMetrics {
+  uint64_t step = 0;
+  double step_sec = 0;        // from the first gradient hook (or the previous step) to the end
+  double comm_wait_sec = 0;   // spent in step() waiting for reductions after backward
+  size_t bytes_sent = 0;
+  size_t bytes_received = 0;
+  int64_t backward_end_us = 0;              // last gradient hook (steady clock, microseconds)
+  std::vector<int64_t> bucket_start_us;     // each bucket's reduction start, by bucket
+  std::vector<int64_t> bucket_done_us;
+};
+
+class DistributedModule {
+ public:
+  DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                    GradientAllReduce algorithm = {}, DdpOptions options = {});
+  ~DistributedModule();
+  DistributedModule(const DistributedModule&) = delete;
+  DistributedModule& operator=(const DistributedModule&) = delete;
+
+  /// Waits for the step's reductions (with the stall deadline), then runs `optimizer.step()`
+  /// (agg_grad), or steps and then averages the weights (!agg_grad). Throws comm::Error naming
+  /// parameters without gradient, a failed bucket and the rank, or a stall.
+  void step(torch::optim::Optimizer& optimizer);
+  /// The denominator of this step's average (default: world size), e.g. the global number of
+  /// samples. Set before backward when divide_before is on. Must be > 0.
+  void set_denominator(double denominator);
+
+  /// Inside this scope backward accumulates gradients locally and reduces nothing (gradient
+  /// accumulation); the first backward after it reduces the accumulated gradients.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedModule* module);
+    ~NoSync();
+    NoSync(NoSync&& other) noexcept;
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedModule* module_;
+  };
+  NoSync no_sync();
+
+  /// Copies rank `root`'s parameters and buffers to every rank.
+  void broadcast_parameters(int root = 0);
+  /// Averages parameters and buffers (floating point) over all ranks.
+  void allreduce_parameters();
+
+  const StepMetrics& last_step() const;
+  size_t bucket_count() const;
+  /// The names of the parameters of each bucket, in bucket order.
+  std::vector<std::vector<std::string>> bucket_parameters() const;
+  /// Writes the Chrome trace recorded so far to `path`.
+  void write_trace(const std::string& path) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,382 @@
+// DistributedModule with ranks as threads over the inproc transport: equivalence with one process
+// trained on the concatenated batch, overlap, and the errors (mismatched models, unused
+// parameters, stalls) — never a hang.
+#include "tests/support/torch_doctest.h"
+
+#include <algorithm>
+#include <functional>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "runtime/distributed_module.h"
+#include "runtime/launch.h"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Mlp : torch::nn::Module {
+  Mlp(int64_t in, int64_t hidden, int64_t out, bool extra_head = false) {
+    fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, hidden));
+    fc3 = register_module("fc3", torch::nn::Linear(hidden, out));
+    if (extra_head) unused = register_module("unused", torch::nn::Linear(hidden, out));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, unused{nullptr};
+};
+
+RuntimeOptions thread_rank(int rank, int world, int port,
+                           const std::shared_ptr<comm::InprocFabric>& fabric) {
+  RuntimeOptions o;
+  RankInfo info;
+  info.rank = rank;
+  info.world_size = world;
+  info.local_world_size = world;
+  info.master_port = port;
+  info.source = "explicit";
+  o.rank_info = info;
+  o.transport = "inproc";
+  o.fabric = fabric;
+  o.scheduler_threads = 1;
+  o.rendezvous_timeout = 20s;
+  o.collective_timeout = 20s;
+  return o;
+}
+
+// Runs body(rank, runtime) on `world` threads; returns what each threw ("" when nothing).
+std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body) {
+  auto fabric = std::make_shared<comm::InprocFabric>(world);
+  const int port = pick_free_port();
+  std::vector<std::future<std::string>> futures;
+  for (int r = 0; r < world; ++r)
+    futures.push_back(std::async(std::launch::async, [&, r] {
+      try {
+        Runtime rt(thread_rank(r, world, port, fabric));
+        body(r, rt);
+        return std::string();
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    }));
+  std::vector<std::string> errors;
+  for (auto& f : futures) errors.push_back(f.get());
+  return errors;
+}
+
+void copy_params(const std::shared_ptr<Mlp>& from, const std::shared_ptr<Mlp>& to) {
+  torch::NoGradGuard no_grad;
+  auto a = from->parameters(), b = to->parameters();
+  for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+}
+
+enum class Optim { sgd_momentum, adam };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optim kind, const std::shared_ptr<Mlp>& m) {
+  if (kind == Optim::adam)
+    return std::make_unique<torch::optim::Adam>(m->parameters(), torch::optim::AdamOptions(0.01));
+  return std::make_unique<torch::optim::SGD>(m->parameters(),
+                                             torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+struct Case {
+  std::string name;
+  DdpOptions options;
+  Optim optim = Optim::sgd_momentum;
+  double denominator = 0;  // 0: default (world size)
+  double loss_scale = 1;   // what the reference multiplies its loss by to match
+};
+
+// K steps on `world` ranks, each on its slice of the batch, against one process on the whole
+// batch. Returns the largest parameter difference over ranks.
+double max_difference(const Case& c, int world, int steps = 3) {
+  torch::manual_seed(7);
+  const int64_t batch = 4;
+  std::vector<std::shared_ptr<Mlp>> replicas;
+  for (int r = 0; r < world; ++r) replicas.push_back(std::make_shared<Mlp>(6, 8, 3));
+  auto reference = std::make_shared<Mlp>(6, 8, 3);
+  copy_params(replicas[0], reference);  // rank 0's weights are broadcast to everyone
+  std::vector<torch::Tensor> xs, ys;
+  for (int s = 0; s < steps; ++s) {
+    xs.push_back(torch::randn({world * batch, 6}));
+    ys.push_back(torch::randn({world * batch, 3}));
+  }
+  auto ref_opt = make_optimizer(c.optim, reference);
+  for (int s = 0; s < steps; ++s) {
+    ref_opt->zero_grad();
+    auto loss = torch::mse_loss(reference->forward(xs[s]), ys[s]) * c.loss_scale;
+    loss.backward();
+    ref_opt->step();
+  }
+  std::vector<double> diffs(static_cast<size_t>(world), 1e9);
+  auto errors = run_threads(world, [&](int r, Runtime& rt) {
+    auto model = replicas[static_cast<size_t>(r)];
+    auto opt = make_optimizer(c.optim, model);
+    DistributedModule ddp(rt, model, GradientAllReduce{}, c.options);
+    for (int s = 0; s < steps; ++s) {
+      opt->zero_grad();
+      if (c.denominator > 0) ddp.set_denominator(c.denominator);
+      auto x = xs[s].narrow(0, r * batch, batch), y = ys[s].narrow(0, r * batch, batch);
+      torch::mse_loss(model->forward(x), y).backward();
+      ddp.step(*opt);
+    }
+    double worst = 0;
+    auto mine = model->parameters(), want = reference->parameters();
+    for (size_t i = 0; i < mine.size(); ++i)
+      worst = std::max(worst, (mine[i] - want[i]).abs().max().item<double>());
+    diffs[static_cast<size_t>(r)] = worst;
+  });
+  for (auto& e : errors) CHECK(e == "");
+  return *std::max_element(diffs.begin(), diffs.end());
+}
+
+}  // namespace
+
+TEST_CASE("N ranks on their own shards end with the parameters of one process on the whole batch") {
+  torch::set_num_threads(1);
+  std::vector<Case> cases;
+  auto base = [] {
+    DdpOptions o;
+    o.bucket_bytes = 200;  // several buckets even for this small model
+    o.first_bucket_bytes = 100;
+    return o;
+  };
+  for (auto aggregation : {Aggregation::bucket, Aggregation::layer, Aggregation::model})
+    for (bool delay : {false, true})
+      for (Optim optim : {Optim::sgd_momentum, Optim::adam}) {
+        Case c;
+        c.options = base();
+        c.options.aggregation = aggregation;
+        c.options.delay_reduce = delay;
+        c.optim = optim;
+        c.name = std::string("gradients, ") +
+                 (aggregation == Aggregation::bucket  ? "by bucket"
+                  : aggregation == Aggregation::layer ? "by layer"
+                                                      : "by model") +
+                 (delay ? ", delay_reduce" : ", overlapped") +
+                 (optim == Optim::adam ? ", Adam" : ", SGD momentum");
+        cases.push_back(c);
+      }
+  for (auto aggregation : {Aggregation::layer, Aggregation::model}) {
+    Case c;
+    c.options = base();
+    c.options.agg_grad = false;
+    c.options.aggregation = aggregation;
+    c.name = std::string("weights averaged after the local step, ") +
+             (aggregation == Aggregation::layer ? "by layer" : "by model");
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.options = base();
+    c.options.divide_before = true;
+    c.name = "divide before reducing";
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.options = base();
+    c.options.gradient_as_bucket_view = false;
+    c.name = "gradients copied into the buckets";
+    cases.push_back(c);
+  }
+  for (bool before : {false, true}) {
+    Case c;
+    c.options = base();
+    c.options.divide_before = before;
+    c.denominator = 6;  // world 3: sum / 6 is half the average
+    c.loss_scale = 0.5;
+    c.name = std::string("a custom denominator per step") + (before ? ", divided before" : "");
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.options = base();
+    c.options.average = false;
+    c.loss_scale = 3;  // the sum over 3 ranks of mean losses
+    c.name = "sum instead of average";
+    cases.push_back(c);
+  }
+  for (auto& c : cases) {
+    CAPTURE(c.name);
+    CHECK(max_difference(c, 3) < 2e-5);
+  }
+}
+
+TEST_CASE("the equivalence check fails when the ranks do not reduce") {
+  // The same harness with one rank's data and no reduction (a single rank wrapping nothing but
+  // its own shard) must differ from the whole-batch reference: the test above can fail.
+  torch::set_num_threads(1);
+  torch::manual_seed(7);
+  auto model = std::make_shared<Mlp>(6, 8, 3);
+  auto reference = std::make_shared<Mlp>(6, 8, 3);
+  copy_params(model, reference);
+  auto x = torch::randn({12, 6}), y = torch::randn({12, 3});
+  torch::optim::SGD a(model->parameters(), 0.1), b(reference->parameters(), 0.1);
+  torch::mse_loss(model->forward(x.narrow(0, 0, 4)), y.narrow(0, 0, 4)).backward();
+  a.step();
+  torch::mse_loss(reference->forward(x), y).backward();
+  b.step();
+  double worst = 0;
+  auto p = model->parameters(), q = reference->parameters();
+  for (size_t i = 0; i < p.size(); ++i) worst = std::max(worst, (p[i] - q[i]).abs().max().item<double>());
+  CHECK(worst > 1e-3);
+}
+
+TEST_CASE("a full bucket starts its reduction before backward ends") {
+  torch::set_num_threads(1);
+  torch::manual_seed(3);
+  std::vector<std::shared_ptr<Mlp>> replicas = {std::make_shared<Mlp>(2048, 512, 10),
+                                                std::make_shared<Mlp>(2048, 512, 10)};
+  std::vector<StepMetrics> seen(2);
+  auto errors = run_threads(2, [&](int r, Runtime& rt) {
+    auto model = replicas[static_cast<size_t>(r)];
+    DdpOptions o;
+    o.first_bucket_bytes = 64 << 10;  // fc3 alone
+    o.bucket_bytes = 1 << 20;
+    torch::optim::SGD opt(model->parameters(), 0.01);
+    DistributedModule ddp(rt, model, GradientAllReduce{}, o);
+    CHECK(ddp.bucket_count() >= 3);
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      auto x = torch::randn({256, 2048});
+      model->forward(x).pow(2).mean().backward();
+      ddp.step(opt);
+    }
+    seen[static_cast<size_t>(r)] = ddp.last_step();
+    // The first bucket holds what backward produces first: the last layer.
+    auto first = ddp.bucket_parameters()[0];
+    CHECK(std::count(first.begin(), first.end(), "fc3.weight") == 1);
+    CHECK(std::count(first.begin(), first.end(), "fc3.bias") == 1);
+    CHECK(std::count(first.begin(), first.end(), "fc1.weight") == 0);
+  });
+  for (auto& e : errors) CHECK(e == "");
+  for (auto& m : seen) {
+    REQUIRE(m.bucket_start_us.size() >= 3);
+    // The bucket of the last layer filled first and started while earlier layers' gradients were
+    // still being computed (both times come from the same steady clock, recorded by the bucket
+    // actor and by the last gradient hook).
+    CHECK(m.bucket_start_us[0] < m.backward_end_us);
+    CHECK(m.bytes_sent > 0);
+  }
+}
+
+TEST_CASE("ranks that wrap different models get an error naming the first difference") {
+  auto errors = run_threads(2, [&](int r, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(6, r == 0 ? 8 : 9, 3);
+    DistributedModule ddp(rt, model);
+  });
+  for (auto& e : errors) {
+    CHECK(e.find("model mismatch between rank 0 and rank 1") != std::string::npos);
+    CHECK(e.find("fc1.weight [8, 6]") != std::string::npos);
+    CHECK(e.find("fc1.weight [9, 6]") != std::string::npos);
+  }
+}
+
+TEST_CASE("parameters without a gradient are named, or reduced as zeros with find_unused_parameters") {
+  torch::set_num_threads(1);
+  auto errors = run_threads(2, [&](int, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(6, 8, 3, /*extra_head=*/true);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    DistributedModule ddp(rt, model);
+    torch::mse_loss(model->forward(torch::ones({2, 6})), torch::zeros({2, 3})).backward();
+    ddp.step(opt);
+  });
+  for (auto& e : errors) {
+    CHECK(e.find("parameter(s) without a gradient: unused.weight, unused.bias") != std::string::npos);
+  }
+  std::vector<torch::Tensor> unused_after(2);
+  errors = run_threads(2, [&](int r, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(6, 8, 3, /*extra_head=*/true);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    DdpOptions o;
+    o.find_unused_parameters = true;
+    DistributedModule ddp(rt, model, GradientAllReduce{}, o);
+    auto before = model->unused->weight.clone();
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(model->forward(torch::ones({2, 6}) * (r + 1)), torch::zeros({2, 3})).backward();
+      ddp.step(opt);
+    }
+    CHECK(torch::equal(model->unused->weight, before));  // zero gradient: unchanged by SGD
+    unused_after[static_cast<size_t>(r)] = model->fc1->weight.clone();
+  });
+  for (auto& e : errors) CHECK(e == "");
+  CHECK(torch::allclose(unused_after[0], unused_after[1]));
+}
+
+TEST_CASE("no_sync accumulates locally and the next backward reduces the sum") {
+  torch::set_num_threads(1);
+  torch::manual_seed(11);
+  std::vector<std::shared_ptr<Mlp>> replicas = {std::make_shared<Mlp>(6, 8, 3),
+                                                std::make_shared<Mlp>(6, 8, 3)};
+  auto reference = std::make_shared<Mlp>(6, 8, 3);
+  copy_params(replicas[0], reference);
+  auto x = torch::randn({8, 6}), y = torch::randn({8, 3});
+  // Reference: the gradient of two micro-batches per rank, averaged over ranks.
+  torch::optim::SGD ref_opt(reference->parameters(), 0.1);
+  for (int r = 0; r < 2; ++r)
+    for (int micro = 0; micro < 2; ++micro) {
+      auto xi = x.narrow(0, r * 4 + micro * 2, 2), yi = y.narrow(0, r * 4 + micro * 2, 2);
+      (torch::mse_loss(reference->forward(xi), yi) / 2).backward();
+    }
+  ref_opt.step();
+  std::vector<torch::Tensor> got(2);
+  auto errors = run_threads(2, [&](int r, Runtime& rt) {
+    auto model = replicas[static_cast<size_t>(r)];
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    DistributedModule ddp(rt, model);
+    opt.zero_grad();
+    {
+      auto guard = ddp.no_sync();
+      torch::mse_loss(model->forward(x.narrow(0, r * 4, 2)), y.narrow(0, r * 4, 2)).backward();
+      CHECK_THROWS_WITH(ddp.step(opt), doctest::Contains("inside no_sync()"));
+    }
+    torch::mse_loss(model->forward(x.narrow(0, r * 4 + 2, 2)), y.narrow(0, r * 4 + 2, 2)).backward();
+    ddp.step(opt);
+    got[static_cast<size_t>(r)] = model->fc1->weight.clone();
+  });
+  for (auto& e : errors) CHECK(e == "");
+  for (auto& g : got) CHECK(torch::allclose(g, reference->fc1->weight, 1e-5, 1e-6));
+}
+
+TEST_CASE("a rank that stops contributing is reported with the bucket and the missing rank") {
+  torch::set_num_threads(1);
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_threads(2, [&](int r, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(6, 8, 3);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    DdpOptions o;
+    o.stall_timeout = 500ms;
+    DistributedModule ddp(rt, model, GradientAllReduce{}, o);
+    if (r == 1) {
+      // Rank 1 leaves the job without its backward; rank 0's step must not hang.
+      return;
+    }
+    torch::mse_loss(model->forward(torch::ones({2, 6})), torch::zeros({2, 3})).backward();
+    ddp.step(opt);
+  });
+  CHECK(errors[1] == "");
+  CHECK(errors[0].find("step 0 stalled") != std::string::npos);
+  CHECK(errors[0].find("waits for rank(s) 1") != std::string::npos);
+  CHECK(errors[0].find("bucket 0 (") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < 15s);
+}
+
+TEST_CASE("bad options are rejected naming the option and the value") {
+  auto errors = run_threads(1, [&](int, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(6, 8, 3);
+    DdpOptions o;
+    o.align_bytes = 48;
+    CHECK_THROWS_WITH(DistributedModule(rt, model, GradientAllReduce{}, o),
+                      doctest::Contains("align_bytes=48 (expected a power of two)"));
+    DistributedModule ddp(rt, model);
+    CHECK_THROWS_WITH(ddp.set_denominator(0), doctest::Contains("set_denominator(0"));
+    CHECK_THROWS_WITH(DistributedModule(rt, nullptr), doctest::Contains("module is null"));
+  });
+  CHECK(errors[0] == "");
+}
