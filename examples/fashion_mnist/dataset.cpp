@@ -2,13 +2,16 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace troupe::examples {

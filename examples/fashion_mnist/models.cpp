@@ -9,14 +9,16 @@
 namespace troupe::examples {
 
 CnnNetImpl::CnnNetImpl()
-    : conv1_(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5)))),
-      conv2_(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5)))),
-      fc1_(register_module("fc1", torch::nn::Linear(32 * 4 * 4, 128))),
+    : conv1_(register_module("conv1",
+                             torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
+      conv2_(register_module("conv2",
+                             torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
+      fc1_(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
       fc2_(register_module("fc2", torch::nn::Linear(128, 10))) {}
 
 torch::Tensor CnnNetImpl::forward(const torch::Tensor& x) {
-  torch::Tensor h = torch::max_pool2d(torch::relu(conv1_->forward(x)), 2);  // 16 x 12 x 12
-  h = torch::max_pool2d(torch::relu(conv2_->forward(h)), 2);                // 32 x 4 x 4
+  torch::Tensor h = torch::max_pool2d(torch::relu(conv1_->forward(x)), 2);  // 16 x 14 x 14
+  h = torch::max_pool2d(torch::relu(conv2_->forward(h)), 2);                // 32 x 7 x 7
   h = torch::relu(fc1_->forward(h.flatten(1)));
   return torch::log_softmax(fc2_->forward(h), 1);
 }

@@ -9,6 +9,7 @@
 
 #include "comm/transport/ucx/transport.h"
 #include "runtime/cli/bench_allreduce.h"
+#include "runtime/cli/bench_ddp.h"
 #include "runtime/launch.h"
 #ifdef TROUPE_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -87,6 +88,18 @@ int main(int argc, char** argv) {
   bench_ar->add_flag("--as-rank", as_rank, "Internal: run as one rank of the benchmark job")
       ->group("");
 
+  auto* bench_ddp = bench_cmd->add_subcommand("ddp", "Median step time of data-parallel training");
+  troupe::cli::DdpBench ddp;
+  bool ddp_as_rank = false;
+  bench_ddp->add_option("--world", ddp.world, "Number of ranks (1: compute alone)")
+      ->check(CLI::Range(1, 1024));
+  bench_ddp->add_option("--model", ddp.model, "mlp (784-2048-2048-1024-10)");
+  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank")->check(CLI::PositiveNumber);
+  bench_ddp->add_option("--steps", ddp.steps, "Measured steps")->check(CLI::PositiveNumber);
+  bench_ddp->add_flag("--json", ddp.json, "One JSON object");
+  bench_ddp->add_flag("--delay-reduce", ddp.delay_reduce, "Reduce after backward (no overlap)");
+  bench_ddp->add_flag("--as-rank", ddp_as_rank, "Internal: run as one rank")->group("");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*launch_cmd) {
@@ -97,6 +110,10 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("info")) {
       print_info();
       return 0;
+    }
+    if (*bench_ddp) {
+      if (ddp_as_rank) return troupe::cli::run_ddp_bench_rank(ddp);
+      return troupe::cli::run_ddp_bench(ddp, self_exe(argv[0]));
     }
     if (*bench_ar) {
       bench.bytes = troupe::cli::parse_sizes(sizes);

@@ -45,3 +45,12 @@ TEST_CASE("killing one rank in a large allreduce ends every other rank's call wi
   CHECK(r.rank_exit_codes[3] == 128 + 9);  // SIGKILL
   for (int rank = 0; rank < 3; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
 }
+
+TEST_CASE("a rank that dies mid-training ends every survivor's step with an error naming it") {
+  std::string log;
+  auto r = run_job(3, "ddp_kill_one", false, &log);
+  INFO(log);
+  REQUIRE(r.rank_exit_codes.size() == 3);
+  CHECK(r.rank_exit_codes[2] == 128 + 9);  // SIGKILL
+  for (int rank = 0; rank < 2; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
+}

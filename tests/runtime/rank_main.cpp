@@ -7,6 +7,9 @@
 #include <iostream>
 #include <vector>
 
+#include <torch/torch.h>
+
+#include "runtime/distributed_module.h"
 #include "runtime/runtime.h"
 #include "tests/support/collective_checks.h"
 
@@ -64,16 +67,53 @@ int kill_one() {
   return 3;
 }
 
+// Three ranks train with a DistributedModule; the last one kills itself before its third step.
+// Every survivor's step must end with an error naming it, well before the stall timeout.
+int ddp_kill_one() {
+  torch::set_num_threads(1);
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  Runtime rt(o);
+  const int victim = rt.world_size() - 1;
+  auto model = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::ReLU(),
+                                     torch::nn::Linear(256, 10));
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  DdpOptions d;
+  d.stall_timeout = std::chrono::seconds(60);
+  DistributedModule ddp(rt, model.ptr(), GradientAllReduce{}, d);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    for (int step = 0; step < 20; ++step) {
+      if (step == 2 && rt.rank() == victim) raise(SIGKILL);
+      start = std::chrono::steady_clock::now();
+      opt.zero_grad();
+      model->forward(torch::randn({32, 64})).pow(2).mean().backward();
+      ddp.step(opt);
+    }
+  } catch (const comm::Error& e) {
+    double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string what = e.what();
+    std::cout << "rank " << rt.rank() << " got after " << waited << " s: " << what << std::endl;
+    if (what.find("rank " + std::to_string(victim)) != std::string::npos && waited < 20) return 0;
+    return 2;
+  }
+  std::cerr << "rank " << rt.rank() << ": every step succeeded although rank " << victim
+            << " was killed\n";
+  return 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: troupe_test_rank collectives|kill_one\n";
+    std::cerr << "usage: troupe_test_rank collectives|kill_one|ddp_kill_one\n";
     return 64;
   }
   try {
     if (!std::strcmp(argv[1], "collectives")) return collectives();
     if (!std::strcmp(argv[1], "kill_one")) return kill_one();
+    if (!std::strcmp(argv[1], "ddp_kill_one")) return ddp_kill_one();
   } catch (const std::exception& e) {
     std::cerr << "troupe_test_rank " << argv[1] << ": " << e.what() << "\n";
     return 1;

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Peer baseline: PyTorch DistributedDataParallel step time (gloo, loopback, CPU).
+
+The figure to compare with `troupe bench ddp`. Each rank trains the same MLP
+(784-2048-2048-1024-10, ReLU, float32, 7.9M parameters) with SGD (lr 0.01, momentum 0.9) on
+one fixed random batch [B, 784] with random labels 0..9 (seed SEED + rank), loss
+nll_loss(log_softmax(output)), one intra-op thread per rank.
+
+  --world 1   no DistributedDataParallel and no process group: forward, backward and optimizer
+              step alone -- the compute-only baseline that overheads are measured against.
+  --world N   N processes on 127.0.0.1 (gloo), the model wrapped in
+              torch.nn.parallel.DistributedDataParallel (default bucket_cap_mb 25).
+
+A step is zero_grad, forward, loss, backward, optimizer step, timed with time.perf_counter in a
+loop with no barriers. The first 5 steps are warm-up and not counted. Each rank takes the median
+of its S step times; step_sec is the largest of those medians over ranks (rank 0's own median is
+shown in the human-readable line). With --json the output is exactly one JSON object:
+{"impl": "torch_ddp", "world": N, "model": "mlp", "batch": B, "steps": S, "step_sec": sec}
+
+    /usr/bin/python3 bench/ddp_torch.py --world 2 --model mlp --batch 64 --steps 50 [--json]
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+MODELS = ("mlp",)
+WARMUP_STEPS = 5
+SEED = 1234
+IN_FEATURES = 784
+CLASSES = 10
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': expected a positive integer")
+    return value
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_mlp(torch):
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Linear(IN_FEATURES, 2048), nn.ReLU(),
+        nn.Linear(2048, 2048), nn.ReLU(),
+        nn.Linear(2048, 1024), nn.ReLU(),
+        nn.Linear(1024, CLASSES),
+    )
+
+
+def train_and_time(torch, model, batch, steps, rank):
+    """Per-step seconds of `steps` timed steps (after WARMUP_STEPS untimed ones)."""
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(SEED + rank)
+    inputs = torch.randn(batch, IN_FEATURES, generator=generator, dtype=torch.float32)
+    labels = torch.randint(0, CLASSES, (batch,), generator=generator)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        optimizer.zero_grad()
+        loss = F.nll_loss(F.log_softmax(model(inputs), dim=1), labels)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def report(args, step_sec, rank0_sec, params):
+    if args.json:
+        print(json.dumps({"impl": "torch_ddp", "world": args.world, "model": args.model,
+                          "batch": args.batch, "steps": args.steps, "step_sec": step_sec}),
+              flush=True)
+        return
+    import torch
+    mode = ("compute alone (no DDP, no process group)" if args.world == 1
+            else "DistributedDataParallel, gloo, loopback")
+    print(f"torch {torch.__version__} {mode}: world {args.world}, model {args.model} "
+          f"({params / 1e6:.1f}M params), batch {args.batch}, {args.steps} steps "
+          f"(+{WARMUP_STEPS} warm-up), 1 thread per rank: "
+          f"step_sec {step_sec * 1e3:.2f} ms (max over ranks of the median), "
+          f"rank 0 median {rank0_sec * 1e3:.2f} ms", flush=True)
+
+
+def run_alone(args):
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    model = build_mlp(torch)
+    params = sum(p.numel() for p in model.parameters())
+    median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank=0))
+    report(args, median, median, params)
+
+
+def run_rank(rank, args, port):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    # Keep gloo on loopback even where the host name resolves to another interface.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", rank=rank, world_size=args.world)
+    try:
+        torch.manual_seed(SEED + rank)  # DDP broadcasts rank 0's parameters at construction
+        model = torch.nn.parallel.DistributedDataParallel(build_mlp(torch))
+        params = sum(p.numel() for p in model.parameters())
+        median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank))
+        slowest = torch.tensor([median], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            report(args, slowest.item(), median, params)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description="PyTorch DistributedDataParallel step time, gloo on loopback (peer "
+                    "baseline for `troupe bench ddp`); --world 1 is compute alone, no DDP")
+    parser.add_argument("--world", type=positive_int, default=2,
+                        help="number of ranks (processes); 1 = no DDP, compute alone")
+    parser.add_argument("--model", default="mlp",
+                        help="model: only 'mlp' (784-2048-2048-1024-10)")
+    parser.add_argument("--batch", type=positive_int, default=64, help="samples per rank")
+    parser.add_argument("--steps", type=positive_int, default=50,
+                        help=f"timed steps (after {WARMUP_STEPS} warm-up steps)")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    args = parser.parse_args()
+    if args.model not in MODELS:
+        parser.error(f"--model '{args.model}': unknown model; expected one of: "
+                     f"{', '.join(MODELS)}")
+
+    if args.world == 1:
+        run_alone(args)
+        return 0
+    import torch.multiprocessing as mp
+    mp.spawn(run_rank, args=(args, free_port()), nprocs=args.world, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+#include "runtime/cli/bench_ddp.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include "runtime/distributed_module.h"
+#include "runtime/launch.h"
+
+namespace troupe::cli {
+
+namespace {
+
+// The benchmark model of the data-parallel issue: 784-2048-2048-1024-10, ReLU (7.9M parameters).
+torch::nn::Sequential make_mlp() {
+  return torch::nn::Sequential(torch::nn::Linear(784, 2048), torch::nn::ReLU(),
+                               torch::nn::Linear(2048, 2048), torch::nn::ReLU(),
+                               torch::nn::Linear(2048, 1024), torch::nn::ReLU(),
+                               torch::nn::Linear(1024, 10));
+}
+
+// Median seconds per step on this rank; with a runtime, through a DistributedModule.
+double train(const DdpBench& bench, Runtime* rt, int rank) {
+  torch::set_num_threads(1);
+  torch::manual_seed(1234 + rank);
+  auto model = make_mlp();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  std::optional<DistributedModule> ddp;
+  if (rt) {
+    DdpOptions o;
+    o.delay_reduce = bench.delay_reduce;
+    ddp.emplace(*rt, model.ptr(), GradientAllReduce{}, o);
+  }
+  auto x = torch::randn({bench.batch, 784});
+  auto y = torch::randint(0, 10, {bench.batch}, torch::kLong);
+  const int warmup = 5;
+  std::vector<double> times;
+  for (int s = 0; s < warmup + bench.steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    auto loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
+    loss.backward();
+    if (ddp) ddp->step(opt);
+    else opt.step();
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) times.push_back(sec);
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+void print(const DdpBench& bench, double sec) {
+  if (bench.json)
+    std::printf("{\"impl\": \"troupe\", \"world\": %d, \"model\": \"%s\", \"batch\": %d, "
+                "\"steps\": %d, \"step_sec\": %.6g}\n",
+                bench.world, bench.model.c_str(), bench.batch, bench.steps, sec);
+  else
+    std::printf("troupe ddp: world %d, %s, batch %d per rank, %d steps: median step %.2f ms%s\n",
+                bench.world, bench.model.c_str(), bench.batch, bench.steps, sec * 1e3,
+                bench.world == 1 ? " (compute alone)" : "");
+  std::fflush(stdout);
+}
+
+void check(const DdpBench& bench) {
+  if (bench.model != "mlp")
+    throw comm::Error("--model '" + bench.model + "' (expected mlp)");
+  if (bench.world < 1 || bench.batch < 1 || bench.steps < 1)
+    throw comm::Error("--world, --batch and --steps must be >= 1 (got " +
+                      std::to_string(bench.world) + ", " + std::to_string(bench.batch) + ", " +
+                      std::to_string(bench.steps) + ")");
+}
+
+}  // namespace
+
+int run_ddp_bench_rank(const DdpBench& bench) {
+  check(bench);
+  RuntimeOptions options;
+  options.scheduler_threads = 1;
+  Runtime rt(options);
+  double sec = train(bench, &rt, rt.rank());
+  // The job's step time is the slowest rank's.
+  rt.comm().allreduce(&sec, 1, comm::DataType::float64, comm::ReduceOp::max);
+  if (rt.rank() == 0) print(bench, sec);
+  return 0;
+}
+
+int run_ddp_bench(const DdpBench& bench, const std::string& self_exe) {
+  check(bench);
+  if (bench.world == 1) {
+    print(bench, train(bench, nullptr, 0));
+    return 0;
+  }
+  LaunchOptions launch_options;
+  launch_options.nprocs = bench.world;
+  launch_options.prefix_output = false;
+  launch_options.command = {self_exe, "bench", "ddp", "--as-rank", "--world",
+                            std::to_string(bench.world), "--model", bench.model, "--batch",
+                            std::to_string(bench.batch), "--steps", std::to_string(bench.steps)};
+  if (bench.json) launch_options.command.push_back("--json");
+  if (bench.delay_reduce) launch_options.command.push_back("--delay-reduce");
+  auto result = launch(launch_options);
+  if (result.exit_code != 0) std::cerr << "troupe bench: " << result.message << "\n";
+  return result.exit_code;
+}
+
+}  // namespace troupe::cli
