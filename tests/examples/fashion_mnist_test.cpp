@@ -286,10 +286,14 @@ TEST_CASE("the models name their parameters and return log-probabilities over 10
                                           "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight",
                                           "fc2.bias"});
 
+  const auto count = [](const torch::nn::Module& module) {
+    int64_t n = 0;
+    for (const torch::Tensor& p : module.parameters()) n += p.numel();
+    return n;
+  };
+  CHECK(count(*cnn) == 206922);
   troupe::examples::MlpNet large({784, 2048, 2048, 1024, 10});
-  int64_t count = 0;
-  for (const auto& p : large->parameters()) count += p.numel();
-  CHECK(count == 7912458);
+  CHECK(count(*large) == 7912458);
   CHECK(large->named_parameters().contains("fc4.bias"));
 
   troupe::examples::MlpNet small;
