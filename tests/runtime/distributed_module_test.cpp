@@ -3,8 +3,14 @@
 // parameters, stalls) — never a hang.
 #include "tests/support/torch_doctest.h"
 
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <future>
 #include <string>
 #include <vector>
@@ -379,4 +385,66 @@ TEST_CASE("bad options are rejected naming the option and the value") {
     CHECK_THROWS_WITH(DistributedModule(rt, nullptr), doctest::Contains("module is null"));
   });
   CHECK(errors[0] == "");
+}
+
+TEST_CASE("a Chrome trace of each rank holds backward, the waits and every bucket's reduction") {
+  torch::set_num_threads(1);
+  const std::string dir = "/tmp/troupe_trace_test_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto errors = run_threads(2, [&](int, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(6, 8, 3);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    DdpOptions o;
+    o.aggregation = Aggregation::layer;
+    o.trace_path = dir + "/trace_{rank}.json";
+    DistributedModule ddp(rt, model, GradientAllReduce{}, o);
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(model->forward(torch::ones({2, 6})), torch::zeros({2, 3})).backward();
+      ddp.step(opt);
+    }
+  });
+  for (auto& e : errors) CHECK(e == "");
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir + "/trace_" + std::to_string(rank) + ".json");
+    REQUIRE(in.good());
+    auto trace = nlohmann::json::parse(in);
+    std::map<std::string, int> names;
+    for (auto& e : trace["traceEvents"]) {
+      CHECK(e["ph"] == "X");
+      CHECK(e["pid"] == rank);
+      CHECK(e["dur"].get<int64_t>() >= 0);
+      names[e["name"].get<std::string>()]++;
+    }
+    CHECK(names["backward"] == 2);
+    CHECK(names["wait for reductions"] == 2);
+    for (int b = 0; b < 6; ++b) CHECK(names["reduce bucket " + std::to_string(b)] == 2);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("allreduce_parameters averages the weights and broadcast_parameters copies rank 0's") {
+  torch::set_num_threads(1);
+  std::vector<torch::Tensor> averaged(2), broadcast(2);
+  auto errors = run_threads(2, [&](int r, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(6, 8, 3);
+    DistributedModule ddp(rt, model);
+    {
+      torch::NoGradGuard no_grad;
+      model->fc1->weight.fill_(r == 0 ? 1.0 : 3.0);
+    }
+    ddp.allreduce_parameters();
+    averaged[static_cast<size_t>(r)] = model->fc1->weight.clone();
+    {
+      torch::NoGradGuard no_grad;
+      model->fc1->weight.fill_(r == 0 ? 5.0 : 7.0);
+    }
+    ddp.broadcast_parameters(0);
+    broadcast[static_cast<size_t>(r)] = model->fc1->weight.clone();
+  });
+  for (auto& e : errors) CHECK(e == "");
+  for (int r = 0; r < 2; ++r) {
+    CHECK(torch::allclose(averaged[r], torch::full_like(averaged[r], 2.0)));
+    CHECK(torch::allclose(broadcast[r], torch::full_like(broadcast[r], 5.0)));
+  }
 }
