@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include <functional>
+#include <mutex>
 
 #include "actors/atoms.h"
 #include "comm/collectives/schedule.h"
@@ -31,6 +32,9 @@ struct BucketState {
   int ready = 0;
   bool launched = false;
   std::shared_ptr<comm::Execution> execution;
+  // With a transport whose callbacks all run on its one thread (UCX), the execution runs there,
+  // under this lock, instead of hopping to this actor for every step; elsewhere it runs here.
+  std::shared_ptr<std::mutex> inline_lock;
   std::string broken;  // why the job is broken (a rank died); empty while it is not
   int broken_peer = -1;
   static inline const char* name = "troupe.bucket";
@@ -45,6 +49,17 @@ void begin_step(Bucket* self, uint32_t step) {
   st.step = step;
   st.ready = 0;
   st.launched = false;
+}
+
+// Runs fn with the execution's lock held when it runs inline on the transport's thread.
+template <class F>
+void with_execution(Bucket* self, F&& fn) {
+  if (self->state.inline_lock) {
+    std::lock_guard<std::mutex> guard(*self->state.inline_lock);
+    fn();
+  } else {
+    fn();
+  }
 }
 
 void report(Bucket* self, const comm::Status& status) {
@@ -79,18 +94,29 @@ void launch(Bucket* self, double divisor) {
   const uint32_t key = st.settings.key_prefix | (st.step & 0xffffu) << 12 |
                        static_cast<uint32_t>(plan.index);
   caf::actor me = caf::actor_cast<caf::actor>(self);
-  auto execution = std::make_shared<comm::Execution>(
-      st.transport, key, std::move(schedule),
-      [me](std::function<void()> fn) { caf::anon_send(me, run_atom::value, std::move(fn)); });
-  execution->on_done([self, after, raw = execution.get()](const comm::Status& status) {
-    auto& s = self->state;
-    if (status.ok() && after != 1.0) comm::scale(s.plan.data, s.plan.count, s.plan.type, after);
-    s.stats->bytes_sent = raw->bytes_sent();
-    s.stats->bytes_received = raw->bytes_received();
-    report(self, status);
+  comm::Post post;
+  if (st.transport->serial_callbacks()) {
+    if (!st.inline_lock) st.inline_lock = std::make_shared<std::mutex>();
+    post = [lock = st.inline_lock](std::function<void()> fn) {
+      std::lock_guard<std::mutex> guard(*lock);
+      fn();
+    };
+  } else {
+    post = [me](std::function<void()> fn) { caf::anon_send(me, run_atom::value, std::move(fn)); };
+  }
+  auto execution = std::make_shared<comm::Execution>(st.transport, key, std::move(schedule), post);
+  // Runs on whichever thread ends the execution: touches only what it captured.
+  execution->on_done([plan, after, step = st.step, stats = st.stats, reducer = st.reducer,
+                      raw = execution.get()](const comm::Status& status) {
+    if (status.ok() && after != 1.0) comm::scale(plan.data, plan.count, plan.type, after);
+    stats->bytes_sent = raw->bytes_sent();
+    stats->bytes_received = raw->bytes_received();
+    stats->done_us = now_us();
+    caf::anon_send(reducer, bucket_done_atom::value, plan.index, step, status.ok(),
+                   status.message(), status.peer());
   });
   st.execution = execution;
-  execution->start();
+  with_execution(self, [&] { execution->start(); });
 }
 
 caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
@@ -118,20 +144,30 @@ caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
         if (!st.broken.empty()) return;
         st.broken = reason;
         st.broken_peer = peer;
-        if (st.execution && !st.execution->done()) {
-          st.execution->abort(comm::Status::failure(reason, peer));
-          self->delayed_send(self, st.settings.failure_grace, force_atom::value);
-        }
+        if (!st.execution) return;
+        bool running = false;
+        with_execution(self, [&] {
+          running = !st.execution->done();
+          if (running) st.execution->abort(comm::Status::failure(reason, peer));
+        });
+        if (running) self->delayed_send(self, st.settings.failure_grace, force_atom::value);
       },
       [self](force_atom) {
         auto& st = self->state;
-        if (!st.execution || st.execution->done()) return;
-        for (int p : st.execution->waiting_on()) st.transport->fail_peer(p, st.broken);
+        if (!st.execution) return;
+        std::vector<int> waiting;
+        with_execution(self, [&] {
+          if (!st.execution->done()) waiting = st.execution->waiting_on();
+        });
+        for (int p : waiting) st.transport->fail_peer(p, st.broken);
       },
       [self](status_atom) {
         auto& st = self->state;
         std::vector<int> waiting;
-        if (st.execution && !st.execution->done()) waiting = st.execution->waiting_on();
+        if (st.execution)
+          with_execution(self, [&] {
+            if (!st.execution->done()) waiting = st.execution->waiting_on();
+          });
         return caf::make_message(st.launched, st.ready, waiting);
       },
   };

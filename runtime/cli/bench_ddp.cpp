@@ -23,8 +23,18 @@ torch::nn::Sequential make_mlp() {
                                torch::nn::Linear(1024, 10));
 }
 
+struct Timing {
+  double step_sec = 0;       // median step
+  double wait_sec = 0;       // median time in step() waiting for reductions after backward
+};
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 // Median seconds per step on this rank; with a runtime, through a DistributedModule.
-double train(const DdpBench& bench, Runtime* rt, int rank) {
+Timing train(const DdpBench& bench, Runtime* rt, int rank) {
   torch::set_num_threads(1);
   torch::manual_seed(1234 + rank);
   auto model = make_mlp();
@@ -38,7 +48,7 @@ double train(const DdpBench& bench, Runtime* rt, int rank) {
   auto x = torch::randn({bench.batch, 784});
   auto y = torch::randint(0, 10, {bench.batch}, torch::kLong);
   const int warmup = 5;
-  std::vector<double> times;
+  std::vector<double> times, waits;
   for (int s = 0; s < warmup + bench.steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
@@ -47,21 +57,25 @@ double train(const DdpBench& bench, Runtime* rt, int rank) {
     if (ddp) ddp->step(opt);
     else opt.step();
     double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s >= warmup) times.push_back(sec);
+    if (s >= warmup) {
+      times.push_back(sec);
+      waits.push_back(ddp ? ddp->last_step().comm_wait_sec : 0.0);
+    }
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return Timing{median(times), median(waits)};
 }
 
-void print(const DdpBench& bench, double sec) {
+void print(const DdpBench& bench, const Timing& t) {
   if (bench.json)
     std::printf("{\"impl\": \"troupe\", \"world\": %d, \"model\": \"%s\", \"batch\": %d, "
-                "\"steps\": %d, \"step_sec\": %.6g}\n",
-                bench.world, bench.model.c_str(), bench.batch, bench.steps, sec);
+                "\"steps\": %d, \"step_sec\": %.6g, \"comm_wait_sec\": %.6g}\n",
+                bench.world, bench.model.c_str(), bench.batch, bench.steps, t.step_sec,
+                t.wait_sec);
   else
-    std::printf("troupe ddp: world %d, %s, batch %d per rank, %d steps: median step %.2f ms%s\n",
-                bench.world, bench.model.c_str(), bench.batch, bench.steps, sec * 1e3,
-                bench.world == 1 ? " (compute alone)" : "");
+    std::printf("troupe ddp: world %d, %s, batch %d per rank, %d steps: median step %.2f ms, "
+                "median wait for reductions after backward %.2f ms%s\n",
+                bench.world, bench.model.c_str(), bench.batch, bench.steps, t.step_sec * 1e3,
+                t.wait_sec * 1e3, bench.world == 1 ? " (compute alone)" : "");
   std::fflush(stdout);
 }
 
@@ -81,10 +95,11 @@ int run_ddp_bench_rank(const DdpBench& bench) {
   RuntimeOptions options;
   options.scheduler_threads = 1;
   Runtime rt(options);
-  double sec = train(bench, &rt, rt.rank());
+  Timing t = train(bench, &rt, rt.rank());
   // The job's step time is the slowest rank's.
-  rt.comm().allreduce(&sec, 1, comm::DataType::float64, comm::ReduceOp::max);
-  if (rt.rank() == 0) print(bench, sec);
+  double both[2] = {t.step_sec, t.wait_sec};
+  rt.comm().allreduce(both, 2, comm::DataType::float64, comm::ReduceOp::max);
+  if (rt.rank() == 0) print(bench, Timing{both[0], both[1]});
   return 0;
 }
 
