@@ -91,23 +91,19 @@ void Execution::finish_if_idle() {
   if (on_done_) on_done_(status_);
 }
 
-size_t Execution::bytes_sent() const {
+namespace {
+size_t bytes_of(const Schedule& schedule, Op::Kind kind) {
   size_t n = 0;
-  for (auto& lane : schedule_.lanes)
+  for (auto& lane : schedule.lanes)
     for (auto& step : lane)
       for (auto& op : step.ops)
-        if (op.kind == Op::Kind::send) n += op.bytes;
+        if (op.kind == kind) n += op.bytes;
   return n;
 }
+}  // namespace
 
-size_t Execution::bytes_received() const {
-  size_t n = 0;
-  for (auto& lane : schedule_.lanes)
-    for (auto& step : lane)
-      for (auto& op : step.ops)
-        if (op.kind == Op::Kind::recv) n += op.bytes;
-  return n;
-}
+size_t Execution::bytes_sent() const { return bytes_of(schedule_, Op::Kind::send); }
+size_t Execution::bytes_received() const { return bytes_of(schedule_, Op::Kind::recv); }
 
 std::vector<int> Execution::waiting_on() const {
   std::vector<int> peers;

@@ -17,6 +17,7 @@
 
 #include "runtime/distributed_module.h"
 #include "runtime/launch.h"
+#include "tests/support/thread_ranks.h"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -36,24 +37,6 @@ struct Mlp : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, unused{nullptr};
 };
 
-RuntimeOptions thread_rank(int rank, int world, int port,
-                           const std::shared_ptr<comm::InprocFabric>& fabric) {
-  RuntimeOptions o;
-  RankInfo info;
-  info.rank = rank;
-  info.world_size = world;
-  info.local_world_size = world;
-  info.master_port = port;
-  info.source = "explicit";
-  o.rank_info = info;
-  o.transport = "inproc";
-  o.fabric = fabric;
-  o.scheduler_threads = 1;
-  o.rendezvous_timeout = 20s;
-  o.collective_timeout = 20s;
-  return o;
-}
-
 // Runs body(rank, runtime) on `world` threads; returns what each threw ("" when nothing).
 std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body) {
   auto fabric = std::make_shared<comm::InprocFabric>(world);
@@ -62,7 +45,7 @@ std::vector<std::string> run_threads(int world, const std::function<void(int, Ru
   for (int r = 0; r < world; ++r)
     futures.push_back(std::async(std::launch::async, [&, r] {
       try {
-        Runtime rt(thread_rank(r, world, port, fabric));
+        Runtime rt(test::thread_rank(r, world, port, fabric));
         body(r, rt);
         return std::string();
       } catch (const std::exception& e) {

@@ -10,6 +10,7 @@
 
 #include "runtime/launch.h"
 #include "runtime/runtime.h"
+#include "tests/support/thread_ranks.h"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -19,17 +20,9 @@ namespace {
 RuntimeOptions options_for(int rank, int world, int port,
                            const std::shared_ptr<comm::InprocFabric>& fabric,
                            std::chrono::milliseconds timeout = 5000ms) {
-  RuntimeOptions o;
-  RankInfo info;
-  info.rank = rank;
-  info.world_size = world;
-  info.master_port = port;
-  info.source = "explicit";
-  o.rank_info = info;
-  o.transport = "inproc";
-  o.fabric = fabric;
-  o.scheduler_threads = 1;
-  o.rendezvous_timeout = timeout;
+  auto o = test::thread_rank(rank, world, port, fabric, timeout);
+  o.rank_info->local_world_size = 1;
+  o.collective_timeout = std::chrono::seconds(60);
   return o;
 }
 
