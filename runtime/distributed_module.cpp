@@ -505,8 +505,12 @@ void DistributedModule::step(torch::optim::Optimizer& optimizer) {
     metrics.bucket_done_us.push_back(bucket.stats->done_us);
   }
   m.metrics = metrics;
-  if (!m.order.empty())
+  if (!m.order.empty()) {
+    // Forward is not observed directly: it is what runs between the end of the previous step
+    // and the first gradient (forward, loss, and the last layer's backward).
+    m.trace.push_back({"forward", 0, m.previous_end_us, m.first_hook_us - m.previous_end_us});
     m.trace.push_back({"backward", 0, m.first_hook_us, m.last_hook_us - m.first_hook_us});
+  }
   m.trace.push_back({m.opt.agg_grad ? "wait for reductions" : "average weights", 0, wait_start,
                      (m.opt.agg_grad ? reduced : end) - wait_start});
   for (size_t b = 0; b < m.buckets.size(); ++b)

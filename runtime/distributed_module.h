@@ -69,7 +69,8 @@ struct DdpOptions {
   /// waits for which ranks.
   std::chrono::milliseconds stall_timeout{60000};
   /// When set, a Chrome trace (Perfetto) of this rank is written here at destruction; "{rank}" is
-  /// replaced by the rank.
+  /// replaced by the rank. Spans: forward (end of the previous step to the first gradient),
+  /// backward (first to last gradient), the wait in step(), and each bucket's reduction.
   std::string trace_path;
 };
 

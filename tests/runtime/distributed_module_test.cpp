@@ -370,7 +370,7 @@ TEST_CASE("bad options are rejected naming the option and the value") {
   CHECK(errors[0] == "");
 }
 
-TEST_CASE("a Chrome trace of each rank holds backward, the waits and every bucket's reduction") {
+TEST_CASE("a Chrome trace of each rank holds forward, backward, the waits and every bucket's reduction") {
   torch::set_num_threads(1);
   const std::string dir = "/tmp/troupe_trace_test_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
@@ -399,6 +399,7 @@ TEST_CASE("a Chrome trace of each rank holds backward, the waits and every bucke
       CHECK(e["dur"].get<int64_t>() >= 0);
       names[e["name"].get<std::string>()]++;
     }
+    CHECK(names["forward"] == 2);
     CHECK(names["backward"] == 2);
     CHECK(names["wait for reductions"] == 2);
     for (int b = 0; b < 6; ++b) CHECK(names["reduce bucket " + std::to_string(b)] == 2);
