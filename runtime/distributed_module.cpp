@@ -13,6 +13,7 @@
 #include "actors/atoms.h"
 #include "actors/bucket.h"
 #include "actors/reducer.h"
+#include "runtime/bucket_layout.h"
 
 namespace troupe {
 
@@ -208,47 +209,20 @@ void DistributedModule::Impl::verify_same_model() {
 }
 
 void DistributedModule::Impl::build_buckets(const std::vector<int>& order_hint) {
-  std::vector<int> sequence = order_hint;
-  if (sequence.empty())
-    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) sequence.push_back(i);
+  std::vector<ParameterShape> shapes;
+  for (auto& p : params) shapes.push_back(ParameterShape{p.numel(), p.scalar_type()});
+  auto layout = plan_buckets(shapes, order_hint, opt);
   buckets.clear();
-  bucket_of.assign(params.size(), -1);
-  offset_of.assign(params.size(), 0);
-  // Open bucket per dtype while filling.
-  std::map<c10::ScalarType, int> open;
-  std::vector<int64_t> fill;  // elements used per bucket
-  for (int i : sequence) {
-    const auto& p = params[static_cast<size_t>(i)];
-    const auto type = p.scalar_type();
-    const int64_t elem = static_cast<int64_t>(p.element_size());
-    const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(opt.align_bytes) / elem);
-    const size_t limit = buckets.empty() ? opt.first_bucket_bytes : opt.bucket_bytes;
-    auto it = open.find(type);
-    bool need_new = it == open.end() || opt.aggregation == Aggregation::layer;
-    if (!need_new && opt.aggregation == Aggregation::bucket) {
-      const auto& b = buckets[static_cast<size_t>(it->second)];
-      const size_t after = static_cast<size_t>((fill[it->second] + align - 1) / align * align +
-                                               p.numel()) *
-                           static_cast<size_t>(elem);
-      const size_t bucket_limit = it->second == 0 ? opt.first_bucket_bytes : opt.bucket_bytes;
-      need_new = !b.params.empty() && after > bucket_limit;
-    }
-    (void)limit;
-    if (need_new) {
-      Bucket b;
-      b.type = to_comm(type, "parameter '" + names[static_cast<size_t>(i)] + "'");
-      buckets.push_back(std::move(b));
-      fill.push_back(0);
-      open[type] = static_cast<int>(buckets.size()) - 1;
-      it = open.find(type);
-    }
-    const int index = it->second;
-    int64_t offset = (fill[index] + align - 1) / align * align;
-    buckets[static_cast<size_t>(index)].params.push_back(i);
-    buckets[static_cast<size_t>(index)].offsets.push_back(offset);
-    bucket_of[static_cast<size_t>(i)] = index;
-    offset_of[static_cast<size_t>(i)] = offset;
-    fill[index] = offset + p.numel();
+  bucket_of = layout.bucket_of;
+  offset_of = layout.offset_of;
+  std::vector<int64_t> fill;
+  for (auto& planned : layout.buckets) {
+    Bucket b;
+    b.type = to_comm(planned.type, "parameter '" + names[static_cast<size_t>(planned.params[0])] + "'");
+    b.params = planned.params;
+    b.offsets = planned.offsets;
+    buckets.push_back(std::move(b));
+    fill.push_back(planned.elements);
   }
   torch::NoGradGuard no_grad;
   for (size_t b = 0; b < buckets.size(); ++b) {

@@ -1,0 +1,49 @@
+#include "runtime/bucket_layout.h"
+
+#include <algorithm>
+#include <map>
+
+#include "runtime/distributed_module.h"
+
+namespace troupe {
+
+BucketLayout plan_buckets(const std::vector<ParameterShape>& params, const std::vector<int>& order,
+                          const DdpOptions& options) {
+  std::vector<int> sequence = order;
+  if (sequence.empty())
+    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) sequence.push_back(i);
+  BucketLayout layout;
+  layout.bucket_of.assign(params.size(), -1);
+  layout.offset_of.assign(params.size(), 0);
+  std::map<c10::ScalarType, int> open;  // the bucket being filled, per dtype
+  for (int i : sequence) {
+    const auto& p = params[static_cast<size_t>(i)];
+    const auto elem = static_cast<int64_t>(c10::elementSize(p.type));
+    const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(options.align_bytes) / elem);
+    auto aligned = [align](int64_t n) { return (n + align - 1) / align * align; };
+    auto it = open.find(p.type);
+    bool need_new = it == open.end() || options.aggregation == Aggregation::layer;
+    if (!need_new && options.aggregation == Aggregation::bucket) {
+      const auto& b = layout.buckets[static_cast<size_t>(it->second)];
+      const size_t limit = it->second == 0 ? options.first_bucket_bytes : options.bucket_bytes;
+      const auto bytes = static_cast<size_t>((aligned(b.elements) + p.numel) * elem);
+      need_new = !b.params.empty() && bytes > limit;
+    }
+    if (need_new) {
+      BucketLayout::Bucket b;
+      b.type = p.type;
+      layout.buckets.push_back(std::move(b));
+      it = open.insert_or_assign(p.type, static_cast<int>(layout.buckets.size()) - 1).first;
+    }
+    auto& bucket = layout.buckets[static_cast<size_t>(it->second)];
+    const int64_t offset = aligned(bucket.elements);
+    bucket.params.push_back(i);
+    bucket.offsets.push_back(offset);
+    bucket.elements = offset + p.numel;
+    layout.bucket_of[static_cast<size_t>(i)] = it->second;
+    layout.offset_of[static_cast<size_t>(i)] = offset;
+  }
+  return layout;
+}
+
+}  // namespace troupe

@@ -1,0 +1,67 @@
+// The bucket layout: limits, alignment, order, dtypes, and the aggregation modes.
+#include <doctest/doctest.h>
+
+#include "runtime/bucket_layout.h"
+#include "runtime/distributed_module.h"
+
+using namespace troupe;
+
+namespace {
+const auto kFloat = c10::ScalarType::Float;
+const auto kHalf = c10::ScalarType::Half;
+
+DdpOptions small_limits() {
+  DdpOptions o;
+  o.first_bucket_bytes = 100;
+  o.bucket_bytes = 200;
+  o.align_bytes = 16;  // 4 floats
+  return o;
+}
+}  // namespace
+
+TEST_CASE("buckets fill in reverse order up to their limits, each parameter aligned") {
+  // Six parameters of 10 floats (40 bytes); offsets round up to 4 elements.
+  std::vector<ParameterShape> p(6, ParameterShape{10, kFloat});
+  auto layout = plan_buckets(p, {}, small_limits());
+  REQUIRE(layout.buckets.size() == 2);
+  // First bucket (100 bytes): 5 at 0, 4 at 12 (88 bytes); 3 would need 136.
+  CHECK((layout.buckets[0].params == std::vector<int>{5, 4}));
+  CHECK((layout.buckets[0].offsets == std::vector<int64_t>{0, 12}));
+  CHECK(layout.buckets[0].elements == 22);
+  // Then 200 bytes: 3, 2, 1, 0 at 0, 12, 24, 36 (184 bytes).
+  CHECK((layout.buckets[1].params == std::vector<int>{3, 2, 1, 0}));
+  CHECK((layout.buckets[1].offsets == std::vector<int64_t>{0, 12, 24, 36}));
+  CHECK((layout.bucket_of == std::vector<int>{1, 1, 1, 1, 0, 0}));
+  CHECK(layout.offset_of[1] == 24);
+}
+
+TEST_CASE("a given order is followed and a parameter over the limit gets a bucket of its own") {
+  std::vector<ParameterShape> p = {{10, kFloat}, {1000, kFloat}, {10, kFloat}};
+  auto layout = plan_buckets(p, {0, 1, 2}, small_limits());
+  REQUIRE(layout.buckets.size() == 3);
+  CHECK((layout.buckets[0].params == std::vector<int>{0}));
+  CHECK((layout.buckets[1].params == std::vector<int>{1}));
+  CHECK(layout.buckets[1].elements == 1000);
+  CHECK((layout.buckets[2].params == std::vector<int>{2}));
+}
+
+TEST_CASE("each dtype has its own buckets; by layer one per tensor, by model one per dtype") {
+  std::vector<ParameterShape> p = {{10, kFloat}, {10, kHalf}, {10, kFloat}, {10, kHalf}};
+  auto layout = plan_buckets(p, {}, small_limits());
+  for (auto& b : layout.buckets)
+    for (int i : b.params) CHECK(p[static_cast<size_t>(i)].type == b.type);
+  CHECK(layout.buckets.size() == 2);
+
+  auto by_layer_options = small_limits();
+  by_layer_options.aggregation = Aggregation::layer;
+  CHECK(plan_buckets(p, {}, by_layer_options).buckets.size() == 4);
+
+  auto by_model_options = small_limits();
+  by_model_options.aggregation = Aggregation::model;
+  std::vector<ParameterShape> big(8, ParameterShape{1000, kFloat});
+  big.push_back({7, kHalf});
+  auto by_model = plan_buckets(big, {}, by_model_options);
+  REQUIRE(by_model.buckets.size() == 2);
+  CHECK(by_model.buckets[0].type == kHalf);  // reverse order: the half tensor comes first
+  CHECK(by_model.buckets[1].params.size() == 8);
+}
