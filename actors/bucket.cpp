@@ -62,11 +62,12 @@ void with_execution(Bucket* self, F&& fn) {
   }
 }
 
-void report(Bucket* self, const comm::Status& status) {
-  auto& st = self->state;
-  st.stats->done_us = now_us();
-  self->send(st.reducer, bucket_done_atom::value, st.plan.index, st.step, status.ok(),
-             status.message(), status.peer());
+// Ends a bucket's step: stamps its statistics and tells the reducer. Safe from any thread.
+void report(int index, uint32_t step, BucketStats& stats, const caf::actor& reducer,
+            const comm::Status& status) {
+  stats.done_us = now_us();
+  caf::anon_send(reducer, bucket_done_atom::value, index, step, status.ok(), status.message(),
+                 status.peer());
 }
 
 void launch(Bucket* self, double divisor) {
@@ -77,7 +78,8 @@ void launch(Bucket* self, double divisor) {
   st.stats->ready = st.ready;
   st.stats->ready_us = now_us();
   if (!st.broken.empty()) {
-    report(self, comm::Status::failure(st.broken, st.broken_peer));
+    report(st.plan.index, st.step, *st.stats, st.reducer,
+           comm::Status::failure(st.broken, st.broken_peer));
     return;
   }
   const int world = st.transport->world_size();
@@ -97,10 +99,7 @@ void launch(Bucket* self, double divisor) {
   comm::Post post;
   if (st.transport->serial_callbacks()) {
     if (!st.inline_lock) st.inline_lock = std::make_shared<std::mutex>();
-    post = [lock = st.inline_lock](std::function<void()> fn) {
-      std::lock_guard<std::mutex> guard(*lock);
-      fn();
-    };
+    post = comm::locked_post(st.inline_lock);
   } else {
     post = [me](std::function<void()> fn) { caf::anon_send(me, run_atom::value, std::move(fn)); };
   }
@@ -111,9 +110,7 @@ void launch(Bucket* self, double divisor) {
     if (status.ok() && after != 1.0) comm::scale(plan.data, plan.count, plan.type, after);
     stats->bytes_sent = raw->bytes_sent();
     stats->bytes_received = raw->bytes_received();
-    stats->done_us = now_us();
-    caf::anon_send(reducer, bucket_done_atom::value, plan.index, step, status.ok(),
-                   status.message(), status.peer());
+    report(plan.index, step, *stats, reducer, status);
   });
   st.execution = execution;
   with_execution(self, [&] { execution->start(); });

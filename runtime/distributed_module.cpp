@@ -88,7 +88,6 @@ struct DistributedModule::Impl {
   // The step in progress (trainer thread only).
   uint32_t step = 0;
   std::vector<char> ready;
-  std::vector<int> ready_count;
   std::vector<int> order;
   bool sync = true;
   double denominator = 0;
@@ -301,7 +300,6 @@ void DistributedModule::Impl::on_grad_ready(int index) {
     bucket.flat.narrow(0, offset_of[static_cast<size_t>(index)], p.numel())
         .copy_(p.grad().reshape({-1}));
   }
-  ++ready_count[static_cast<size_t>(b)];
   if (!opt.delay_reduce)
     caf::anon_send(bucket.actor, actors::ready_atom::value, step, denominator);
 }
@@ -371,7 +369,6 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.build_buckets({});
   m.spawn_actors();
   m.ready.assign(m.params.size(), 0);
-  m.ready_count.assign(m.buckets.size(), 0);
   m.hook_target = std::make_shared<std::atomic<Impl*>>(impl_.get());
   for (size_t i = 0; i < m.params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(m.params[i]);
@@ -433,10 +430,11 @@ void DistributedModule::step(torch::optim::Optimizer& optimizer) {
       const int b = m.bucket_of[i];
       m.buckets[static_cast<size_t>(b)].flat.narrow(0, m.offset_of[i], m.params[i].numel()).zero_();
     }
-    for (size_t b = 0; b < m.buckets.size(); ++b)
-      if (m.opt.delay_reduce ||
-          m.ready_count[b] < static_cast<int>(m.buckets[b].params.size()))
-        caf::anon_send(m.buckets[b].actor, actors::launch_atom::value, m.step, m.denominator);
+    // Every bucket is told to launch: one that filled already has (this message comes after the
+    // hooks' ready messages from this thread) and ignores it; the rest are not full because of
+    // delay_reduce or of unused parameters.
+    for (auto& bucket : m.buckets)
+      caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, m.denominator);
     m.await_step();
     if (!m.opt.gradient_as_bucket_view)
       for (size_t i = 0; i < m.params.size(); ++i) {
@@ -497,7 +495,6 @@ void DistributedModule::step(torch::optim::Optimizer& optimizer) {
   if (first && m.opt.rebuild_buckets && m.opt.agg_grad && m.opt.aggregation == Aggregation::bucket)
     m.rebuild_from_observed_order();
   std::fill(m.ready.begin(), m.ready.end(), 0);
-  m.ready_count.assign(m.buckets.size(), 0);
   m.order.clear();
   m.denominator = m.world;
 }

@@ -33,11 +33,7 @@ Status BlockingDriver::run(Schedule schedule, uint32_t key,
                            std::chrono::milliseconds timeout) {
   Post post;
   if (transport->serial_callbacks()) {
-    auto lock = inline_lock_;
-    post = [lock](std::function<void()> fn) {
-      std::lock_guard<std::mutex> guard(*lock);
-      fn();
-    };
+    post = locked_post(inline_lock_);
   } else {
     std::weak_ptr<Queue> weak = queue_;
     post = [weak](std::function<void()> fn) {

@@ -4,6 +4,13 @@
 
 namespace troupe::comm {
 
+Post locked_post(std::shared_ptr<std::mutex> lock) {
+  return [lock = std::move(lock)](std::function<void()> fn) {
+    std::lock_guard<std::mutex> guard(*lock);
+    fn();
+  };
+}
+
 char* Schedule::allocate(size_t bytes) {
   scratch.emplace_back(new char[bytes ? bytes : 1]);
   return scratch.back().get();

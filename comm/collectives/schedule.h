@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,11 @@ struct Schedule {
 
 /// Runs closures on the driver's thread.
 using Post = std::function<void(std::function<void()>)>;
+
+/// A Post that runs each closure at once, on the calling thread, under `lock`. For transports with
+/// serial_callbacks(): the execution's work then runs in the transport's own callbacks, which
+/// saves a thread hand-off per step. Whoever touches the execution from elsewhere takes `lock`.
+Post locked_post(std::shared_ptr<std::mutex> lock);
 
 /// The state machine of one running Schedule. Create with std::make_shared, then start().
 class Execution : public std::enable_shared_from_this<Execution> {
