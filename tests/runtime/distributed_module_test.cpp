@@ -41,20 +41,9 @@ struct Mlp : torch::nn::Module {
 std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body) {
   auto fabric = std::make_shared<comm::InprocFabric>(world);
   const int port = pick_free_port();
-  std::vector<std::future<std::string>> futures;
-  for (int r = 0; r < world; ++r)
-    futures.push_back(std::async(std::launch::async, [&, r] {
-      try {
-        Runtime rt(test::thread_rank(r, world, port, fabric));
-        body(r, rt);
-        return std::string();
-      } catch (const std::exception& e) {
-        return std::string(e.what());
-      }
-    }));
-  std::vector<std::string> errors;
-  for (auto& f : futures) errors.push_back(f.get());
-  return errors;
+  std::vector<RuntimeOptions> options;
+  for (int r = 0; r < world; ++r) options.push_back(test::thread_rank(r, world, port, fabric));
+  return test::run_ranks(options, body);
 }
 
 void copy_params(const std::shared_ptr<Mlp>& from, const std::shared_ptr<Mlp>& to) {

@@ -37,20 +37,12 @@ std::vector<std::string> start_all(const std::vector<std::pair<int, int>>& ranks
   for (auto [rank, world] : ranks)
     if (!fabrics.count(world)) fabrics[world] = std::make_shared<comm::InprocFabric>(world);
   const int port = pick_free_port();
-  std::vector<std::future<std::string>> futures;
+  std::vector<RuntimeOptions> options;
   for (auto [rank, world] : ranks)
-    futures.push_back(std::async(std::launch::async, [=, fabric = fabrics[world]] {
-      try {
-        Runtime rt(options_for(rank, world, port, fabric, timeout));
-        if (body) body(rt);
-        return std::string();
-      } catch (const std::exception& e) {
-        return std::string(e.what());
-      }
-    }));
-  std::vector<std::string> errors;
-  for (auto& f : futures) errors.push_back(f.get());
-  return errors;
+    options.push_back(options_for(rank, world, port, fabrics[world], timeout));
+  return test::run_ranks(options, [&](int, Runtime& rt) {
+    if (body) body(rt);
+  });
 }
 
 }  // namespace

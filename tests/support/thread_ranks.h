@@ -2,7 +2,11 @@
 // Test support: the options of a Runtime whose rank is a thread of this test process, sharing an
 // InprocFabric with the other ranks and reaching rank 0's directory on a local port.
 #include <chrono>
+#include <functional>
+#include <future>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "runtime/runtime.h"
 
@@ -25,6 +29,26 @@ inline RuntimeOptions thread_rank(int rank, int world, int port,
   o.rendezvous_timeout = timeout;
   o.collective_timeout = timeout;
   return o;
+}
+
+/// Starts one Runtime per entry of `options` on its own thread and runs body(index, runtime) on
+/// those that start. Returns what each thread threw ("" when nothing).
+inline std::vector<std::string> run_ranks(const std::vector<RuntimeOptions>& options,
+                                          const std::function<void(int, Runtime&)>& body) {
+  std::vector<std::future<std::string>> futures;
+  for (size_t i = 0; i < options.size(); ++i)
+    futures.push_back(std::async(std::launch::async, [&, i] {
+      try {
+        Runtime rt(options[i]);
+        if (body) body(static_cast<int>(i), rt);
+        return std::string();
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    }));
+  std::vector<std::string> errors;
+  for (auto& f : futures) errors.push_back(f.get());
+  return errors;
 }
 
 }  // namespace troupe::test
