@@ -1,6 +1,7 @@
 // cuda/reduce: every dtype x op on the GPU against a CPU computation of the same rounding.
 #ifdef TROUPE_HAVE_CUDA
 
+#include "comm/reduce.h"
 #include "cuda/reduce.h"
 
 #include <cuda_runtime.h>
@@ -27,55 +28,12 @@ void check_cuda(cudaError_t status, const char* call) {
 }
 #define CHECK_CUDA(call) check_cuda((call), #call)
 
-// Round-to-nearest-even conversions, written out so the reference does not share code with the
-// kernels.
-float half_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  float magnitude;
-  if (exponent == 0) magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-  else if (exponent == 31) magnitude = mantissa ? std::numeric_limits<float>::quiet_NaN()
-                                                : std::numeric_limits<float>::infinity();
-  else magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u),
-                              static_cast<int>(exponent) - 25);
-  uint32_t bits;
-  std::memcpy(&bits, &magnitude, 4);
-  bits |= sign;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_half(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return sign | 0x7e00u;     // NaN
-  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;    // 65520 and above round to infinity
-  if (magnitude < 0x38800000u) {                           // below 2^-14: subnormal or zero
-    float m;
-    std::memcpy(&m, &magnitude, 4);
-    return sign | static_cast<uint16_t>(std::nearbyint(m * 16777216.0f));  // units of 2^-24
-  }
-  const uint32_t rebased = magnitude - (112u << 23);  // exponent bias 127 -> 15
-  return sign | static_cast<uint16_t>((rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13);
-}
-
-float bfloat16_to_float(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_bfloat16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
+// The CPU reference rounds with comm/'s conversions (the CPU twins of the kernels' casts, checked
+// bit for bit against the processor's F16C in tests/comm/reduce_test.cpp).
+using troupe::comm::bfloat16_to_float;
+using troupe::comm::float_to_bfloat16;
+using troupe::comm::float_to_half;
+using troupe::comm::half_to_float;
 
 /// Host view of a dtype: storage, arithmetic type, conversions and random values.
 template <DType D>
