@@ -15,12 +15,12 @@ bytes, world, transport, sec, algbw_GBps, busbw_GBps -- the same keys as
 
 import argparse
 import json
-import os
 import re
-import socket
 import statistics
 import sys
 import time
+
+from gloo_job import gloo_group, spawn
 
 UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 FLOAT32_BYTES = 4
@@ -66,11 +66,6 @@ def format_size(size):
     return f"{size}B"
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def time_allreduce(dist, tensor):
     start = time.perf_counter()
@@ -109,15 +104,8 @@ def measure(torch, dist, size, fixed_iters, target_sec):
 
 def run_rank(rank, args, port):
     import torch
-    import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    # Keep gloo on loopback even where the host name resolves to another interface.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", rank=rank, world_size=args.world)
-    try:
+    with gloo_group(rank, args.world, port) as dist:
         if rank == 0 and not args.json:
             print(f"torch {torch.__version__} gloo allreduce, world {args.world}, "
                   f"float32 sum, 1 thread per rank, loopback", flush=True)
@@ -136,9 +124,6 @@ def run_rank(rank, args, port):
             else:
                 print(f"{format_size(size):>8} {size:>11} {iters:>6} {sec:>11.6f} "
                       f"{algbw:>11.3f} {busbw:>11.3f}", flush=True)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def main():
@@ -159,8 +144,7 @@ def main():
     if not args.bytes:
         parser.error("--bytes: expected at least one size")
 
-    import torch.multiprocessing as mp
-    mp.spawn(run_rank, args=(args, free_port()), nprocs=args.world, join=True)
+    spawn(run_rank, args.world, args)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,11 @@ shown in the human-readable line). With --json the output is exactly one JSON ob
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import sys
 import time
+
+from gloo_job import gloo_group, spawn
 
 MODELS = ("mlp",)
 WARMUP_STEPS = 5
@@ -44,11 +44,6 @@ def positive_int(text):
         raise argparse.ArgumentTypeError(f"'{text}': expected a positive integer")
     return value
 
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build_mlp(torch):
@@ -115,15 +110,8 @@ def run_alone(args):
 
 def run_rank(rank, args, port):
     import torch
-    import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    # Keep gloo on loopback even where the host name resolves to another interface.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", rank=rank, world_size=args.world)
-    try:
+    with gloo_group(rank, args.world, port) as dist:
         torch.manual_seed(SEED + rank)  # DDP broadcasts rank 0's parameters at construction
         model = torch.nn.parallel.DistributedDataParallel(build_mlp(torch))
         params = sum(p.numel() for p in model.parameters())
@@ -132,9 +120,6 @@ def run_rank(rank, args, port):
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         if rank == 0:
             report(args, slowest.item(), median, params)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def main():
@@ -157,8 +142,7 @@ def main():
     if args.world == 1:
         run_alone(args)
         return 0
-    import torch.multiprocessing as mp
-    mp.spawn(run_rank, args=(args, free_port()), nprocs=args.world, join=True)
+    spawn(run_rank, args.world, args)
     return 0
 
 
