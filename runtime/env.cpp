@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -238,6 +239,47 @@ void validate(const RankInfo& info) {
   if (info.master_addr.empty()) {
     throw Error("master_addr is empty (expected a host name or IP address)" + where(info));
   }
+}
+
+comm::LinkEmulation link_emulation_from_env(int world_size, const GetEnv& getenv) {
+  comm::LinkEmulation links;
+  // Errors of the parsers name the text; say which variable held it.
+  auto read = [&](const char* name, auto parse) {
+    auto value = lookup(getenv, name);
+    if (!value) return decltype(parse(std::string())){};
+    try {
+      return parse(*value);
+    } catch (const Error& e) {
+      throw Error(std::string(name) + ": " + e.what());
+    }
+  };
+  links.all = read("TROUPE_LINK", [](const std::string& v) { return comm::parse_link_shape(v); });
+  links.ranks =
+      read("TROUPE_LINK_RANKS", [](const std::string& v) { return comm::parse_rank_links(v); });
+  for (const auto& [rank, shape] : links.ranks) {
+    if (rank >= world_size) {
+      throw Error(quoted("TROUPE_LINK_RANKS", *lookup(getenv, "TROUPE_LINK_RANKS")) +
+                  " names rank " + std::to_string(rank) + " (expected a rank in 0.." +
+                  std::to_string(world_size - 1) + " for world_size " +
+                  std::to_string(world_size) + ")");
+    }
+  }
+  return links;
+}
+
+std::vector<std::pair<std::string, std::string>> link_emulation_env(
+    const std::string& all, const std::vector<std::string>& ranks, int world_size) {
+  std::vector<std::pair<std::string, std::string>> vars;
+  if (!all.empty()) vars.emplace_back("TROUPE_LINK", all);
+  std::string joined;
+  for (const std::string& entry : ranks) joined += (joined.empty() ? "" : ";") + entry;
+  if (!joined.empty()) vars.emplace_back("TROUPE_LINK_RANKS", joined);
+  const std::map<std::string, std::string> env(vars.begin(), vars.end());
+  link_emulation_from_env(world_size, [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+  return vars;
 }
 
 }  // namespace troupe

@@ -4,6 +4,10 @@
 /// them.
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/transport/link_emulation.h"
 
 namespace troupe {
 
@@ -41,5 +45,19 @@ RankInfo rank_info_from_env(const GetEnv& getenv = default_getenv());
 /// Throws comm::Error when rank < 0, rank >= world_size, world_size < 1, local_rank or
 /// local_world_size out of range, master_port not in 1..65535, or master_addr empty.
 void validate(const RankInfo& info);
+
+/// Link emulation (comm/transport/link_emulation.h) from TROUPE_LINK, the shape of every link
+/// (e.g. "1gbit,5ms"), and TROUPE_LINK_RANKS, ranks whose links to and from them have their own
+/// shape (e.g. "3=100mbit,20ms", entries separated by ';'); `troupe launch --link/--link-rank`
+/// sets them. None when both are unset. Throws comm::Error naming the variable and its value when
+/// one is malformed or names a rank outside [0, world_size).
+comm::LinkEmulation link_emulation_from_env(int world_size, const GetEnv& getenv = default_getenv());
+
+/// The variables that give every rank of a `world_size` job the link emulation `all` (a shape for
+/// every link; "" for none) and `ranks` (RANK=SHAPE entries): TROUPE_LINK and TROUPE_LINK_RANKS,
+/// each only when given. Checks them as link_emulation_from_env will, so a bad value is reported
+/// once, by the launcher.
+std::vector<std::pair<std::string, std::string>> link_emulation_env(
+    const std::string& all, const std::vector<std::string>& ranks, int world_size);
 
 }  // namespace troupe

@@ -61,6 +61,14 @@ void Runtime::Impl::start() {
     throw comm::Error("RuntimeOptions.scheduler_threads=" +
                       std::to_string(options.scheduler_threads) + " (expected >= 0; 0 = default)");
   const int threads = options.scheduler_threads ? options.scheduler_threads : default_threads();
+  const comm::LinkEmulation links =
+      options.links ? *options.links : link_emulation_from_env(info.world_size);
+  std::vector<comm::LinkShape> shapes;
+  try {
+    shapes = links.outgoing(info.rank, info.world_size);
+  } catch (const comm::Error& e) {
+    throw comm::Error(std::string("RuntimeOptions.links: ") + e.what());
+  }
   config.set("scheduler.max-threads", threads);
   // CAF's workers poll for work (100 spins, then 500 sleeps of 50 us) before they wait on a
   // condition variable; on a 2-core machine that polling took ~4% of a core from training, so
@@ -72,9 +80,10 @@ void Runtime::Impl::start() {
   system = std::make_unique<caf::actor_system>(config);
 
   std::string address;
+  std::shared_ptr<comm::UcxTransport> ucx;
   if (options.transport == "ucx") {
     const bool single_host = info.local_world_size == info.world_size;
-    auto ucx = std::make_shared<comm::UcxTransport>(info.rank, info.world_size, single_host);
+    ucx = std::make_shared<comm::UcxTransport>(info.rank, info.world_size, single_host);
     address = ucx->local_address();
     transport = ucx;
   } else if (options.transport == "inproc") {
@@ -90,6 +99,7 @@ void Runtime::Impl::start() {
     throw comm::Error("RuntimeOptions.transport=\"" + options.transport +
                       "\" (expected \"ucx\" or \"inproc\")");
   }
+  if (links.active()) transport = std::make_shared<comm::EmulatedTransport>(transport, shapes);
 
   worker = actors::spawn_worker(*system, info.rank, transport,
                                 [this](int rank, const std::string& reason, bool fatal) {
@@ -122,7 +132,7 @@ void Runtime::Impl::start() {
   hosts = table.hosts;
   actors::watch_directory(worker, directory);
 
-  if (auto* ucx = dynamic_cast<comm::UcxTransport*>(transport.get())) ucx->connect(table.addresses);
+  if (ucx) ucx->connect(table.addresses);
   {
     std::lock_guard<std::mutex> lock(dead_mutex);
     comm = std::make_unique<comm::Communicator>(transport, options.collectives,

@@ -21,6 +21,7 @@
 
 #include "comm/collectives/communicator.h"
 #include "comm/transport/inproc/transport.h"
+#include "comm/transport/link_emulation.h"
 #include "runtime/env.h"
 
 namespace caf {
@@ -46,6 +47,11 @@ struct RuntimeOptions {
   /// Deadline of each blocking collective.
   std::chrono::milliseconds collective_timeout{60000};
   comm::CollectiveOptions collectives;
+  /// Link emulation: this rank's sends to each peer are delayed as if over a link of that
+  /// bandwidth and latency (comm/transport/link_emulation.h; emulation, not a network model).
+  /// Read from TROUPE_LINK and TROUPE_LINK_RANKS (runtime/env.h) when empty; an inactive one
+  /// leaves the transport as it is.
+  std::optional<comm::LinkEmulation> links;
 };
 
 class Runtime {

@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <future>
 #include <iostream>
+#include <map>
 
+#include "runtime/env.h"
 #include "runtime/launch.h"
 #include "runtime/runtime.h"
 
@@ -90,18 +92,29 @@ std::string human(size_t bytes) {
   return buf;
 }
 
+/// "1gbit,5ms; rank 1=100mbit,20ms", or "" without link emulation.
+std::string link_text(const AllreduceBench& bench) {
+  std::string text = bench.link;
+  for (const std::string& entry : bench.link_ranks)
+    text += (text.empty() ? "rank " : "; rank ") + entry;
+  return text;
+}
+
 void print(const std::vector<Row>& rows, const AllreduceBench& bench) {
   const int W = bench.world;
+  const std::string link = link_text(bench);
+  const std::string over = bench.transport + (link.empty() ? "" : " (emulated link " + link + ")");
+  const std::string link_json = link.empty() ? "" : ", \"link\": \"" + link + "\"";
   if (!bench.json)
     std::printf("troupe allreduce, %d ranks over %s, float32 sum\n%10s %12s %12s %12s\n", W,
-                bench.transport.c_str(), "bytes", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+                over.c_str(), "bytes", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
   for (auto& r : rows) {
     double algbw = static_cast<double>(r.bytes) / r.sec / 1e9;
     double busbw = algbw * 2.0 * (W - 1) / W;
     if (bench.json)
-      std::printf("{\"bytes\": %zu, \"world\": %d, \"transport\": \"%s\", \"sec\": %.9g, "
+      std::printf("{\"bytes\": %zu, \"world\": %d, \"transport\": \"%s\"%s, \"sec\": %.9g, "
                   "\"algbw_GBps\": %.6g, \"busbw_GBps\": %.6g}\n",
-                  r.bytes, W, bench.transport.c_str(), r.sec, algbw, busbw);
+                  r.bytes, W, bench.transport.c_str(), link_json.c_str(), r.sec, algbw, busbw);
     else
       std::printf("%10s %12.1f %12.3f %12.3f\n", human(r.bytes).c_str(), r.sec * 1e6, algbw, busbw);
   }
@@ -122,7 +135,15 @@ int run_allreduce_bench_rank(const AllreduceBench& bench) {
 
 int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe) {
   if (bench.world < 1) throw comm::Error("--world " + std::to_string(bench.world) + " (expected >= 1)");
+  const auto link_env = link_emulation_env(bench.link, bench.link_ranks, bench.world);
   if (bench.transport == "inproc") {
+    // The ranks are threads of this process: each gets the emulation in its options.
+    const std::map<std::string, std::string> vars(link_env.begin(), link_env.end());
+    const comm::LinkEmulation links =
+        link_emulation_from_env(bench.world, [&vars](const char* name) -> const char* {
+          auto it = vars.find(name);
+          return it == vars.end() ? nullptr : it->second.c_str();
+        });
     auto fabric = std::make_shared<comm::InprocFabric>(bench.world);
     const int port = pick_free_port();
     std::vector<std::future<std::vector<Row>>> ranks;
@@ -133,6 +154,7 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
         options.fabric = fabric;
         options.scheduler_threads = 1;
         options.collectives = bench.tuning;
+        options.links = links;
         RankInfo info;
         info.rank = r;
         info.world_size = bench.world;
@@ -157,6 +179,7 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
   LaunchOptions launch_options;
   launch_options.nprocs = bench.world;
   launch_options.prefix_output = false;
+  launch_options.extra_env = link_env;
   launch_options.command = {self_exe, "bench", "allreduce", "--as-rank", "--world",
                             std::to_string(bench.world), "--transport", "ucx", "--bytes"};
   std::string sizes;
@@ -169,6 +192,11 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
                     std::string("--chunk-bytes"), std::to_string(bench.tuning.chunk_bytes),
                     std::string("--max-lanes"), std::to_string(bench.tuning.max_lanes)})
     launch_options.command.push_back(arg);
+  // For the header that rank 0 prints; the ranks' runtimes read the environment.
+  auto& command = launch_options.command;
+  if (!bench.link.empty()) command.insert(command.end(), {"--link", bench.link});
+  for (const std::string& entry : bench.link_ranks)
+    command.insert(command.end(), {"--link-rank", entry});
   auto result = launch(launch_options);
   if (result.exit_code != 0) std::cerr << "troupe bench: " << result.message << "\n";
   return result.exit_code;

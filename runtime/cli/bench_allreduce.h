@@ -14,13 +14,16 @@ struct AllreduceBench {
   bool json = false;
   double seconds_per_size = 0.3;  // measure each size for about this long
   comm::CollectiveOptions tuning;  // thresholds and pipelining of the collectives
+  std::string link;                     // link emulation of every link, e.g. "1gbit,5ms"
+  std::vector<std::string> link_ranks;  // of the links to and from some ranks, "1=100mbit,20ms"
 };
 
 /// Parses "4KiB,1MiB,64MiB" (B, KiB, MiB, GiB, or plain bytes); throws naming a bad entry.
 std::vector<size_t> parse_sizes(const std::string& list);
 
 /// Runs the benchmark: over inproc as threads of this process, over ucx by launching `world`
-/// copies of `self_exe` with `bench allreduce --as-rank`. Returns the exit code.
+/// copies of `self_exe` with `bench allreduce --as-rank` (link emulation through TROUPE_LINK and
+/// TROUPE_LINK_RANKS). Returns the exit code.
 int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe);
 /// The body of one rank (the environment says which): prints results on rank 0.
 int run_allreduce_bench_rank(const AllreduceBench& bench);

@@ -10,6 +10,7 @@
 #include "comm/transport/ucx/transport.h"
 #include "runtime/cli/bench_allreduce.h"
 #include "runtime/cli/bench_ddp.h"
+#include "runtime/env.h"
 #include "runtime/launch.h"
 #ifdef TROUPE_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -62,6 +63,16 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535));
   launch_cmd->add_option("--timeout", launch.timeout_sec, "Stop every rank after this many seconds");
   launch_cmd->add_flag("!--no-prefix", launch.prefix_output, "Do not prefix output lines with the rank");
+  std::string link;
+  std::vector<std::string> link_ranks;
+  launch_cmd->add_option("--link", link,
+                         "Emulate every link at a bandwidth and latency, e.g. 1gbit,5ms "
+                         "(sets TROUPE_LINK)");
+  launch_cmd->add_option("--link-rank", link_ranks,
+                         "Emulate the links to and from one rank, e.g. 3=100mbit,20ms; "
+                         "repeatable (sets TROUPE_LINK_RANKS)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   launch_cmd->add_option("command", launch.command, "Program and its arguments (after --)")
       ->required();
 
@@ -85,6 +96,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   bench_ar->add_option("--max-lanes", bench.tuning.max_lanes, "Chunks in flight per collective")
       ->check(CLI::Range(1, 1024));
+  bench_ar->add_option("--link", bench.link,
+                       "Emulate every link at a bandwidth and latency, e.g. 1gbit,5ms");
+  bench_ar->add_option("--link-rank", bench.link_ranks,
+                       "Emulate the links to and from one rank, e.g. 1=100mbit,20ms; repeatable")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   bench_ar->add_flag("--as-rank", as_rank, "Internal: run as one rank of the benchmark job")
       ->group("");
 
@@ -103,6 +120,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*launch_cmd) {
+      for (auto& var : troupe::link_emulation_env(link, link_ranks, launch.nprocs))
+        launch.extra_env.push_back(var);
       auto result = troupe::launch(launch);
       if (result.exit_code != 0) std::cerr << "troupe launch: " << result.message << "\n";
       return result.exit_code;

@@ -2,9 +2,12 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/status.h"
 
@@ -229,4 +232,50 @@ TEST_CASE("validate rejects a hand-built RankInfo that cannot be a job") {
   info = RankInfo{};
   info.master_addr = "";
   CHECK_THROWS_AS(troupe::validate(info), Error);
+}
+
+TEST_CASE("TROUPE_LINK shapes every link and TROUPE_LINK_RANKS the links to and from chosen ranks") {
+  auto none = troupe::link_emulation_from_env(4, fake({}));
+  CHECK_FALSE(none.active());
+  auto links = troupe::link_emulation_from_env(
+      4, fake({{"TROUPE_LINK", "1gbit,5ms"}, {"TROUPE_LINK_RANKS", "3=100mbit,20ms;1=2ms"}}));
+  CHECK(links.all.bytes_per_sec == doctest::Approx(125e6));
+  CHECK(links.all.latency == std::chrono::milliseconds(5));
+  REQUIRE(links.ranks.size() == 2);
+  CHECK(links.ranks[0].first == 3);
+  CHECK(links.ranks[0].second.latency == std::chrono::milliseconds(20));
+  CHECK(links.ranks[1].first == 1);
+  auto slow_only = troupe::link_emulation_from_env(4, fake({{"TROUPE_LINK_RANKS", "2=10mbit"}}));
+  CHECK(slow_only.active());
+  CHECK_FALSE(slow_only.all.active());
+}
+
+TEST_CASE("a bad TROUPE_LINK or TROUPE_LINK_RANKS is an error naming the variable and the value") {
+  auto error = [](std::map<std::string, std::string> vars) {
+    try {
+      troupe::link_emulation_from_env(4, fake(std::move(vars)));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto bad_link = error({{"TROUPE_LINK", "1gbt,5ms"}});
+  CHECK(contains(bad_link, "TROUPE_LINK: link shape '1gbt,5ms'"));
+  CHECK(contains(bad_link, "expected a rate such as 1gbit"));
+  auto bad_entry = error({{"TROUPE_LINK_RANKS", "three=1gbit"}});
+  CHECK(contains(bad_entry, "TROUPE_LINK_RANKS: link ranks 'three=1gbit'"));
+  CHECK(contains(bad_entry, "expected RANK=SHAPE"));
+  CHECK(error({{"TROUPE_LINK_RANKS", "4=1gbit"}}) ==
+        "TROUPE_LINK_RANKS='4=1gbit' names rank 4 (expected a rank in 0..3 for world_size 4)");
+}
+
+TEST_CASE("link_emulation_env gives the variables for launched ranks and checks them first") {
+  using Vars = std::vector<std::pair<std::string, std::string>>;
+  CHECK(troupe::link_emulation_env("", {}, 2).empty());
+  CHECK(troupe::link_emulation_env("1gbit,5ms", {"1=100mbit", "0=20ms"}, 2) ==
+        Vars{{"TROUPE_LINK", "1gbit,5ms"}, {"TROUPE_LINK_RANKS", "1=100mbit;0=20ms"}});
+  CHECK_THROWS_WITH_AS(troupe::link_emulation_env("", {"2=1gbit"}, 2),
+                       doctest::Contains("names rank 2"), Error);
+  CHECK_THROWS_WITH_AS(troupe::link_emulation_env("fast", {}, 2),
+                       doctest::Contains("TROUPE_LINK: link shape 'fast'"), Error);
 }

@@ -77,3 +77,35 @@ TEST_CASE("troupe rejects a bad size and a bad transport naming the value") {
   CHECK(bad_transport.status != 0);
   CHECK(bad_transport.text.find("pigeon") != std::string::npos);
 }
+
+TEST_CASE("troupe launch --link and --link-rank set TROUPE_LINK and TROUPE_LINK_RANKS for every rank") {
+  auto out = run(std::string(TROUPE_BIN) +
+                 " launch --link 1gbit,5ms --link-rank 1=100mbit,20ms --link-rank 0=1ms -n 2 --"
+                 " sh -c 'echo \"link=$TROUPE_LINK ranks=$TROUPE_LINK_RANKS\"'");
+  INFO(out.text);
+  CHECK(out.status == 0);
+  for (std::string rank : {"0", "1"})
+    CHECK(out.text.find("[rank " + rank + "] link=1gbit,5ms ranks=1=100mbit,20ms;0=1ms") !=
+          std::string::npos);
+  auto bad_shape = run(std::string(TROUPE_BIN) + " launch --link 1gbt -n 2 -- true");
+  CHECK(bad_shape.status != 0);
+  CHECK(bad_shape.text.find("TROUPE_LINK: link shape '1gbt'") != std::string::npos);
+  auto bad_rank = run(std::string(TROUPE_BIN) + " launch --link-rank 5=1ms -n 2 -- true");
+  CHECK(bad_rank.status != 0);
+  CHECK(bad_rank.text.find("names rank 5") != std::string::npos);
+}
+
+TEST_CASE("troupe bench allreduce --link makes every allreduce wait at least the link's latency") {
+  for (std::string transport : {"ucx", "inproc"}) {
+    CAPTURE(transport);
+    auto out = run(std::string(TROUPE_BIN) + " bench allreduce --world 2 --transport " + transport +
+                   " --bytes 4KiB --seconds 0.02 --json --link 1gbit,2ms");
+    INFO(out.text);
+    REQUIRE(out.status == 0);
+    auto rows = json_lines(out.text);
+    REQUIRE(rows.size() == 1);
+    CHECK(rows[0]["link"] == "1gbit,2ms");
+    // Each rank needs the other's 4 KiB, which cross a 2 ms link.
+    CHECK(rows[0]["sec"].get<double>() >= 0.002);
+  }
+}

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "comm/transport/link_emulation.h"
+
 namespace troupe::comm {
 namespace {
 
@@ -561,6 +563,45 @@ TEST_CASE("a lone ucx rank rejects bad peers and tags and fails what is pending 
   });
   job.barrier();
   check_exit_codes(job.wait(), {0});
+}
+
+TEST_CASE("a ucx message on an emulated link arrives no earlier than its link allows, intact") {
+  ProcessJob job(2, [](RankContext& ctx) {
+    const LinkShape shape = parse_link_shape("1gbit,5ms");
+    const size_t bytes = 1u << 20;
+    // Rank 0 shapes its link to rank 1; rank 1 answers each message over its plain transport.
+    std::shared_ptr<Transport> plain(ctx.transport.get(), [](Transport*) {});
+    auto t = ctx.rank == 0 ? std::make_shared<EmulatedTransport>(
+                                 plain, std::vector<LinkShape>{LinkShape{}, shape})
+                           : plain;
+    handshake(ctx, 1 - ctx.rank, 1);
+    if (ctx.rank == 1) {
+      std::vector<uint8_t> in(bytes);
+      Outcomes ops;
+      t->recv(0, 40, in.data(), in.size(), ops.track());
+      ctx.verdict.expect(ops.wait_all() && ops.status(0).ok(), "the shaped message failed");
+      ctx.verdict.expect(intact(in, 0, 40), "the shaped message arrived corrupted");
+      t->send(0, 41, nullptr, 0, ops.track());
+      ctx.verdict.expect(ops.wait_all() && ops.status(1).ok(), "the answer failed");
+      return;
+    }
+    ctx.verdict.expect(t->name() == "ucx+emulated", "name " + t->name());
+    std::vector<uint8_t> out = patterned(0, 40, bytes);
+    Outcomes ops;
+    t->recv(1, 41, nullptr, 0, ops.track());
+    const auto start = Clock::now();
+    t->send(1, 40, out.data(), out.size(), ops.track());
+    ctx.verdict.expect(ops.wait_all(), "the shaped message or its answer timed out");
+    const auto took = Clock::now() - start;
+    const auto least = std::chrono::microseconds(8389) + shape.latency;  // 2^20 B at 125 MB/s
+    ctx.verdict.expect(took >= least && took <= 3 * least + std::chrono::milliseconds(50),
+                       "the round trip took " +
+                           std::to_string(std::chrono::duration<double, std::milli>(took).count()) +
+                           " ms, the link needs 13.4 ms");
+    ctx.verdict.expect(ops.status(0).ok() && ops.status(1).ok(), "an operation failed");
+  });
+  job.barrier();
+  check_exit_codes(job.wait(), {0, 0});
 }
 
 }  // namespace troupe::comm

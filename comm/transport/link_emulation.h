@@ -1,0 +1,93 @@
+#pragma once
+/// Link emulation: peer links shaped to a bandwidth and a latency, so that a job on one fast host
+/// shows what an algorithm would gain or lose on a slower network.
+///
+/// This is EMULATION, not a network model. Each directed link (this rank -> peer) is a serial wire
+/// on the sender's side: a send of B bytes starts when the link is free (or now), occupies it for
+/// B / bandwidth, and its bytes arrive `latency` after they have all left; only then is the real
+/// send issued on the transport underneath, so the receiver sees the data no earlier than such a
+/// link would deliver it. There is no loss, no congestion shared between links, no switch, and the
+/// medium underneath (shared memory, TCP) still moves the bytes at its own speed afterwards.
+/// Receives pass through untouched: shaping is done by the sender, so a link shaped on the sending
+/// rank is shaped whatever the receiver does.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/transport/transport.h"
+
+namespace troupe::comm {
+
+/// The shape of one directed link. Default: unlimited bandwidth, no latency (not shaped).
+struct LinkShape {
+  /// Bytes per second; 0 means unlimited.
+  double bytes_per_sec = 0;
+  /// Added to every message after its last byte has left.
+  std::chrono::microseconds latency{0};
+  /// True when the link is shaped at all.
+  bool active() const { return bytes_per_sec > 0 || latency.count() > 0; }
+};
+
+/// Parses a shape: a rate, a latency, or both separated by a comma, e.g. "1gbit,5ms", "100mbit",
+/// "10GB/s,200us", "5ms"; "none" (or "") is no shaping. Rates: bit, kbit, mbit, gbit (any case)
+/// or B, KB, MB, GB (upper-case B), each optionally followed by "/s"; all decimal (1 KB = 1000 B,
+/// 1 gbit = 10^9 bit). Latencies: us, ms, s. Throws comm::Error naming the text and the
+/// expected form.
+LinkShape parse_link_shape(const std::string& text);
+
+/// Parses links to and from chosen ranks: entries RANK=SHAPE separated by ';', e.g.
+/// "3=100mbit,20ms" or "1=10ms;3=100mbit". Throws comm::Error naming the text and the bad entry
+/// (a rank that is not a non-negative integer, a bad shape, a rank named twice).
+std::vector<std::pair<int, LinkShape>> parse_rank_links(const std::string& text);
+
+/// The link emulation of a job: a shape for every link, and ranks whose links (to them and from
+/// them) have a shape of their own — "one slow rank". Use it through RuntimeOptions::links or
+/// the TROUPE_LINK / TROUPE_LINK_RANKS variables (runtime/env.h).
+struct LinkEmulation {
+  LinkShape all;
+  std::vector<std::pair<int, LinkShape>> ranks;
+
+  bool active() const;
+  /// The shapes of `rank`'s outgoing links, indexed by peer. A link to or from a rank of `ranks`
+  /// has that rank's shape instead of `all` (between two such ranks: the slower rate and the
+  /// longer latency); a rank's link to itself is never shaped. Throws comm::Error when `ranks`
+  /// names a rank outside [0, world_size).
+  std::vector<LinkShape> outgoing(int rank, int world_size) const;
+};
+
+/// A Transport that sends through `inner` as if over links of the given shapes (see the top of
+/// this file). One timer thread holds the delayed sends in a queue ordered by arrival time and
+/// issues each on `inner` when it is due; sends on unshaped links go to `inner` at once.
+/// Callbacks come from the timer thread or from `inner`'s threads, so serial_callbacks() is false.
+/// fail_peer fails the sends still delayed for that peer at once, with the reason, and forwards
+/// to `inner`. The destructor stops the timer thread and fails the delayed sends with
+/// "transport shut down".
+class EmulatedTransport final : public Transport {
+ public:
+  /// `shapes[p]` is the link from this rank to peer p; throws comm::Error unless there is one per
+  /// rank of `inner` and every shape is valid (a rate that is not negative, finite).
+  EmulatedTransport(std::shared_ptr<Transport> inner, std::vector<LinkShape> shapes);
+  ~EmulatedTransport() override;
+  EmulatedTransport(const EmulatedTransport&) = delete;
+  EmulatedTransport& operator=(const EmulatedTransport&) = delete;
+
+  /// The transport underneath.
+  const std::shared_ptr<Transport>& inner() const;
+
+  int rank() const override;
+  int world_size() const override;
+  /// The inner transport's name + "+emulated", e.g. "inproc+emulated".
+  std::string name() const override;
+  bool serial_callbacks() const override { return false; }
+  void send(int peer, Tag tag, const void* data, size_t bytes, Callback done) override;
+  void recv(int peer, Tag tag, void* data, size_t bytes, Callback done) override;
+  void fail_peer(int peer, const std::string& reason) override;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;  // shared with the timer thread
+};
+
+}  // namespace troupe::comm
