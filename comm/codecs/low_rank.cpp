@@ -1,0 +1,236 @@
+#include "comm/codecs/low_rank.h"
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+namespace troupe::comm {
+namespace {
+
+#define TROUPE_INLINE inline __attribute__((always_inline))
+
+// GCC vectors: four floats in the plain build, eight in the AVX2 one. The kernels are written on
+// them because GCC does not vectorise a float dot product (a reduction) without -ffast-math.
+typedef float Float4 __attribute__((vector_size(16)));
+typedef float Float8 __attribute__((vector_size(32)));
+
+template <class V>
+constexpr size_t kLanes = sizeof(V) / sizeof(float);
+
+// Unaligned loads and stores. By reference: an 8-float vector passed by value from a function
+// built without AVX would change the calling convention (GCC's -Wpsabi).
+template <class V>
+TROUPE_INLINE void load(V& v, const float* x) {
+  std::memcpy(&v, x, sizeof(v));
+}
+template <class V>
+TROUPE_INLINE void store(float* x, const V& v) {
+  std::memcpy(x, &v, sizeof(v));
+}
+
+// out[k] = a . b[k] over len elements, for kCount rows b[k] at once (a is read once).
+template <class V, size_t kCount>
+TROUPE_INLINE void dots(const float* a, const float* const* b, size_t len, float* out) {
+  V acc[kCount] = {};
+  size_t j = 0;
+  for (; j + kLanes<V> <= len; j += kLanes<V>) {
+    V x, y;
+    load(x, a + j);
+    for (size_t k = 0; k < kCount; ++k) {
+      load(y, b[k] + j);
+      acc[k] += x * y;
+    }
+  }
+  for (size_t k = 0; k < kCount; ++k) {
+    float s = 0.0f;
+    for (size_t l = 0; l < kLanes<V>; ++l) s += acc[k][l];
+    for (size_t t = j; t < len; ++t) s += a[t] * b[k][t];
+    out[k] = s;
+  }
+}
+
+// y[k] += c[k] * x over len elements, for kCount rows y[k] at once (x is read once).
+template <class V, size_t kCount>
+TROUPE_INLINE void axpys(const float* c, const float* x, size_t len, float* const* y) {
+  size_t j = 0;
+  for (; j + kLanes<V> <= len; j += kLanes<V>) {
+    V v, w;
+    load(v, x + j);
+    for (size_t k = 0; k < kCount; ++k) {
+      load(w, y[k] + j);
+      w += c[k] * v;
+      store(y[k] + j, w);
+    }
+  }
+  for (; j < len; ++j)
+    for (size_t k = 0; k < kCount; ++k) y[k][j] += c[k] * x[j];
+}
+
+// Calls f(first, count) over [0, r) in groups of at most four, count a compile-time constant
+// (std::integral_constant) so that the loops inside unroll.
+template <class F>
+TROUPE_INLINE void by_fours(size_t r, F f) {
+  size_t k = 0;
+  for (; k + 4 <= r; k += 4) f(k, std::integral_constant<size_t, 4>{});
+  switch (r - k) {
+    case 3: f(k, std::integral_constant<size_t, 3>{}); break;
+    case 2: f(k, std::integral_constant<size_t, 2>{}); break;
+    case 1: f(k, std::integral_constant<size_t, 1>{}); break;
+    default: break;
+  }
+}
+
+template <class V>
+TROUPE_INLINE void project(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
+                           float* p) {
+  for (size_t i = 0; i < rows; ++i) {
+    const float* mi = m + i * cols;
+    by_fours(r, [&](size_t k, auto count) {
+      constexpr size_t kCount = decltype(count)::value;
+      const float* b[kCount];
+      for (size_t c = 0; c < kCount; ++c) b[c] = qt + (k + c) * cols;
+      dots<V, kCount>(mi, b, cols, p + i * r + k);
+    });
+  }
+}
+
+template <class V>
+TROUPE_INLINE void back_project(const float* m, size_t rows, size_t cols, const float* p,
+                                size_t r, float* qt) {
+  std::memset(qt, 0, r * cols * sizeof(float));
+  for (size_t i = 0; i < rows; ++i) {
+    const float* mi = m + i * cols;
+    by_fours(r, [&](size_t k, auto count) {
+      constexpr size_t kCount = decltype(count)::value;
+      float* y[kCount];
+      for (size_t c = 0; c < kCount; ++c) y[c] = qt + (k + c) * cols;
+      axpys<V, kCount>(p + i * r + k, mi, cols, y);
+    });
+  }
+}
+
+template <class V>
+TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                          float scale, float* m) {
+  for (size_t i = 0; i < rows; ++i) {
+    const float* pi = p + i * r;
+    float* mi = m + i * cols;
+    size_t j = 0;
+    for (; j + kLanes<V> <= cols; j += kLanes<V>) {
+      V acc{}, row;
+      for (size_t k = 0; k < r; ++k) {
+        load(row, qt + k * cols + j);
+        acc += pi[k] * row;
+      }
+      acc *= scale;
+      store(mi + j, acc);
+    }
+    for (; j < cols; ++j) {
+      float acc = 0.0f;
+      for (size_t k = 0; k < r; ++k) acc += pi[k] * qt[k * cols + j];
+      mi[j] = scale * acc;
+    }
+  }
+}
+
+void project_generic(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
+                     float* p) {
+  project<Float4>(m, rows, cols, qt, r, p);
+}
+void back_project_generic(const float* m, size_t rows, size_t cols, const float* p, size_t r,
+                          float* qt) {
+  back_project<Float4>(m, rows, cols, p, r, qt);
+}
+void expand_generic(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                    float scale, float* m) {
+  expand<Float4>(p, qt, rows, cols, r, scale, m);
+}
+__attribute__((target("avx2"))) void project_avx2(const float* m, size_t rows, size_t cols,
+                                                  const float* qt, size_t r, float* p) {
+  project<Float8>(m, rows, cols, qt, r, p);
+}
+__attribute__((target("avx2"))) void back_project_avx2(const float* m, size_t rows, size_t cols,
+                                                       const float* p, size_t r, float* qt) {
+  back_project<Float8>(m, rows, cols, p, r, qt);
+}
+__attribute__((target("avx2"))) void expand_avx2(const float* p, const float* qt, size_t rows,
+                                                 size_t cols, size_t r, float scale, float* m) {
+  expand<Float8>(p, qt, rows, cols, r, scale, m);
+}
+
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+// splitmix64's finaliser.
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// splitmix64 number `counter` of the stream keyed by key = mix64(seed) (mixed, so that seeds a
+// multiple of the increment apart do not give shifted copies of one stream).
+inline uint64_t stream(uint64_t key, uint64_t counter) {
+  return mix64(key + (counter + 1) * 0x9e3779b97f4a7c15ull);
+}
+
+}  // namespace
+
+void low_rank_project(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
+                      float* p) {
+  if (have_avx2()) project_avx2(m, rows, cols, qt, r, p);
+  else project_generic(m, rows, cols, qt, r, p);
+}
+
+void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,
+                           float* qt) {
+  if (have_avx2()) back_project_avx2(m, rows, cols, p, r, qt);
+  else back_project_generic(m, rows, cols, p, r, qt);
+}
+
+void low_rank_expand(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                     float scale, float* m) {
+  if (have_avx2()) expand_avx2(p, qt, rows, cols, r, scale, m);
+  else expand_generic(p, qt, rows, cols, r, scale, m);
+}
+
+void orthogonalize_columns(float* p, size_t rows, size_t r) {
+  for (size_t k = 0; k < r; ++k) {
+    // Each earlier column is removed twice: one pass of Gram-Schmidt in float leaves a residue
+    // that grows with how nearly dependent the columns are; a second pass removes it.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t l = 0; l < k; ++l) {
+        double dot = 0.0;
+        for (size_t i = 0; i < rows; ++i)
+          dot += static_cast<double>(p[i * r + k]) * static_cast<double>(p[i * r + l]);
+        const float d = static_cast<float>(dot);
+        for (size_t i = 0; i < rows; ++i) p[i * r + k] -= d * p[i * r + l];
+      }
+    }
+    double sum_sq = 0.0;
+    for (size_t i = 0; i < rows; ++i)
+      sum_sq += static_cast<double>(p[i * r + k]) * static_cast<double>(p[i * r + k]);
+    const double norm = std::sqrt(sum_sq);
+    const float inv = norm < 1e-8 ? 0.0f : static_cast<float>(1.0 / norm);
+    for (size_t i = 0; i < rows; ++i) p[i * r + k] *= inv;
+  }
+}
+
+void random_normal(uint64_t seed, float* out, size_t n) {
+  // Box-Muller on pairs: numbers 2q and 2q+1 of the stream give out[2q] and out[2q+1], so every
+  // element depends on its position alone (a prefix of a longer draw is the shorter draw).
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  constexpr double kUnit = 1.0 / 9007199254740992.0;  // 2^-53
+  const uint64_t key = mix64(seed);
+  for (size_t i = 0; i < n; i += 2) {
+    const double u1 = static_cast<double>((stream(key, i) >> 11) + 1) * kUnit;  // (0, 1]
+    const double u2 = static_cast<double>(stream(key, i + 1) >> 11) * kUnit;    // [0, 1)
+    const double radius = std::sqrt(-2.0 * std::log(u1));
+    out[i] = static_cast<float>(radius * std::cos(kTwoPi * u2));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(radius * std::sin(kTwoPi * u2));
+  }
+}
+
+}  // namespace troupe::comm

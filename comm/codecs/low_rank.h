@@ -1,0 +1,31 @@
+#pragma once
+/// The dense kernels of PowerSGD's low-rank approximation M ~ P Q^T, on row-major float32
+/// matrices: M is rows x cols, P is rows x r, and Q is kept transposed (Qt, r x cols) so that every
+/// inner loop runs over contiguous memory.
+#include <cstddef>
+#include <cstdint>
+
+namespace troupe::comm {
+
+/// p = m * qt^T: p[i][k] = sum_j m[i][j] * qt[k][j].
+void low_rank_project(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
+                      float* p);
+/// qt = p^T * m: qt[k][j] = sum_i p[i][k] * m[i][j].
+void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,
+                           float* qt);
+/// m = p * qt (scaled): m[i][j] = scale * sum_k p[i][k] * qt[k][j].
+void low_rank_expand(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                     float scale, float* m);
+/// Makes the r columns of p (rows x r, row-major) orthonormal in place by modified Gram-Schmidt
+/// (dot products in double; each earlier column is removed twice, which keeps P^T P = I to
+/// rounding even when columns are nearly dependent). A column whose norm falls below 1e-8 after
+/// removing the earlier ones is set to zero (it adds nothing to the approximation) instead of
+/// being divided by ~0.
+void orthogonalize_columns(float* p, size_t rows, size_t r);
+/// out[i] = independent standard normal samples for i < n, from a counter-based generator
+/// seeded with `seed` alone (never torch's global generator): the same on every rank (that uses
+/// the same C library: Box-Muller takes log, cos and sin from libm). out[i] depends on i, not
+/// on n: a shorter draw is a prefix of a longer one.
+void random_normal(uint64_t seed, float* out, size_t n);
+
+}  // namespace troupe::comm
