@@ -31,6 +31,21 @@ constexpr auto kDrainGrace = std::chrono::seconds(10);
 Status BlockingDriver::run(Schedule schedule, uint32_t key,
                            const std::shared_ptr<Transport>& transport,
                            std::chrono::milliseconds timeout) {
+  return run_made(transport, timeout, [&](Post post) {
+    return std::make_shared<Execution>(transport, key, std::move(schedule), std::move(post));
+  });
+}
+
+Status BlockingDriver::run(std::vector<Stage> stages, const std::shared_ptr<Transport>& transport,
+                           std::chrono::milliseconds timeout) {
+  return run_made(transport, timeout, [&](Post post) {
+    return std::make_shared<Execution>(transport, std::move(stages), std::move(post));
+  });
+}
+
+Status BlockingDriver::run_made(
+    const std::shared_ptr<Transport>& transport, std::chrono::milliseconds timeout,
+    const std::function<std::shared_ptr<Execution>(Post)>& make) {
   Post post;
   if (transport->serial_callbacks()) {
     post = locked_post(inline_lock_);
@@ -46,7 +61,7 @@ Status BlockingDriver::run(Schedule schedule, uint32_t key,
       q->ready.notify_one();
     };
   }
-  auto execution = std::make_shared<Execution>(transport, key, std::move(schedule), post);
+  auto execution = make(post);
   {
     std::lock_guard<std::mutex> guard(current_mutex_);
     current_ = execution;

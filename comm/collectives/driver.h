@@ -30,6 +30,9 @@ class BlockingDriver {
   /// to finish (those peers stop too) before they are failed the same way.
   Status run(Schedule schedule, uint32_t key, const std::shared_ptr<Transport>& transport,
              std::chrono::milliseconds timeout);
+  /// Runs the stages of a multi-stage operation (schedule.h) the same way.
+  Status run(std::vector<Stage> stages, const std::shared_ptr<Transport>& transport,
+             std::chrono::milliseconds timeout);
   /// Fails the collective running now, if any (from any thread): it posts nothing more, and what
   /// it has in flight gets the failure grace, as when one of its own operations fails.
   void abort(const Status& status);
@@ -42,6 +45,8 @@ class BlockingDriver {
     bool done = false;
     bool failed = false;
   };
+  Status run_made(const std::shared_ptr<Transport>& transport, std::chrono::milliseconds timeout,
+                  const std::function<std::shared_ptr<Execution>(Post)>& make);
   Status run_queued(const std::shared_ptr<Execution>& execution, Transport& transport,
                     std::chrono::milliseconds timeout);
   Status run_inline(const std::shared_ptr<Execution>& execution, Transport& transport,

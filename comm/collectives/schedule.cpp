@@ -21,16 +21,27 @@ Execution::Execution(std::shared_ptr<Transport> transport, uint32_t key, Schedul
     : transport_(std::move(transport)),
       key_(key),
       schedule_(std::move(schedule)),
-      post_(std::move(post)) {
+      post_(std::move(post)) {}
+
+Execution::Execution(std::shared_ptr<Transport> transport, std::vector<Stage> stages, Post post)
+    : transport_(std::move(transport)),
+      key_(0),
+      stages_(std::move(stages)),
+      post_(std::move(post)) {}
+
+void Execution::start() {
+  // With stages, schedule_ starts empty: finish_if_idle() builds the first stage.
+  if (!stages_.empty()) finish_if_idle();
+  else begin_schedule();
+}
+
+void Execution::begin_schedule() {
   const size_t n = schedule_.lanes.size();
   next_step_.assign(n, 0);
   lane_pending_.assign(n, 0);
-  peers_.resize(n);
-}
-
-void Execution::start() {
-  lanes_running_ = schedule_.lanes.size();
-  for (size_t lane = 0; lane < schedule_.lanes.size(); ++lane) post_step(lane);
+  peers_.assign(n, {});
+  lanes_running_ = n;
+  for (size_t lane = 0; lane < n; ++lane) post_step(lane);
   finish_if_idle();
 }
 
@@ -91,6 +102,21 @@ void Execution::abort(const Status& status) {
 void Execution::finish_if_idle() {
   if (done_ || lanes_running_ > 0 || in_flight_ > 0) return;
   if (status_.ok() && schedule_.finally) schedule_.finally();
+  if (status_.ok() && next_stage_ < stages_.size()) {
+    Stage& stage = stages_[next_stage_++];
+    earlier_sent_ = bytes_sent();
+    earlier_received_ = bytes_received();
+    try {
+      schedule_ = stage.build();
+      key_ = stage.key;
+      begin_schedule();
+      return;
+    } catch (const std::exception& e) {
+      status_ = Status::failure("stage " + std::to_string(next_stage_ - 1) + " failed: " + e.what());
+      schedule_ = Schedule{};
+      if (on_failure_) on_failure_(status_);
+    }
+  }
   done_ = true;
   // The last closure holding this execution may run on a transport thread; it must not end up
   // holding the last reference to the transport (whose destructor joins that thread).
@@ -109,8 +135,12 @@ size_t bytes_of(const Schedule& schedule, Op::Kind kind) {
 }
 }  // namespace
 
-size_t Execution::bytes_sent() const { return bytes_of(schedule_, Op::Kind::send); }
-size_t Execution::bytes_received() const { return bytes_of(schedule_, Op::Kind::recv); }
+size_t Execution::bytes_sent() const {
+  return earlier_sent_ + bytes_of(schedule_, Op::Kind::send);
+}
+size_t Execution::bytes_received() const {
+  return earlier_received_ + bytes_of(schedule_, Op::Kind::recv);
+}
 
 std::vector<int> Execution::waiting_on() const {
   std::vector<int> peers;

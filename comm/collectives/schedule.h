@@ -52,6 +52,15 @@ struct Schedule {
   char* allocate(size_t bytes);
 };
 
+/// One phase of an operation made of several collectives in sequence (a compressed allreduce:
+/// compress, exchange, decompress, exchange again, ...). `build` runs on the driver's thread when
+/// the previous stage has ended: it does the local work that must come first and returns the
+/// stage's Schedule, whose messages travel under `key`.
+struct Stage {
+  uint32_t key;
+  std::function<Schedule()> build;
+};
+
 /// Runs closures on the driver's thread.
 using Post = std::function<void(std::function<void()>)>;
 
@@ -66,6 +75,9 @@ class Execution : public std::enable_shared_from_this<Execution> {
   /// `key` names this collective invocation; it must be the same on every rank and differ from
   /// every other collective in flight on the transport. Tags are (key << 16) | op.sub.
   Execution(std::shared_ptr<Transport> transport, uint32_t key, Schedule schedule, Post post);
+  /// An execution of stages run one after the other (each stage's key must differ from the keys of
+  /// everything else in flight). Fails if a stage's build throws.
+  Execution(std::shared_ptr<Transport> transport, std::vector<Stage> stages, Post post);
 
   /// Posts the first step of every lane. On the driver's thread.
   void start();
@@ -77,7 +89,7 @@ class Execution : public std::enable_shared_from_this<Execution> {
   const Status& status() const { return status_; }
   const std::string& name() const { return schedule_.name; }
   uint32_t key() const { return key_; }
-  /// Bytes this rank sends and receives in the whole schedule (what it puts on the wire).
+  /// Bytes this rank sends and receives in all stages so far (what it puts on the wire).
   size_t bytes_sent() const;
   size_t bytes_received() const;
   /// The peers of operations still in flight (sorted, unique): whom a stalled collective waits on.
@@ -93,6 +105,7 @@ class Execution : public std::enable_shared_from_this<Execution> {
     int peer;
     size_t lane;
   };
+  void begin_schedule();
   void post_step(size_t lane);
   void complete(size_t lane, size_t slot, const Status& status);
   void finish_if_idle();
@@ -100,6 +113,10 @@ class Execution : public std::enable_shared_from_this<Execution> {
   std::shared_ptr<Transport> transport_;
   uint32_t key_;
   Schedule schedule_;
+  std::vector<Stage> stages_;           // stages after the first
+  size_t next_stage_ = 0;
+  size_t earlier_sent_ = 0;             // bytes of the stages already ended
+  size_t earlier_received_ = 0;
   Post post_;
   std::vector<size_t> next_step_;       // per lane: index of the step in flight
   std::vector<size_t> lane_pending_;    // per lane: ops of the current step not yet completed
