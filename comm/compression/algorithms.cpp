@@ -1,0 +1,275 @@
+#include "comm/compression/algorithms.h"
+
+#include <cmath>
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "comm/compression/reductions.h"
+#include "comm/reduce.h"
+#include "comm/status.h"
+
+namespace troupe::comm {
+
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", v);
+  return text;
+}
+
+}  // namespace
+
+std::string algorithm_name(const Compression& algorithm) {
+  return std::visit(
+      Overloaded{
+          [](const GradientAllReduce&) -> std::string { return "allreduce"; },
+          [](const HalfPrecision& c) -> std::string { return c.bfloat16 ? "bf16" : "fp16"; },
+          [](const ByteGrad&) -> std::string { return "bytegrad"; },
+          [](const SignCompression& c) -> std::string {
+            std::string s = c.mode == SignMode::scaled ? "sign" : "sign(majority vote)";
+            return c.error_feedback && c.mode == SignMode::scaled ? "ef-" + s : s;
+          },
+          [](const Sparsification& c) -> std::string {
+            std::string s = c.mode == SparseMode::top_k    ? "top-k"
+                            : c.mode == SparseMode::random_k ? "random-k"
+                                                             : "block-k";
+            s += c.count ? "(k=" + std::to_string(c.count) + ")" : "(" + number(c.ratio) + ")";
+            return c.error_feedback ? s + "+ef" : s;
+          },
+          [](const PowerSGD& c) -> std::string {
+            return "powersgd(rank=" + std::to_string(c.rank) + ")";
+          },
+      },
+      algorithm);
+}
+
+void validate(const Compression& algorithm) {
+  std::visit(
+      Overloaded{
+          [](const GradientAllReduce&) {},
+          [](const HalfPrecision&) {},
+          [](const ByteGrad& c) {
+            if (c.block == 0) throw Error("ByteGrad.block=0 (expected >= 1 element per block)");
+          },
+          [](const SignCompression& c) {
+            if (c.mode == SignMode::majority_vote && c.error_feedback)
+              throw Error("SignCompression.error_feedback=true with mode majority_vote (error "
+                          "feedback needs the scaled mode; set error_feedback = false)");
+          },
+          [](const Sparsification& c) {
+            if (c.count == 0 && !(c.ratio > 0 && c.ratio <= 1))
+              throw Error("Sparsification.ratio=" + number(c.ratio) +
+                          " (expected 0 < ratio <= 1, or a count > 0)");
+          },
+          [](const PowerSGD& c) {
+            if (c.rank < 1) throw Error("PowerSGD.rank=" + std::to_string(c.rank) + " (expected >= 1)");
+            if (!(c.min_compression_rate >= 0))
+              throw Error("PowerSGD.min_compression_rate=" + number(c.min_compression_rate) +
+                          " (expected >= 0)");
+          },
+      },
+      algorithm);
+}
+
+std::shared_ptr<Reduction> make_reduction(const Compression& algorithm, const BucketBuffer& bucket) {
+  validate(algorithm);
+  if (!std::holds_alternative<GradientAllReduce>(algorithm) && bucket.type != DataType::float32)
+    throw Error(algorithm_name(algorithm) + " compresses float32 gradients; bucket " +
+                std::to_string(bucket.index) + " holds " + to_string(bucket.type) +
+                " (use GradientAllReduce for other types)");
+  return std::visit(
+      Overloaded{
+          [&](const GradientAllReduce&) { return make_allreduce_reduction(bucket); },
+          [&](const HalfPrecision& c) { return make_half_reduction(c, bucket); },
+          [&](const ByteGrad& c) { return make_byte_grad_reduction(c, bucket); },
+          [&](const SignCompression& c) { return make_sign_reduction(c, bucket); },
+          [&](const Sparsification& c) { return make_sparse_reduction(c, bucket); },
+          [&](const PowerSGD& c) { return make_power_sgd_reduction(c, bucket); },
+      },
+      algorithm);
+}
+
+namespace {
+
+struct Settings {
+  std::string algorithm;
+  std::vector<std::pair<std::string, std::string>> pairs;
+  std::vector<std::string> used;
+
+  const std::string* find(const std::string& key) {
+    for (auto& [k, v] : pairs)
+      if (k == key) {
+        used.push_back(k);
+        return &v;
+      }
+    return nullptr;
+  }
+  std::string where(const std::string& key) const { return "--algorithm " + algorithm + ": " + key; }
+  void number(const std::string& key, double& out) {
+    if (auto* v = find(key)) {
+      char* end = nullptr;
+      out = std::strtod(v->c_str(), &end);
+      if (v->empty() || *end) throw Error(where(key) + "=" + *v + " (expected a number)");
+    }
+  }
+  template <class T>
+  void integer(const std::string& key, T& out) {
+    if (auto* v = find(key)) {
+      char* end = nullptr;
+      const long long x = std::strtoll(v->c_str(), &end, 10);
+      if (v->empty() || *end || x < 0)
+        throw Error(where(key) + "=" + *v + " (expected a non-negative integer)");
+      out = static_cast<T>(x);
+    }
+  }
+  void boolean(const std::string& key, bool& out) {
+    if (auto* v = find(key)) {
+      if (*v == "true" || *v == "1") out = true;
+      else if (*v == "false" || *v == "0") out = false;
+      else throw Error(where(key) + "=" + *v + " (expected true, false, 1 or 0)");
+    }
+  }
+  void check_all_used(const std::string& allowed) const {
+    for (auto& [k, v] : pairs)
+      if (std::find(used.begin(), used.end(), k) == used.end())
+        throw Error("--algorithm " + algorithm + ": unknown key '" + k + "' (allowed: " +
+                    (allowed.empty() ? "none" : allowed) + ")");
+  }
+};
+
+}  // namespace
+
+Compression parse_compression(const std::string& spec) {
+  Settings s;
+  const auto colon = spec.find(':');
+  s.algorithm = spec.substr(0, colon);
+  if (colon != std::string::npos) {
+    std::string rest = spec.substr(colon + 1);
+    size_t at = 0;
+    while (at <= rest.size()) {
+      size_t comma = rest.find(',', at);
+      if (comma == std::string::npos) comma = rest.size();
+      const std::string item = rest.substr(at, comma - at);
+      const auto eq = item.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw Error("--algorithm " + spec + ": '" + item + "' is not key=value");
+      s.pairs.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+      at = comma + 1;
+    }
+  }
+  const std::string& name = s.algorithm;
+  Compression out;
+  if (name == "allreduce") {
+    s.check_all_used("");
+    out = GradientAllReduce{};
+  } else if (name == "fp16" || name == "bf16") {
+    s.check_all_used("");
+    out = HalfPrecision{name == "bf16"};
+  } else if (name == "bytegrad") {
+    ByteGrad c;
+    s.integer("block", c.block);
+    s.check_all_used("block");
+    out = c;
+  } else if (name == "sign" || name == "sign-vote") {
+    SignCompression c;
+    c.mode = name == "sign" ? SignMode::scaled : SignMode::majority_vote;
+    c.error_feedback = name == "sign";
+    s.boolean("ef", c.error_feedback);
+    s.check_all_used("ef");
+    out = c;
+  } else if (name == "topk" || name == "randomk" || name == "blockk") {
+    Sparsification c;
+    c.mode = name == "topk" ? SparseMode::top_k : name == "randomk" ? SparseMode::random_k
+                                                                    : SparseMode::block;
+    s.number("ratio", c.ratio);
+    s.integer("count", c.count);
+    s.integer("seed", c.seed);
+    s.boolean("ef", c.error_feedback);
+    s.check_all_used("ratio, count, seed, ef");
+    out = c;
+  } else if (name == "powersgd") {
+    PowerSGD c;
+    s.integer("rank", c.rank);
+    s.boolean("warm_start", c.warm_start);
+    s.boolean("ef", c.error_feedback);
+    s.number("min_compression_rate", c.min_compression_rate);
+    s.integer("start_iter", c.start_iter);
+    s.integer("seed", c.seed);
+    s.check_all_used("rank, warm_start, ef, min_compression_rate, start_iter, seed");
+    out = c;
+  } else {
+    throw Error("--algorithm '" + name +
+                "' is not an algorithm (expected allreduce, fp16, bf16, bytegrad, sign, sign-vote, "
+                "topk, randomk, blockk or powersgd)");
+  }
+  validate(out);
+  return out;
+}
+
+uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b) {
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(mix(seed) ^ a) ^ b);
+}
+
+void zero_padding(const BucketBuffer& bucket) {
+  auto* data = static_cast<float*>(bucket.data);
+  size_t at = 0;
+  for (const auto& t : bucket.tensors) {
+    if (t.offset > at) std::memset(data + at, 0, (t.offset - at) * sizeof(float));
+    at = std::max(at, t.offset + t.count);
+  }
+  if (bucket.count > at) std::memset(data + at, 0, (bucket.count - at) * sizeof(float));
+}
+
+Schedule scaled_allreduce(const ReduceStep& step, void* data, size_t count, DataType type) {
+  const int world = step.group.world_size;
+  if (step.scale == 1.0)
+    return allreduce_schedule(step.group, data, count, type, ReduceOp::sum, step.collectives);
+  if (step.divide_before) {
+    scale(data, count, type, step.scale);
+    return allreduce_schedule(step.group, data, count, type, ReduceOp::sum, step.collectives);
+  }
+  if (std::abs(step.scale * world - 1.0) < 1e-12)
+    return allreduce_schedule(step.group, data, count, type, ReduceOp::avg, step.collectives);
+  auto schedule =
+      allreduce_schedule(step.group, data, count, type, ReduceOp::sum, step.collectives);
+  schedule.finally = [data, count, type, factor = step.scale] { scale(data, count, type, factor); };
+  return schedule;
+}
+
+namespace {
+
+class AllReduce final : public Reduction {
+ public:
+  explicit AllReduce(const BucketBuffer& bucket) : bucket_(bucket) {}
+  std::string name() const override { return "allreduce"; }
+  std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
+    return {[this, step] { return scaled_allreduce(step, bucket_.data, bucket_.count, bucket_.type); }};
+  }
+
+ private:
+  BucketBuffer bucket_;
+};
+
+}  // namespace
+
+std::shared_ptr<Reduction> make_allreduce_reduction(const BucketBuffer& bucket) {
+  return std::make_shared<AllReduce>(bucket);
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,156 @@
+// PowerSGD (Vogels, Karimireddy, Jaggi 2019), per bucket, as PyTorch's powerSGD_hook does it:
+//   M = g + e for each compressed matrix (rows x cols, viewed from the tensor)
+//   stage 1: P = M Q for every matrix, and the uncompressed tensors copied beside them;
+//            allreduce that one buffer (sum)
+//   stage 2: uncompressed tensors := sum * scale; P := orthonormal columns of P (the same on every
+//            rank, since P is); Q = M^T P; allreduce the Qs (sum)
+//   end:     M := P Q^T * scale; e = M_local - P Q^T / world; Q kept for the next step (warm start)
+// Before start_iter the bucket is allreduced in full and e is not touched.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "comm/codecs/low_rank.h"
+#include "comm/compression/reductions.h"
+
+namespace troupe::comm {
+
+namespace {
+
+class PowerSgdReduction final : public Reduction {
+ public:
+  PowerSgdReduction(const PowerSGD& config, const BucketBuffer& bucket)
+      : config_(config), bucket_(bucket) {
+    size_t p_at = 0, q_at = 0;
+    for (size_t i = 0; i < bucket.tensors.size(); ++i) {
+      const auto& t = bucket.tensors[i];
+      const size_t rows = t.rows, cols = t.cols();
+      const size_t r = std::min({static_cast<size_t>(config.rank), rows, cols});
+      const bool worth = rows > 1 && cols > 1 &&
+                         static_cast<double>(rows * cols) >=
+                             config.min_compression_rate * static_cast<double>((rows + cols) * r);
+      if (!worth) {
+        plain_.push_back({i, 0});
+        continue;
+      }
+      Matrix m;
+      m.tensor = i;
+      m.rows = rows;
+      m.cols = cols;
+      m.r = r;
+      m.p_at = p_at;
+      m.q_at = q_at;
+      p_at += rows * r;
+      q_at += r * cols;
+      m.qt.resize(r * cols);
+      random_normal(mix_seed(config.seed, static_cast<uint64_t>(bucket.index), i), m.qt.data(),
+                    m.qt.size());
+      matrices_.push_back(std::move(m));
+    }
+    for (auto& u : plain_) {
+      u.at = p_at;
+      p_at += bucket.tensors[u.tensor].count;
+    }
+    p_.resize(p_at);
+    q_.resize(q_at);
+    if (config.error_feedback) error_.assign(bucket.count, 0.0f);
+  }
+  std::string name() const override { return "powersgd"; }
+
+  std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
+    auto* data = static_cast<float*>(bucket_.data);
+    if (step.step < config_.start_iter)
+      return {[this, step, data] { return scaled_allreduce(step, data, bucket_.count, bucket_.type); }};
+    return {
+        [this, step, data] {
+          for (auto& m : matrices_) {
+            const auto& t = bucket_.tensors[m.tensor];
+            float* x = data + t.offset;
+            if (config_.error_feedback) {
+              const float* e = error_.data() + t.offset;
+              for (size_t k = 0; k < t.count; ++k) x[k] += e[k];
+            }
+            if (!config_.warm_start)
+              random_normal(mix_seed(config_.seed, static_cast<uint64_t>(bucket_.index) << 32 | step.step, m.tensor),
+                            m.qt.data(), m.qt.size());
+            low_rank_project(x, m.rows, m.cols, m.qt.data(), m.r, p_.data() + m.p_at);
+          }
+          for (auto& u : plain_) {
+            const auto& t = bucket_.tensors[u.tensor];
+            std::memcpy(p_.data() + u.at, data + t.offset, t.count * sizeof(float));
+          }
+          return allreduce_schedule(step.group, p_.data(), p_.size(), DataType::float32,
+                                    ReduceOp::sum, step.collectives);
+        },
+        [this, step, data] {
+          const auto factor = static_cast<float>(step.scale);
+          for (auto& u : plain_) {
+            const auto& t = bucket_.tensors[u.tensor];
+            const float* from = p_.data() + u.at;
+            float* to = data + t.offset;
+            for (size_t k = 0; k < t.count; ++k) to[k] = from[k] * factor;
+          }
+          for (auto& m : matrices_) {
+            float* p = p_.data() + m.p_at;
+            orthogonalize_columns(p, m.rows, m.r);
+            low_rank_back_project(data + bucket_.tensors[m.tensor].offset, m.rows, m.cols, p, m.r,
+                                  q_.data() + m.q_at);
+          }
+          auto schedule = allreduce_schedule(step.group, q_.data(), q_.size(), DataType::float32,
+                                             ReduceOp::sum, step.collectives);
+          schedule.finally = [this, step, data] { expand(step, data); };
+          return schedule;
+        },
+    };
+  }
+
+ private:
+  struct Matrix {
+    size_t tensor = 0;
+    size_t rows = 0, cols = 0, r = 0;
+    size_t p_at = 0, q_at = 0;  // offsets in p_ and q_
+    std::vector<float> qt;      // r x cols: this matrix's Q, transposed
+  };
+  struct Plain {
+    size_t tensor;
+    size_t at;  // offset in p_
+  };
+
+  void expand(const ReduceStep& step, float* data) {
+    const float world = static_cast<float>(step.group.world_size);
+    const auto factor = static_cast<float>(step.scale);
+    for (auto& m : matrices_) {
+      const auto& t = bucket_.tensors[m.tensor];
+      float* x = data + t.offset;
+      const float* p = p_.data() + m.p_at;
+      const float* q = q_.data() + m.q_at;
+      float* e = config_.error_feedback ? error_.data() + t.offset : nullptr;
+      if (e) std::memcpy(e, x, t.count * sizeof(float));
+      low_rank_expand(p, q, m.rows, m.cols, m.r, factor, x);
+      if (e) {
+        // e = M - P Q^T / world, where x now holds P Q^T * factor.
+        const float back = 1.0f / (world * factor);
+        for (size_t k = 0; k < t.count; ++k) e[k] -= x[k] * back;
+      }
+      if (config_.warm_start) {
+        const float inv = 1.0f / world;
+        for (size_t k = 0; k < m.qt.size(); ++k) m.qt[k] = q[k] * inv;
+      }
+    }
+  }
+
+  PowerSGD config_;
+  BucketBuffer bucket_;
+  std::vector<Matrix> matrices_;
+  std::vector<Plain> plain_;
+  std::vector<float> p_, q_, error_;
+};
+
+}  // namespace
+
+std::shared_ptr<Reduction> make_power_sgd_reduction(const PowerSGD& config,
+                                                    const BucketBuffer& bucket) {
+  return std::make_shared<PowerSgdReduction>(config, bucket);
+}
+
+}  // namespace troupe::comm

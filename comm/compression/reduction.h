@@ -1,0 +1,65 @@
+#pragma once
+/// Reduction: what a bucket runs on its flat gradient buffer each step, and the state it keeps
+/// across steps (error-feedback memory, PowerSGD's Q).
+///
+/// A reduction is a chain of stages (schedule.h): each stage does local work (compress, decompress,
+/// orthogonalise) and returns the collective that follows it. The bucket actor runs the stages
+/// with an Execution while backward goes on. Every rank ends with the same values in the buffer:
+/// the sum over ranks of what each rank sent (after compression), times ReduceStep::scale.
+///
+/// One Reduction per bucket, created by make_reduction (algorithms.h); it is used by one thread at
+/// a time. Buffers a later stage reads must live in the reduction, not in a stage's Schedule
+/// (a stage's scratch is freed when the next stage starts).
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/collectives/collectives.h"
+#include "comm/types.h"
+
+namespace troupe::comm {
+
+/// One tensor inside a bucket's flat buffer. Low-rank methods view it as a rows x (count / rows)
+/// matrix (a tensor of shape [n, ...] as n x numel/n, as PyTorch's PowerSGD hook does); a 1-D
+/// tensor has rows == 1.
+struct TensorSlot {
+  size_t offset = 0;  // elements from the start of the bucket
+  size_t count = 0;
+  size_t rows = 1;
+  size_t cols() const { return rows ? count / rows : 0; }
+};
+
+/// The buffer a reduction works on. Elements outside every tensor are padding: their values after
+/// a reduction are unspecified.
+struct BucketBuffer {
+  int index = 0;
+  void* data = nullptr;
+  size_t count = 0;
+  DataType type = DataType::float32;
+  std::vector<TensorSlot> tensors;
+};
+
+/// The inputs of one step's reduction.
+struct ReduceStep {
+  Group group{0, 1};
+  /// The training step, counted from 0 (shared seeds, PowerSGD's start_iter).
+  uint32_t step = 0;
+  /// The sum over ranks is multiplied by this: 1 / world size (average), 1 / a denominator, or 1.
+  double scale = 1.0;
+  /// Apply `scale` before reducing instead of after (against overflow in low precision).
+  bool divide_before = false;
+  CollectiveOptions collectives;
+};
+
+class Reduction {
+ public:
+  virtual ~Reduction() = default;
+  /// "allreduce", "fp16", "powersgd(rank 2)", ... for messages and traces.
+  virtual std::string name() const = 0;
+  /// The stages of this step's reduction of the bucket, in order.
+  virtual std::vector<std::function<Schedule()>> stages(const ReduceStep& step) = 0;
+};
+
+}  // namespace troupe::comm

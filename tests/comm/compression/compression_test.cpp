@@ -1,0 +1,482 @@
+// Every compressed algorithm, as threads over the inproc transport for several world sizes and
+// steps, against a single-process computation of the same algorithm written independently here
+// (plain loops, double precision where it matters), error-feedback memory included.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <future>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/codecs/low_rank.h"
+#include "comm/codecs/sparse.h"
+#include "comm/collectives/driver.h"
+#include "comm/compression/algorithms.h"
+#include "comm/compression/reductions.h"
+#include "comm/transport/inproc/transport.h"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+using Vec = std::vector<float>;
+
+namespace {
+
+// A bucket of three tensors with alignment gaps: a 16 x 24 matrix, a vector of 7, a 5 x 40 matrix.
+const std::vector<comm::TensorSlot> kTensors = {{0, 384, 16}, {400, 7, 1}, {416, 200, 5}};
+constexpr size_t kCount = 624;
+constexpr float kPadding = 1e30f;  // stale values in the gaps must not leak into any tensor
+
+bool in_tensor(size_t i) {
+  for (auto& t : kTensors)
+    if (i >= t.offset && i < t.offset + t.count) return true;
+  return false;
+}
+
+// Rank r's gradient at a step: distinct, non-zero, of mixed magnitudes.
+Vec gradient(int rank, uint32_t step) {
+  std::mt19937 gen(static_cast<unsigned>(rank * 7919 + step * 104729 + 1));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Vec g(kCount, kPadding);
+  for (auto& t : kTensors)
+    for (size_t k = 0; k < t.count; ++k) {
+      float v = u(gen) * (1.0f + static_cast<float>(k % 5));
+      if (std::abs(v) < 1e-3f) v = 1e-3f;
+      g[t.offset + k] = v;
+    }
+  return g;
+}
+
+// Runs `steps` steps of `algorithm` on `world` thread ranks; returns out[rank][step] = the bucket
+// after the step's reduction.
+std::vector<std::vector<Vec>> run(const comm::Compression& algorithm, int world, uint32_t steps,
+                                  double scale) {
+  comm::InprocFabric fabric(world);
+  std::vector<std::future<std::vector<Vec>>> futures;
+  for (int r = 0; r < world; ++r)
+    futures.push_back(std::async(std::launch::async, [&, r] {
+      auto transport = fabric.transport(r);
+      Vec data(kCount);
+      auto reduction = comm::make_reduction(
+          algorithm, comm::BucketBuffer{0, data.data(), kCount, comm::DataType::float32, kTensors});
+      comm::BlockingDriver driver;
+      std::vector<Vec> out;
+      for (uint32_t s = 0; s < steps; ++s) {
+        const Vec g = gradient(r, s);
+        std::copy(g.begin(), g.end(), data.begin());  // the reduction holds data's address
+        comm::ReduceStep step;
+        step.group = comm::Group{r, world};
+        step.step = s;
+        step.scale = scale;
+        auto builders = reduction->stages(step);
+        std::vector<comm::Stage> stages;
+        for (size_t i = 0; i < builders.size(); ++i)
+          stages.push_back({s << 16 | static_cast<uint32_t>(i) << 12, builders[i]});
+        auto status = driver.run(std::move(stages), transport, 30s);
+        if (!status.ok()) throw comm::Error(status.message());
+        out.push_back(data);
+      }
+      return out;
+    }));
+  std::vector<std::vector<Vec>> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+// The largest |a - b| over tensor elements, relative to max(1, |b|).
+double max_error(const Vec& a, const Vec& b) {
+  double worst = 0;
+  for (size_t i = 0; i < kCount; ++i)
+    if (in_tensor(i))
+      worst = std::max(worst, std::abs(double(a[i]) - b[i]) / std::max(1.0, std::abs(double(b[i]))));
+  return worst;
+}
+
+void check_ranks_agree(const std::vector<std::vector<Vec>>& out) {
+  for (size_t r = 1; r < out.size(); ++r)
+    for (size_t s = 0; s < out[r].size(); ++s) {
+      CAPTURE(r);
+      CAPTURE(s);
+      CHECK(max_error(out[r][s], out[0][s]) == 0.0);
+    }
+}
+
+void check_against(const std::vector<std::vector<Vec>>& out, const std::vector<Vec>& reference,
+                   double tolerance) {
+  for (size_t s = 0; s < reference.size(); ++s) {
+    CAPTURE(s);
+    CHECK(max_error(out[0][s], reference[s]) <= tolerance);
+  }
+}
+
+// --- single-process references -------------------------------------------------------------
+
+std::vector<Vec> reference_sum(int world, uint32_t steps, double scale) {
+  std::vector<Vec> ref;
+  for (uint32_t s = 0; s < steps; ++s) {
+    Vec sum(kCount, 0.0f);
+    for (int r = 0; r < world; ++r) {
+      auto g = gradient(r, s);
+      for (size_t i = 0; i < kCount; ++i)
+        if (in_tensor(i)) sum[i] += g[i];
+    }
+    for (auto& v : sum) v = static_cast<float>(v * scale);
+    ref.push_back(sum);
+  }
+  return ref;
+}
+
+std::vector<Vec> reference_sign(int world, uint32_t steps, double scale, bool vote, bool ef) {
+  std::vector<Vec> error(static_cast<size_t>(world), Vec(kCount, 0.0f));
+  std::vector<Vec> ref;
+  for (uint32_t s = 0; s < steps; ++s) {
+    std::vector<double> acc(kCount, 0.0);
+    for (int r = 0; r < world; ++r) {
+      auto x = gradient(r, s);
+      auto& e = error[static_cast<size_t>(r)];
+      for (auto& t : kTensors) {
+        double mean = 0;
+        for (size_t k = t.offset; k < t.offset + t.count; ++k) {
+          if (ef) x[k] += e[k];
+          mean += std::abs(x[k]);
+        }
+        mean /= static_cast<double>(t.count);
+        const double m = vote ? 1.0 : mean;
+        for (size_t k = t.offset; k < t.offset + t.count; ++k) {
+          const double sent = x[k] < 0 ? -m : m;
+          acc[k] += vote ? sent : sent * scale;
+          if (ef) e[k] = static_cast<float>(x[k] - sent);
+        }
+      }
+    }
+    Vec out(kCount, 0.0f);
+    for (size_t i = 0; i < kCount; ++i)
+      out[i] = vote ? static_cast<float>((acc[i] > 0) - (acc[i] < 0)) : static_cast<float>(acc[i]);
+    ref.push_back(out);
+  }
+  return ref;
+}
+
+// The k coordinates of x each mode sends at a step.
+std::vector<uint32_t> chosen(const comm::Sparsification& c, const Vec& x, size_t k, uint32_t step) {
+  std::vector<uint32_t> idx;
+  const uint64_t seed = comm::mix_seed(c.seed, step, 0);
+  if (c.mode == comm::SparseMode::top_k) {
+    std::vector<uint32_t> all(kCount);
+    std::iota(all.begin(), all.end(), 0u);
+    std::stable_sort(all.begin(), all.end(), [&](uint32_t a, uint32_t b) {
+      return std::abs(x[a]) > std::abs(x[b]);
+    });
+    idx.assign(all.begin(), all.begin() + static_cast<long>(k));
+  } else if (c.mode == comm::SparseMode::random_k) {
+    idx.resize(k);
+    comm::random_k(seed, kCount, k, idx.data());  // its own tests check it draws uniformly
+  } else {
+    for (size_t j = 0; j < k; ++j) idx.push_back(static_cast<uint32_t>((seed % kCount + j) % kCount));
+  }
+  return idx;
+}
+
+std::vector<Vec> reference_sparse(const comm::Sparsification& c, size_t k, int world,
+                                  uint32_t steps, double scale) {
+  std::vector<Vec> error(static_cast<size_t>(world), Vec(kCount, 0.0f));
+  std::vector<Vec> ref;
+  for (uint32_t s = 0; s < steps; ++s) {
+    Vec out(kCount, 0.0f);
+    for (int r = 0; r < world; ++r) {
+      auto x = gradient(r, s);
+      for (size_t i = 0; i < kCount; ++i) x[i] = in_tensor(i) ? x[i] : 0.0f;
+      auto& e = error[static_cast<size_t>(r)];
+      if (c.error_feedback)
+        for (size_t i = 0; i < kCount; ++i) x[i] += e[i];
+      auto idx = chosen(c, x, k, s);
+      for (uint32_t i : idx) out[i] += static_cast<float>(scale) * x[i];
+      if (c.error_feedback) {
+        e = x;
+        for (uint32_t i : idx) e[i] = 0.0f;
+      }
+    }
+    ref.push_back(out);
+  }
+  return ref;
+}
+
+// PowerSGD in double with classical Gram-Schmidt; Q starts from the same seeded normal samples.
+std::vector<Vec> reference_power_sgd(const comm::PowerSGD& c, int world, uint32_t steps,
+                                     double scale) {
+  std::vector<std::vector<double>> error(static_cast<size_t>(world),
+                                         std::vector<double>(kCount, 0.0));
+  std::vector<std::vector<double>> q(kTensors.size());
+  for (size_t t = 0; t < kTensors.size(); ++t) {
+    const size_t r = std::min<size_t>(c.rank, std::min(kTensors[t].rows, kTensors[t].cols()));
+    Vec init(r * kTensors[t].cols());
+    comm::random_normal(comm::mix_seed(c.seed, 0, t), init.data(), init.size());
+    q[t].assign(init.begin(), init.end());
+  }
+  std::vector<Vec> ref;
+  for (uint32_t s = 0; s < steps; ++s) {
+    std::vector<Vec> g;
+    for (int r = 0; r < world; ++r) g.push_back(gradient(r, s));
+    Vec out(kCount, 0.0f);
+    for (size_t t = 0; t < kTensors.size(); ++t) {
+      const auto& slot = kTensors[t];
+      const size_t rows = slot.rows, cols = slot.cols();
+      if (s < c.start_iter || rows == 1) {  // full allreduce
+        for (size_t k = slot.offset; k < slot.offset + slot.count; ++k) {
+          double sum = 0;
+          for (int r = 0; r < world; ++r) sum += g[static_cast<size_t>(r)][k];
+          out[k] = static_cast<float>(sum * scale);
+        }
+        continue;
+      }
+      const size_t rk = q[t].size() / cols;
+      std::vector<std::vector<double>> m(static_cast<size_t>(world));
+      std::vector<double> p(rows * rk, 0.0);
+      for (int r = 0; r < world; ++r) {
+        auto& mr = m[static_cast<size_t>(r)];
+        for (size_t k = 0; k < slot.count; ++k)
+          mr.push_back(g[static_cast<size_t>(r)][slot.offset + k] + error[static_cast<size_t>(r)][slot.offset + k]);
+        for (size_t i = 0; i < rows; ++i)
+          for (size_t j = 0; j < rk; ++j)
+            for (size_t l = 0; l < cols; ++l) p[i * rk + j] += mr[i * cols + l] * q[t][j * cols + l];
+      }
+      for (size_t j = 0; j < rk; ++j) {  // classical Gram-Schmidt, column by column
+        for (size_t prev = 0; prev < j; ++prev) {
+          double dot = 0;
+          for (size_t i = 0; i < rows; ++i) dot += p[i * rk + j] * p[i * rk + prev];
+          for (size_t i = 0; i < rows; ++i) p[i * rk + j] -= dot * p[i * rk + prev];
+        }
+        double norm = 0;
+        for (size_t i = 0; i < rows; ++i) norm += p[i * rk + j] * p[i * rk + j];
+        norm = std::sqrt(norm);
+        for (size_t i = 0; i < rows; ++i) p[i * rk + j] = norm > 1e-8 ? p[i * rk + j] / norm : 0.0;
+      }
+      std::vector<double> qsum(rk * cols, 0.0);
+      for (int r = 0; r < world; ++r)
+        for (size_t i = 0; i < rows; ++i)
+          for (size_t j = 0; j < rk; ++j)
+            for (size_t l = 0; l < cols; ++l)
+              qsum[j * cols + l] += p[i * rk + j] * m[static_cast<size_t>(r)][i * cols + l];
+      for (size_t i = 0; i < rows; ++i)
+        for (size_t l = 0; l < cols; ++l) {
+          double approx = 0;
+          for (size_t j = 0; j < rk; ++j) approx += p[i * rk + j] * qsum[j * cols + l];
+          out[slot.offset + i * cols + l] = static_cast<float>(approx * scale);
+          for (int r = 0; r < world; ++r)
+            error[static_cast<size_t>(r)][slot.offset + i * cols + l] =
+                m[static_cast<size_t>(r)][i * cols + l] - approx / world;
+        }
+      if (c.warm_start)
+        for (size_t k = 0; k < qsum.size(); ++k) q[t][k] = qsum[k] / world;
+    }
+    ref.push_back(out);
+  }
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("fp16 and bf16 compression sum exactly when every partial sum is representable") {
+  // Values that are multiples of 1/4 below 8: every sum of up to 4 is exact in both formats.
+  for (bool bf16 : {false, true})
+    for (int world : {1, 2, 3, 4}) {
+      CAPTURE(bf16);
+      CAPTURE(world);
+      comm::InprocFabric fabric(world);
+      std::vector<std::future<Vec>> futures;
+      for (int r = 0; r < world; ++r)
+        futures.push_back(std::async(std::launch::async, [&, r] {
+          Vec data(kCount);
+          for (size_t i = 0; i < kCount; ++i) data[i] = static_cast<float>(int(i * 7 + r * 3) % 29 - 14) / 4;
+          auto reduction = comm::make_reduction(
+              comm::HalfPrecision{bf16}, comm::BucketBuffer{0, data.data(), kCount, comm::DataType::float32, kTensors});
+          comm::ReduceStep step;
+          step.group = {r, world};
+          step.scale = 0.5;
+          std::vector<comm::Stage> stages;
+          for (auto& b : reduction->stages(step)) stages.push_back({0, b});
+          comm::BlockingDriver driver;
+          auto status = driver.run(std::move(stages), fabric.transport(r), 30s);
+          if (!status.ok()) throw comm::Error(status.message());
+          return data;
+        }));
+      for (int r = 0; r < world; ++r) {
+        auto got = futures[static_cast<size_t>(r)].get();
+        for (size_t i = 0; i < kCount; ++i) {
+          float sum = 0;
+          for (int k = 0; k < world; ++k) sum += static_cast<float>(int(i * 7 + k * 3) % 29 - 14) / 4;
+          if (got[i] != sum * 0.5f) {
+            FAIL_CHECK("rank " << r << " element " << i << ": " << got[i] << " != " << sum * 0.5f);
+            break;
+          }
+        }
+      }
+    }
+}
+
+TEST_CASE("fp16 compression of random gradients stays within half precision of the exact average") {
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    auto out = run(comm::HalfPrecision{}, world, 2, 1.0 / world);
+    check_ranks_agree(out);
+    // Each of up to W-1 additions in half rounds by 2^-11 relative; magnitudes here are <= 5.
+    check_against(out, reference_sum(world, 2, 1.0 / world), 5 * world * std::ldexp(1.0, -11));
+  }
+}
+
+TEST_CASE("ByteGrad leaves every rank the same values, within two quantisation steps of the average") {
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    auto out = run(comm::ByteGrad{64}, world, 2, 1.0 / world);
+    check_ranks_agree(out);
+    // Inputs span at most [-5, 5] per block: each quantisation errs by <= 10/510, twice.
+    check_against(out, reference_sum(world, 2, 1.0 / world), 2 * 10.0 / 510 + 1e-5);
+  }
+}
+
+TEST_CASE("scaled sign compression with error feedback matches a single-process EF-SignSGD") {
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    auto out = run(comm::SignCompression{comm::SignMode::scaled, true}, world, 4, 1.0 / world);
+    check_ranks_agree(out);
+    check_against(out, reference_sign(world, 4, 1.0 / world, false, true), 1e-5);
+  }
+  auto no_ef = run(comm::SignCompression{comm::SignMode::scaled, false}, 3, 3, 1.0 / 3);
+  check_against(no_ef, reference_sign(3, 3, 1.0 / 3, false, false), 1e-5);
+}
+
+TEST_CASE("majority-vote sign compression gives the sign of the summed signs") {
+  for (int world : {1, 2, 3, 4, 5}) {
+    CAPTURE(world);
+    auto out = run(comm::SignCompression{comm::SignMode::majority_vote, false}, world, 2, 1.0);
+    check_ranks_agree(out);
+    check_against(out, reference_sign(world, 2, 1.0, true, false), 0.0);
+  }
+}
+
+TEST_CASE("top-k, random-k and block sparsification with error feedback match a single process") {
+  for (auto mode : {comm::SparseMode::top_k, comm::SparseMode::random_k, comm::SparseMode::block})
+    for (bool ef : {true, false})
+      for (int world : {1, 2, 3, 4}) {
+        CAPTURE(static_cast<int>(mode));
+        CAPTURE(ef);
+        CAPTURE(world);
+        comm::Sparsification c;
+        c.mode = mode;
+        c.ratio = 0.05;
+        c.error_feedback = ef;
+        c.seed = 42;
+        const size_t k = static_cast<size_t>(std::llround(0.05 * kCount));
+        auto out = run(c, world, 4, 1.0 / world);
+        check_ranks_agree(out);
+        check_against(out, reference_sparse(c, k, world, 4, 1.0 / world), 1e-6);
+      }
+}
+
+TEST_CASE("sparsification by count keeps that many coordinates per rank") {
+  comm::Sparsification c;
+  c.count = 10;
+  auto out = run(c, 1, 1, 1.0);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < kCount; ++i) nonzero += out[0][0][i] != 0.0f;
+  CHECK(nonzero == 10);
+  check_against(out, reference_sparse(c, 10, 1, 1, 1.0), 0.0);
+}
+
+TEST_CASE("PowerSGD with warm start and error feedback matches a double-precision reference") {
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    comm::PowerSGD c;
+    c.rank = 2;
+    c.start_iter = 1;  // step 0 is a full allreduce
+    c.min_compression_rate = 0;
+    c.seed = 7;
+    auto out = run(c, world, 4, 1.0 / world);
+    check_ranks_agree(out);
+    check_against(out, reference_power_sgd(c, world, 4, 1.0 / world), 2e-4);
+  }
+}
+
+TEST_CASE("PowerSGD without warm start agrees on every rank and is still a rank-r approximation") {
+  comm::PowerSGD c;
+  c.rank = 1;
+  c.start_iter = 0;
+  c.warm_start = false;
+  c.min_compression_rate = 0;
+  auto out = run(c, 3, 3, 1.0 / 3);
+  check_ranks_agree(out);
+  // A rank-1 matrix: every row of the 16 x 24 block is a multiple of one row.
+  const auto& m = out[0][2];
+  size_t pivot = 0;
+  for (size_t j = 0; j < 24; ++j)
+    if (std::abs(m[j]) > std::abs(m[pivot])) pivot = j;
+  for (size_t i = 1; i < 16; ++i) {
+    const double ratio = m[i * 24 + pivot] / m[pivot];
+    for (size_t j = 0; j < 24; ++j) CHECK(m[i * 24 + j] == doctest::Approx(ratio * m[j]).epsilon(1e-3).scale(1e-3));
+  }
+}
+
+TEST_CASE("PowerSGD sends matrices that would not shrink enough uncompressed") {
+  comm::PowerSGD c;
+  c.rank = 4;
+  c.start_iter = 0;
+  c.min_compression_rate = 1e9;  // nothing is worth compressing: a plain allreduce
+  auto out = run(c, 2, 2, 0.5);
+  check_against(out, reference_sum(2, 2, 0.5), 1e-6);
+}
+
+TEST_CASE("bad algorithm settings are rejected with the setting, its value and what is allowed") {
+  comm::BucketBuffer bucket{3, nullptr, 10, comm::DataType::float32, {{0, 10, 1}}};
+  CHECK_THROWS_WITH(comm::make_reduction(comm::PowerSGD{0}, bucket),
+                    "PowerSGD.rank=0 (expected >= 1)");
+  comm::Sparsification zero;
+  zero.ratio = 0;
+  CHECK_THROWS_WITH(comm::make_reduction(zero, bucket),
+                    "Sparsification.ratio=0 (expected 0 < ratio <= 1, or a count > 0)");
+  comm::Sparsification big;
+  big.ratio = 1.5;
+  CHECK_THROWS_WITH(comm::make_reduction(big, bucket),
+                    "Sparsification.ratio=1.5 (expected 0 < ratio <= 1, or a count > 0)");
+  CHECK_THROWS_WITH(comm::make_reduction(comm::ByteGrad{0}, bucket),
+                    "ByteGrad.block=0 (expected >= 1 element per block)");
+  CHECK_THROWS_WITH(
+      comm::make_reduction(comm::SignCompression{comm::SignMode::majority_vote, true}, bucket),
+      doctest::Contains("error_feedback=true with mode majority_vote"));
+  comm::BucketBuffer doubles{3, nullptr, 10, comm::DataType::float64, {{0, 10, 1}}};
+  CHECK_THROWS_WITH(comm::make_reduction(comm::PowerSGD{}, doubles),
+                    "powersgd(rank=2) compresses float32 gradients; bucket 3 holds float64 (use "
+                    "GradientAllReduce for other types)");
+  CHECK_NOTHROW(comm::make_reduction(comm::GradientAllReduce{}, doubles));
+}
+
+TEST_CASE("algorithm specs from the command line parse, and mistakes name the key and value") {
+  auto p = std::get<comm::PowerSGD>(comm::parse_compression("powersgd:rank=4,start_iter=0,warm_start=false"));
+  CHECK(p.rank == 4);
+  CHECK(p.start_iter == 0);
+  CHECK_FALSE(p.warm_start);
+  auto t = std::get<comm::Sparsification>(comm::parse_compression("randomk:ratio=0.02,seed=9,ef=0"));
+  CHECK(t.mode == comm::SparseMode::random_k);
+  CHECK(t.ratio == 0.02);
+  CHECK(t.seed == 9);
+  CHECK_FALSE(t.error_feedback);
+  CHECK(std::get<comm::HalfPrecision>(comm::parse_compression("bf16")).bfloat16);
+  auto vote = std::get<comm::SignCompression>(comm::parse_compression("sign-vote"));
+  CHECK(vote.mode == comm::SignMode::majority_vote);
+  CHECK_FALSE(vote.error_feedback);
+  CHECK(std::holds_alternative<comm::GradientAllReduce>(comm::parse_compression("allreduce")));
+  CHECK_THROWS_WITH(comm::parse_compression("zip"),
+                    "--algorithm 'zip' is not an algorithm (expected allreduce, fp16, bf16, "
+                    "bytegrad, sign, sign-vote, topk, randomk, blockk or powersgd)");
+  CHECK_THROWS_WITH(comm::parse_compression("powersgd:rank=two"),
+                    "--algorithm powersgd: rank=two (expected a non-negative integer)");
+  CHECK_THROWS_WITH(comm::parse_compression("topk:k=5"),
+                    "--algorithm topk: unknown key 'k' (allowed: ratio, count, seed, ef)");
+  CHECK_THROWS_WITH(comm::parse_compression("fp16:ratio=1"),
+                    "--algorithm fp16: unknown key 'ratio' (allowed: none)");
+  CHECK_THROWS_WITH(comm::parse_compression("topk:ratio"),
+                    "--algorithm topk:ratio: 'ratio' is not key=value");
+  CHECK_THROWS_WITH(comm::parse_compression("powersgd:rank=0"), "PowerSGD.rank=0 (expected >= 1)");
+}
