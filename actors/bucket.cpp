@@ -7,7 +7,6 @@
 
 #include "actors/atoms.h"
 #include "comm/collectives/schedule.h"
-#include "comm/reduce.h"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
 
@@ -24,6 +23,7 @@ namespace {
 struct BucketState {
   BucketPlan plan;
   ReduceSettings settings;
+  std::shared_ptr<comm::Reduction> reduction;
   std::shared_ptr<comm::Transport> transport;
   caf::actor reducer;
   std::shared_ptr<BucketStats> stats;
@@ -82,19 +82,20 @@ void launch(Bucket* self, double divisor) {
            comm::Status::failure(st.broken, st.broken_peer));
     return;
   }
-  const int world = st.transport->world_size();
   const auto& plan = st.plan;
-  comm::ReduceOp op = comm::ReduceOp::sum;
-  double after = 1.0;  // factor applied after the reduction
-  if (st.settings.average) {
-    if (st.settings.divide_before) comm::scale(plan.data, plan.count, plan.type, 1.0 / divisor);
-    else if (divisor == world) op = comm::ReduceOp::avg;
-    else after = 1.0 / divisor;
-  }
-  auto schedule = comm::allreduce_schedule(comm::Group{st.transport->rank(), world}, plan.data,
-                                           plan.count, plan.type, op, st.settings.collectives);
-  const uint32_t key = st.settings.key_prefix | (st.step & 0xffffu) << 12 |
-                       static_cast<uint32_t>(plan.index);
+  comm::ReduceStep step;
+  step.group = comm::Group{st.transport->rank(), st.transport->world_size()};
+  step.step = st.step;
+  step.scale = st.settings.average ? 1.0 / divisor : 1.0;
+  step.divide_before = st.settings.divide_before;
+  step.collectives = st.settings.collectives;
+  auto builders = st.reduction->stages(step);
+  std::vector<comm::Stage> stages;
+  for (size_t i = 0; i < builders.size(); ++i)
+    stages.push_back(comm::Stage{st.settings.key_prefix | (st.step & 0xfffu) << 16 |
+                                     static_cast<uint32_t>(i) << 12 |
+                                     static_cast<uint32_t>(plan.index),
+                                 std::move(builders[i])});
   caf::actor me = caf::actor_cast<caf::actor>(self);
   comm::Post post;
   if (st.transport->serial_callbacks()) {
@@ -103,11 +104,10 @@ void launch(Bucket* self, double divisor) {
   } else {
     post = [me](std::function<void()> fn) { caf::anon_send(me, run_atom::value, std::move(fn)); };
   }
-  auto execution = std::make_shared<comm::Execution>(st.transport, key, std::move(schedule), post);
+  auto execution = std::make_shared<comm::Execution>(st.transport, std::move(stages), post);
   // Runs on whichever thread ends the execution: touches only what it captured.
-  execution->on_done([plan, after, step = st.step, stats = st.stats, reducer = st.reducer,
+  execution->on_done([plan, step = st.step, stats = st.stats, reducer = st.reducer,
                       raw = execution.get()](const comm::Status& status) {
-    if (status.ok() && after != 1.0) comm::scale(plan.data, plan.count, plan.type, after);
     stats->bytes_sent = raw->bytes_sent();
     stats->bytes_received = raw->bytes_received();
     report(plan.index, step, *stats, reducer, status);
@@ -117,11 +117,13 @@ void launch(Bucket* self, double divisor) {
 }
 
 caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
+                     std::shared_ptr<comm::Reduction> reduction,
                      std::shared_ptr<comm::Transport> transport, caf::actor reducer,
                      std::shared_ptr<BucketStats> stats) {
   auto& st = self->state;
   st.plan = plan;
   st.settings = settings;
+  st.reduction = std::move(reduction);
   st.transport = std::move(transport);
   st.reducer = std::move(reducer);
   st.stats = std::move(stats);
@@ -173,10 +175,11 @@ caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
 }  // namespace
 
 caf::actor spawn_bucket(caf::actor_system& system, BucketPlan plan, ReduceSettings settings,
+                        std::shared_ptr<comm::Reduction> reduction,
                         std::shared_ptr<comm::Transport> transport, caf::actor reducer,
                         std::shared_ptr<BucketStats> stats) {
-  return system.spawn(bucket, plan, settings, std::move(transport), std::move(reducer),
-                      std::move(stats));
+  return system.spawn(bucket, plan, settings, std::move(reduction), std::move(transport),
+                      std::move(reducer), std::move(stats));
 }
 
 }  // namespace troupe::actors

@@ -57,6 +57,7 @@ struct Targets {
 struct DistributedModule::Impl {
   Runtime& rt;
   std::shared_ptr<torch::nn::Module> module;
+  Algorithm algorithm;
   DdpOptions opt;
   int rank = 0;
   int world = 1;
@@ -97,8 +98,8 @@ struct DistributedModule::Impl {
   StepMetrics metrics;
   std::vector<TraceEvent> trace;
 
-  Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, DdpOptions o)
-      : rt(r), module(std::move(m)), opt(std::move(o)) {}
+  Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
+      : rt(r), module(std::move(m)), algorithm(std::move(a)), opt(std::move(o)) {}
 
   void check_options();
   void collect_parameters();
@@ -139,6 +140,11 @@ void DistributedModule::Impl::check_options() {
   if (opt.align_bytes == 0 || (opt.align_bytes & (opt.align_bytes - 1)) != 0)
     throw comm::Error("DdpOptions.align_bytes=" + std::to_string(opt.align_bytes) +
                       " (expected a power of two)");
+  comm::validate(algorithm);
+  if (!std::holds_alternative<GradientAllReduce>(algorithm) && !opt.agg_grad)
+    throw comm::Error(comm::algorithm_name(algorithm) +
+                      " compresses gradients: it needs DdpOptions.agg_grad = true (weights are "
+                      "averaged with GradientAllReduce)");
   if (opt.stall_timeout.count() <= 0)
     throw comm::Error("DdpOptions.stall_timeout=" + std::to_string(opt.stall_timeout.count()) +
                       " ms (expected > 0)");
@@ -158,7 +164,7 @@ void DistributedModule::Impl::collect_parameters() {
 
 // Every rank describes its model; rank by rank, the first difference is reported by name.
 void DistributedModule::Impl::verify_same_model() {
-  std::string mine;
+  std::string mine = "algorithm " + comm::algorithm_name(algorithm) + "\n";
   for (size_t i = 0; i < params.size(); ++i) mine += names[i] + " " + shape_of(params[i]) + "\n";
   for (auto& b : module->named_buffers(true))
     mine += "buffer " + b.key() + " " + shape_of(b.value()) + "\n";
@@ -254,6 +260,9 @@ void DistributedModule::Impl::spawn_actors() {
   std::vector<caf::actor> handles;
   std::vector<std::vector<std::string>> bucket_names;
   std::vector<int> expected;
+  if (buckets.size() > 4096)
+    throw comm::Error("DistributedModule: " + std::to_string(buckets.size()) +
+                      " buckets (at most 4096; raise bucket_bytes or use Aggregation::bucket)");
   for (size_t b = 0; b < buckets.size(); ++b) {
     auto& bucket = buckets[b];
     bucket.stats = std::make_shared<actors::BucketStats>();
@@ -263,8 +272,18 @@ void DistributedModule::Impl::spawn_actors() {
     plan.count = static_cast<size_t>(bucket.flat.numel());
     plan.type = bucket.type;
     plan.parameters = static_cast<int>(bucket.params.size());
-    bucket.actor = actors::spawn_bucket(system, plan, settings, rt.transport(), reducer,
-                                        bucket.stats);
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const auto& p = params[static_cast<size_t>(bucket.params[k])];
+      comm::TensorSlot slot;
+      slot.offset = static_cast<size_t>(bucket.offsets[k]);
+      slot.count = static_cast<size_t>(p.numel());
+      slot.rows = p.dim() >= 2 ? static_cast<size_t>(p.size(0)) : 1;
+      plan.tensors.push_back(slot);
+    }
+    comm::BucketBuffer buffer{plan.index, plan.data, plan.count, plan.type, plan.tensors};
+    auto reduction = comm::make_reduction(algorithm, buffer);
+    bucket.actor = actors::spawn_bucket(system, plan, settings, std::move(reduction),
+                                        rt.transport(), reducer, bucket.stats);
     handles.push_back(bucket.actor);
     std::vector<std::string> n;
     for (int p : bucket.params) n.push_back(names[static_cast<size_t>(p)]);
@@ -354,9 +373,10 @@ std::vector<torch::Tensor> DistributedModule::Impl::state_tensors() {
 }
 
 DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                                     GradientAllReduce, DdpOptions options) {
+                                     Algorithm algorithm, DdpOptions options) {
   if (!module) throw comm::Error("DistributedModule: module is null");
-  impl_ = std::make_unique<Impl>(runtime, std::move(module), std::move(options));
+  impl_ = std::make_unique<Impl>(runtime, std::move(module), std::move(algorithm),
+                                 std::move(options));
   auto& m = *impl_;
   m.check_options();
   m.rank = runtime.rank();
@@ -530,6 +550,10 @@ void DistributedModule::allreduce_parameters() {
 }
 
 const StepMetrics& DistributedModule::last_step() const { return impl_->metrics; }
+
+std::string DistributedModule::algorithm_name() const {
+  return comm::algorithm_name(impl_->algorithm);
+}
 
 size_t DistributedModule::bucket_count() const { return impl_->buckets.size(); }
 

@@ -29,12 +29,23 @@
 #include <string>
 #include <vector>
 
+#include "comm/compression/algorithms.h"
 #include "runtime/runtime.h"
 
 namespace troupe {
 
-/// Gradient allreduce (PyTorch DDP, Horovod): every step averages the gradients of all ranks.
-struct GradientAllReduce {};
+// The algorithms of the gradient buckets (comm/compression/algorithms.h says what each does).
+using comm::ByteGrad;
+using comm::GradientAllReduce;
+using comm::HalfPrecision;
+using comm::PowerSGD;
+using comm::SignCompression;
+using comm::SignMode;
+using comm::SparseMode;
+using comm::Sparsification;
+/// What a DistributedModule runs on its buckets: GradientAllReduce{} (the default),
+/// HalfPrecision{}, ByteGrad{}, SignCompression{}, Sparsification{}, PowerSGD{.rank = 2}.
+using Algorithm = comm::Compression;
 
 /// How gradients (or weights) are grouped into reductions (mlbench-core's by-layer / by-model).
 enum class Aggregation {
@@ -88,8 +99,9 @@ struct StepMetrics {
 
 class DistributedModule {
  public:
+  /// Compressed algorithms need agg_grad (they compress gradients) and float32 parameters.
   DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                    GradientAllReduce algorithm = {}, DdpOptions options = {});
+                    Algorithm algorithm = GradientAllReduce{}, DdpOptions options = {});
   ~DistributedModule();
   DistributedModule(const DistributedModule&) = delete;
   DistributedModule& operator=(const DistributedModule&) = delete;
@@ -123,6 +135,8 @@ class DistributedModule {
   void allreduce_parameters();
 
   const StepMetrics& last_step() const;
+  /// The algorithm's name and main setting ("allreduce", "powersgd(rank=2)", ...).
+  std::string algorithm_name() const;
   size_t bucket_count() const;
   /// The names of the parameters of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameters() const;

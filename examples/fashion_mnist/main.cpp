@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   double lr = 0.05, momentum = 0.9;
   uint64_t seed = 42;
   DdpOptions ddp_options;
+  std::string algorithm = "allreduce";
   app.add_option("--data", data_dir, "Folder with the four *-ubyte.gz files");
   app.add_option("--model", model_name, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}));
   app.add_option("--epochs", epochs, "Epochs")->check(CLI::PositiveNumber);
@@ -30,6 +31,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", log_every, "Steps between progress lines")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "Intra-op threads per rank")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "Seed of the shards and the batch order");
+  app.add_option("--algorithm", algorithm,
+                 "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk or "
+                 "powersgd, with settings: powersgd:rank=2,start_iter=10 or topk:ratio=0.01");
   app.add_flag("--delay-reduce", ddp_options.delay_reduce, "Reduce after backward (no overlap)");
   app.add_option("--trace", ddp_options.trace_path,
                  "Write a Chrome trace per rank here ({rank} is replaced)");
@@ -55,12 +59,12 @@ int main(int argc, char** argv) {
       forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
     }
     torch::optim::SGD opt(module->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
-    DistributedModule ddp(rt, module, GradientAllReduce{}, ddp_options);
+    DistributedModule ddp(rt, module, comm::parse_compression(algorithm), ddp_options);
     if (rank == 0)
-      std::printf("fashion_mnist: %s, %d rank(s), %lld training images per rank, batch %d per "
-                  "rank, %zu bucket(s)\n",
-                  model_name.c_str(), world, static_cast<long long>(examples::size(train)), batch,
-                  ddp.bucket_count());
+      std::printf("fashion_mnist: %s, %s, %d rank(s), %lld training images per rank, batch %d "
+                  "per rank, %zu bucket(s)\n",
+                  model_name.c_str(), ddp.algorithm_name().c_str(), world,
+                  static_cast<long long>(examples::size(train)), batch, ddp.bucket_count());
 
     examples::BatchIterator batches(train, batch, seed);
     int64_t step = 0;
@@ -94,7 +98,8 @@ int main(int argc, char** argv) {
       }
       if (rank == 0) {
         double acc = examples::accuracy(*module, forward, test);
-        std::printf("epoch %d test accuracy %.2f%%\n", epoch + 1, acc * 100);
+        std::printf("epoch %d test accuracy %.2f%% bytes sent per step %.0f\n", epoch + 1,
+                    acc * 100, step ? static_cast<double>(sent) / static_cast<double>(step) : 0.0);
         std::fflush(stdout);
       }
     }

@@ -11,6 +11,8 @@ struct DdpBench {
   int steps = 50;
   bool json = false;
   bool delay_reduce = false;
+  /// The bucket algorithm, as comm::parse_compression reads it ("allreduce", "powersgd:rank=2").
+  std::string algorithm = "allreduce";
 };
 
 /// world 1: compute alone (no DistributedModule); world > 1: launches `world` copies of

@@ -67,6 +67,7 @@ struct Case {
   Optim optim = Optim::sgd_momentum;
   double denominator = 0;  // 0: default (world size)
   double loss_scale = 1;   // what the reference multiplies its loss by to match
+  Algorithm algorithm = GradientAllReduce{};
 };
 
 // K steps on `world` ranks, each on its slice of the batch, against one process on the whole
@@ -94,7 +95,7 @@ double max_difference(const Case& c, int world, int steps = 3) {
   auto errors = run_threads(world, [&](int r, Runtime& rt) {
     auto model = replicas[static_cast<size_t>(r)];
     auto opt = make_optimizer(c.optim, model);
-    DistributedModule ddp(rt, model, GradientAllReduce{}, c.options);
+    DistributedModule ddp(rt, model, c.algorithm, c.options);
     for (int s = 0; s < steps; ++s) {
       opt->zero_grad();
       if (c.denominator > 0) ddp.set_denominator(c.denominator);
@@ -420,4 +421,97 @@ TEST_CASE("allreduce_parameters averages the weights and broadcast_parameters co
     CHECK(torch::allclose(averaged[r], torch::full_like(averaged[r], 2.0)));
     CHECK(torch::allclose(broadcast[r], torch::full_like(broadcast[r], 5.0)));
   }
+}
+
+TEST_CASE("compressed algorithms run in the bucket flow and leave every rank the same parameters") {
+  torch::set_num_threads(1);
+  const int world = 3;
+  std::vector<std::pair<std::string, Algorithm>> algorithms = {
+      {"allreduce", GradientAllReduce{}},
+      {"fp16", HalfPrecision{}},
+      {"bf16", HalfPrecision{true}},
+      {"bytegrad", ByteGrad{}},
+      {"sign", SignCompression{}},
+      {"sign-vote", SignCompression{SignMode::majority_vote, false}},
+      {"topk", Sparsification{SparseMode::top_k, 0.02}},
+      {"randomk", Sparsification{SparseMode::random_k, 0.1}},
+      {"blockk", Sparsification{SparseMode::block, 0.1}},
+      {"powersgd", PowerSGD{1, true, true, 0.0, 0}},
+  };
+  std::map<std::string, size_t> bytes;
+  for (auto& [name, algorithm] : algorithms) {
+    CAPTURE(name);
+    torch::manual_seed(3);
+    std::vector<std::shared_ptr<Mlp>> replicas;
+    for (int r = 0; r < world; ++r) replicas.push_back(std::make_shared<Mlp>(16, 64, 4));
+    std::vector<size_t> sent(world);
+    auto errors = run_threads(world, [&](int r, Runtime& rt) {
+      auto model = replicas[static_cast<size_t>(r)];
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
+      DdpOptions o;
+      o.bucket_bytes = 8192;
+      o.first_bucket_bytes = 1024;
+      DistributedModule ddp(rt, model, algorithm, o);
+      torch::manual_seed(100 + r);
+      for (int s = 0; s < 3; ++s) {
+        opt.zero_grad();
+        torch::mse_loss(model->forward(torch::randn({8, 16})), torch::randn({8, 4})).backward();
+        ddp.step(opt);
+      }
+      sent[static_cast<size_t>(r)] = ddp.last_step().bytes_sent;
+    });
+    for (auto& e : errors) CHECK(e == "");
+    for (int r = 1; r < world; ++r) {
+      auto a = replicas[0]->parameters(), b = replicas[static_cast<size_t>(r)]->parameters();
+      for (size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
+    }
+    bytes[name] = sent[0];
+  }
+  // Bytes rank 0 sent in the last step, against the full-precision allreduce of the same buckets.
+  const double full = static_cast<double>(bytes["allreduce"]);
+  CHECK(full >= 5508 * 4);  // 5508 float32 gradients (small buckets: recursive doubling)
+  CHECK(bytes["fp16"] * 2 == bytes["allreduce"]);
+  CHECK(bytes["bf16"] * 2 == bytes["allreduce"]);
+  CHECK(bytes["bytegrad"] < full / 2.5);  // ~4x against the ring; less against doubling
+  CHECK(bytes["sign"] < full / 8);
+  CHECK(bytes["topk"] < full / 4);
+  CHECK(bytes["randomk"] < full / 8);
+  CHECK(bytes["powersgd"] < full / 4);
+}
+
+TEST_CASE("PowerSGD before start_iter and fp16 on exact values match the full-allreduce reference") {
+  torch::set_num_threads(1);
+  Case c;
+  c.options.bucket_bytes = 200;
+  c.options.first_bucket_bytes = 100;
+  c.algorithm = PowerSGD{2, true, true, 2.0, 100};
+  CHECK(max_difference(c, 3) < 1e-5);
+  c.algorithm = HalfPrecision{};
+  CHECK(max_difference(c, 2) < 2e-3);  // gradients rounded to fp16 (2^-11 relative) for 3 steps
+}
+
+TEST_CASE("a compressed algorithm with weight averaging, or a bad setting, is refused clearly") {
+  auto errors = run_threads(1, [](int, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(4, 4, 2);
+    DdpOptions o;
+    o.agg_grad = false;
+    CHECK_THROWS_WITH(DistributedModule(rt, model, PowerSGD{}, o),
+                      "powersgd(rank=2) compresses gradients: it needs DdpOptions.agg_grad = true "
+                      "(weights are averaged with GradientAllReduce)");
+    CHECK_THROWS_WITH(DistributedModule(rt, model, ByteGrad{0}),
+                      "ByteGrad.block=0 (expected >= 1 element per block)");
+  });
+  for (auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("ranks that choose different algorithms get an error naming both, not a hang") {
+  auto errors = run_threads(2, [](int r, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(4, 4, 2);
+    if (r == 0) DistributedModule(rt, model, PowerSGD{});
+    else DistributedModule(rt, model, GradientAllReduce{});
+  });
+  for (auto& e : errors)
+    CHECK(e == "model mismatch between rank 0 and rank 1 at entry 0: rank 0 has 'algorithm "
+               "powersgd(rank=2)', rank 1 has 'algorithm allreduce' (every rank must wrap the "
+               "same model)");
 }
