@@ -10,12 +10,17 @@ nll_loss(log_softmax(output)), one intra-op thread per rank.
               step alone -- the compute-only baseline that overheads are measured against.
   --world N   N processes on 127.0.0.1 (gloo), the model wrapped in
               torch.nn.parallel.DistributedDataParallel (default bucket_cap_mb 25).
+  --hook H    a DDP communication hook (world > 1): none (plain allreduce), fp16
+              (default_hooks.fp16_compress_hook), or powersgd (powerSGD_hook.powerSGD_hook,
+              matrix_approximation_rank --rank, start_powerSGD_iter 2, warm start and error
+              feedback on: its defaults).
 
 A step is zero_grad, forward, loss, backward, optimizer step, timed with time.perf_counter in a
 loop with no barriers. The first 5 steps are warm-up and not counted. Each rank takes the median
 of its S step times; step_sec is the largest of those medians over ranks (rank 0's own median is
 shown in the human-readable line). With --json the output is exactly one JSON object:
-{"impl": "torch_ddp", "world": N, "model": "mlp", "batch": B, "steps": S, "step_sec": sec}
+{"impl": "torch_ddp", "hook": H, "world": N, "model": "mlp", "batch": B, "steps": S,
+ "step_sec": sec}
 
     /usr/bin/python3 bench/ddp_torch.py --world 2 --model mlp --batch 64 --steps 50 [--json]
 """
@@ -83,18 +88,31 @@ def train_and_time(torch, model, batch, steps, rank):
 
 def report(args, step_sec, rank0_sec, params):
     if args.json:
-        print(json.dumps({"impl": "torch_ddp", "world": args.world, "model": args.model,
+        print(json.dumps({"impl": "torch_ddp", "hook": args.hook, "world": args.world,
+                          "model": args.model,
                           "batch": args.batch, "steps": args.steps, "step_sec": step_sec}),
               flush=True)
         return
     import torch
     mode = ("compute alone (no DDP, no process group)" if args.world == 1
-            else "DistributedDataParallel, gloo, loopback")
+            else f"DistributedDataParallel, gloo, loopback, hook {args.hook}")
     print(f"torch {torch.__version__} {mode}: world {args.world}, model {args.model} "
           f"({params / 1e6:.1f}M params), batch {args.batch}, {args.steps} steps "
           f"(+{WARMUP_STEPS} warm-up), 1 thread per rank: "
           f"step_sec {step_sec * 1e3:.2f} ms (max over ranks of the median), "
           f"rank 0 median {rank0_sec * 1e3:.2f} ms", flush=True)
+
+
+def register_hook(torch, model, args):
+    if args.hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.hook == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=args.rank,
+                                            start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
 def run_alone(args):
@@ -114,6 +132,7 @@ def run_rank(rank, args, port):
     with gloo_group(rank, args.world, port) as dist:
         torch.manual_seed(SEED + rank)  # DDP broadcasts rank 0's parameters at construction
         model = torch.nn.parallel.DistributedDataParallel(build_mlp(torch))
+        register_hook(torch, model, args)
         params = sum(p.numel() for p in model.parameters())
         median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank))
         slowest = torch.tensor([median], dtype=torch.float64)
@@ -134,6 +153,10 @@ def main():
     parser.add_argument("--steps", type=positive_int, default=50,
                         help=f"timed steps (after {WARMUP_STEPS} warm-up steps)")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    parser.add_argument("--hook", default="none", choices=("none", "fp16", "powersgd"),
+                        help="DDP communication hook (world > 1)")
+    parser.add_argument("--rank", type=positive_int, default=2,
+                        help="PowerSGD matrix_approximation_rank")
     args = parser.parse_args()
     if args.model not in MODELS:
         parser.error(f"--model '{args.model}': unknown model; expected one of: "

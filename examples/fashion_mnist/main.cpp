@@ -98,8 +98,10 @@ int main(int argc, char** argv) {
       }
       if (rank == 0) {
         double acc = examples::accuracy(*module, forward, test);
-        std::printf("epoch %d test accuracy %.2f%% bytes sent per step %.0f\n", epoch + 1,
-                    acc * 100, step ? static_cast<double>(sent) / static_cast<double>(step) : 0.0);
+        std::printf("epoch %d test accuracy %.2f%% bytes sent per step %.0f (last step %zu)\n",
+                    epoch + 1, acc * 100,
+                    step ? static_cast<double>(sent) / static_cast<double>(step) : 0.0,
+                    ddp.last_step().bytes_sent);
         std::fflush(stdout);
       }
     }
