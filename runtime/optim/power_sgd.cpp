@@ -1,0 +1,61 @@
+#include "runtime/optim/power_sgd.h"
+
+#include <torch/optim/sgd.h>
+
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "comm/status.h"
+
+namespace troupe::optim {
+
+namespace {
+
+std::string number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+}  // namespace
+
+PowerSgdOptimizerOptions::PowerSgdOptimizerOptions(double lr) : lr_(lr) {}
+
+void validate(const PowerSgdOptimizerOptions& o) {
+  if (!(o.lr() > 0))
+    throw comm::Error("PowerSgdOptimizerOptions.lr=" + number(o.lr()) + " (expected > 0)");
+  if (!(o.momentum() >= 0))
+    throw comm::Error("PowerSgdOptimizerOptions.momentum=" + number(o.momentum()) +
+                      " (expected >= 0)");
+  if (!(o.weight_decay() >= 0))
+    throw comm::Error("PowerSgdOptimizerOptions.weight_decay=" + number(o.weight_decay()) +
+                      " (expected >= 0)");
+  if (o.nesterov() && !(o.momentum() > 0))
+    throw comm::Error("PowerSgdOptimizerOptions.nesterov=true with momentum=" +
+                      number(o.momentum()) + " (expected momentum > 0)");
+  comm::validate(comm::Compression(o.algorithm()));
+}
+
+PowerSGD::PowerSGD(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                   PowerSgdOptimizerOptions options) {
+  validate(options);
+  auto parameters = module->parameters();
+  ddp_ = std::make_unique<DistributedModule>(runtime, std::move(module), options.algorithm(),
+                                             options.ddp());
+  sgd_ = std::make_unique<torch::optim::SGD>(std::move(parameters),
+                                             torch::optim::SGDOptions(options.lr())
+                                                 .momentum(options.momentum())
+                                                 .weight_decay(options.weight_decay())
+                                                 .nesterov(options.nesterov()));
+}
+
+PowerSGD::~PowerSGD() = default;
+
+void PowerSGD::step() { ddp_->step(*sgd_); }
+
+void PowerSGD::zero_grad() { sgd_->zero_grad(); }
+
+torch::optim::Optimizer& PowerSGD::sgd() { return *sgd_; }
+
+}  // namespace troupe::optim
