@@ -1,5 +1,6 @@
 #pragma once
 /// Status and Error: how comm/ reports the outcome of an operation.
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -39,5 +40,12 @@ class Error : public std::runtime_error {
  private:
   int peer_;
 };
+
+/// A number as error messages show it: the shortest form that reads back ("0.01", "1e-05", "2").
+inline std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.10g", value);
+  return text;
+}
 
 }  // namespace troupe::comm

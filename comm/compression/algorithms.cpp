@@ -21,11 +21,6 @@ struct Overloaded : F... {
 template <class... F>
 Overloaded(F...) -> Overloaded<F...>;
 
-std::string number(double v) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", v);
-  return text;
-}
 
 }  // namespace
 
@@ -43,7 +38,7 @@ std::string algorithm_name(const Compression& algorithm) {
             std::string s = c.mode == SparseMode::top_k    ? "top-k"
                             : c.mode == SparseMode::random_k ? "random-k"
                                                              : "block-k";
-            s += c.count ? "(k=" + std::to_string(c.count) + ")" : "(" + number(c.ratio) + ")";
+            s += c.count ? "(k=" + std::to_string(c.count) + ")" : "(" + number_text(c.ratio) + ")";
             return c.error_feedback ? s + "+ef" : s;
           },
           [](const PowerSGD& c) -> std::string {
@@ -68,13 +63,13 @@ void validate(const Compression& algorithm) {
           },
           [](const Sparsification& c) {
             if (c.count == 0 && !(c.ratio > 0 && c.ratio <= 1))
-              throw Error("Sparsification.ratio=" + number(c.ratio) +
+              throw Error("Sparsification.ratio=" + number_text(c.ratio) +
                           " (expected 0 < ratio <= 1, or a count > 0)");
           },
           [](const PowerSGD& c) {
             if (c.rank < 1) throw Error("PowerSGD.rank=" + std::to_string(c.rank) + " (expected >= 1)");
             if (!(c.min_compression_rate >= 0))
-              throw Error("PowerSGD.min_compression_rate=" + number(c.min_compression_rate) +
+              throw Error("PowerSGD.min_compression_rate=" + number_text(c.min_compression_rate) +
                           " (expected >= 0)");
           },
       },

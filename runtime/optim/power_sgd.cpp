@@ -12,11 +12,7 @@ namespace troupe::optim {
 
 namespace {
 
-std::string number(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
+using comm::number_text;
 
 }  // namespace
 
@@ -24,16 +20,16 @@ PowerSgdOptimizerOptions::PowerSgdOptimizerOptions(double lr) : lr_(lr) {}
 
 void validate(const PowerSgdOptimizerOptions& o) {
   if (!(o.lr() > 0))
-    throw comm::Error("PowerSgdOptimizerOptions.lr=" + number(o.lr()) + " (expected > 0)");
+    throw comm::Error("PowerSgdOptimizerOptions.lr=" + number_text(o.lr()) + " (expected > 0)");
   if (!(o.momentum() >= 0))
-    throw comm::Error("PowerSgdOptimizerOptions.momentum=" + number(o.momentum()) +
+    throw comm::Error("PowerSgdOptimizerOptions.momentum=" + number_text(o.momentum()) +
                       " (expected >= 0)");
   if (!(o.weight_decay() >= 0))
-    throw comm::Error("PowerSgdOptimizerOptions.weight_decay=" + number(o.weight_decay()) +
+    throw comm::Error("PowerSgdOptimizerOptions.weight_decay=" + number_text(o.weight_decay()) +
                       " (expected >= 0)");
   if (o.nesterov() && !(o.momentum() > 0))
     throw comm::Error("PowerSgdOptimizerOptions.nesterov=true with momentum=" +
-                      number(o.momentum()) + " (expected momentum > 0)");
+                      number_text(o.momentum()) + " (expected momentum > 0)");
   comm::validate(comm::Compression(o.algorithm()));
 }
 

@@ -14,11 +14,7 @@ namespace troupe::optim {
 
 namespace {
 
-std::string number(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
+using comm::number_text;
 
 void check_groups(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -59,15 +55,15 @@ void SignSgdParamState::serialize(torch::serialize::InputArchive& archive) {
 }
 
 void validate(const SignSgdOptions& o) {
-  if (!(o.lr() > 0)) throw comm::Error("SignSgdOptions.lr=" + number(o.lr()) + " (expected > 0)");
+  if (!(o.lr() > 0)) throw comm::Error("SignSgdOptions.lr=" + number_text(o.lr()) + " (expected > 0)");
   if (!(o.momentum() >= 0))
-    throw comm::Error("SignSgdOptions.momentum=" + number(o.momentum()) + " (expected >= 0)");
+    throw comm::Error("SignSgdOptions.momentum=" + number_text(o.momentum()) + " (expected >= 0)");
   if (!(o.weight_decay() >= 0))
-    throw comm::Error("SignSgdOptions.weight_decay=" + number(o.weight_decay()) +
+    throw comm::Error("SignSgdOptions.weight_decay=" + number_text(o.weight_decay()) +
                       " (expected >= 0)");
   if (o.nesterov() && !(o.momentum() > 0 && o.dampening() == 0))
-    throw comm::Error("SignSgdOptions.nesterov=true with momentum=" + number(o.momentum()) +
-                      " and dampening=" + number(o.dampening()) +
+    throw comm::Error("SignSgdOptions.nesterov=true with momentum=" + number_text(o.momentum()) +
+                      " and dampening=" + number_text(o.dampening()) +
                       " (expected momentum > 0 and dampening = 0)");
 }
 

@@ -20,11 +20,7 @@ namespace troupe::optim {
 
 namespace {
 
-std::string number(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
+using comm::number_text;
 
 const SparsifiedSgdOptions& options_of(const torch::optim::OptimizerParamGroup& group) {
   return static_cast<const SparsifiedSgdOptions&>(group.options());
@@ -68,15 +64,15 @@ SparsifiedSgdOptions::SparsifiedSgdOptions(double lr) : lr_(lr) {}
 
 void validate(const SparsifiedSgdOptions& o) {
   if (!(o.lr() > 0))
-    throw comm::Error("SparsifiedSgdOptions.lr=" + number(o.lr()) + " (expected > 0)");
+    throw comm::Error("SparsifiedSgdOptions.lr=" + number_text(o.lr()) + " (expected > 0)");
   if (!(o.weight_decay() >= 0))
-    throw comm::Error("SparsifiedSgdOptions.weight_decay=" + number(o.weight_decay()) +
+    throw comm::Error("SparsifiedSgdOptions.weight_decay=" + number_text(o.weight_decay()) +
                       " (expected >= 0)");
   if (o.count() == 0 && !(o.ratio() > 0 && o.ratio() <= 1))
-    throw comm::Error("SparsifiedSgdOptions.ratio=" + number(o.ratio()) +
+    throw comm::Error("SparsifiedSgdOptions.ratio=" + number_text(o.ratio()) +
                       " with count=0 (expected 0 < ratio <= 1, or a count > 0)");
   if (!(o.average_shift() >= 0) || std::isinf(o.average_shift()))
-    throw comm::Error("SparsifiedSgdOptions.average_shift=" + number(o.average_shift()) +
+    throw comm::Error("SparsifiedSgdOptions.average_shift=" + number_text(o.average_shift()) +
                       " (expected > 0, or 0 for max(1, d / k))");
 }
 
