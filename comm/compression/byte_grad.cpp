@@ -26,9 +26,10 @@ class ByteGradReduction final : public Reduction {
     // Every chunk's encoding gets the same slot, in whole int32 words (the collectives' unit).
     stride_words_ = (minmax8_bytes(largest, config_.block) + 3) / 4;
     const size_t slot = stride_words_ * 4;
-    send_.assign(slot * static_cast<size_t>(world), 0);
-    received_.assign(slot * static_cast<size_t>(world), 0);
-    gathered_.assign(slot * static_cast<size_t>(world), 0);
+    // Sized once (the world does not change between steps); every slot is rewritten each step.
+    send_.resize(slot * static_cast<size_t>(world));
+    received_.resize(slot * static_cast<size_t>(world));
+    gathered_.resize(slot * static_cast<size_t>(world));
     auto* data = static_cast<float*>(bucket_.data);
     return {
         [this, step, data, slot] {

@@ -31,8 +31,9 @@ class Sign final : public Reduction {
 
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     const size_t message = words_ * 4;
-    mine_.assign(message, 0);
-    all_.assign(message * static_cast<size_t>(step.group.world_size), 0);
+    // Sized once; every message is rewritten each step.
+    mine_.resize(message);
+    all_.resize(message * static_cast<size_t>(step.group.world_size));
     auto* data = static_cast<float*>(bucket_.data);
     return {[this, step, data, message] {
       auto* scales = reinterpret_cast<float*>(mine_.data());
