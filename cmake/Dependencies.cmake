@@ -11,6 +11,7 @@ target_include_directories(troupe_caf SYSTEM INTERFACE ${CAF_INCLUDE_DIR})
 target_link_libraries(troupe_caf INTERFACE ${CAF_IO_LIBRARY} ${CAF_CORE_LIBRARY} Threads::Threads)
 
 find_package(CLI11 REQUIRED)
+find_package(tomlplusplus REQUIRED)  # job files (runtime/job_config.cpp)
 find_package(ZLIB REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(doctest REQUIRED)

@@ -1,0 +1,527 @@
+#include "runtime/job_config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "comm/status.h"
+
+namespace troupe {
+
+namespace {
+
+using comm::Error;
+using Keys = std::vector<std::string>;
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+const Keys kTables = {"job", "topology", "algorithm", "trainer", "links"};
+const Keys kJobKeys = {"world_size", "mode", "timeout_sec"};
+const Keys kTopologyKeys = {"kind", "mixing", "rows", "cols", "edges", "seed"};
+const Keys kTrainerKeys = {"program", "model", "epochs", "batch", "lr", "momentum",
+                           "data", "log_every", "seed", "threads"};
+const Keys kLinksKeys = {"all", "ranks"};
+
+/// Each algorithm name a job file may use, with the settings it takes beside `name`.
+const std::vector<std::pair<std::string, Keys>> kAlgorithms = {
+    {"allreduce", {}},
+    {"fp16", {}},
+    {"bf16", {}},
+    {"bytegrad", {"block"}},
+    {"sign", {"error_feedback"}},
+    {"sign-vote", {"error_feedback"}},
+    {"topk", {"ratio", "count", "error_feedback", "seed"}},
+    {"randomk", {"ratio", "count", "error_feedback", "seed"}},
+    {"blockk", {"ratio", "count", "error_feedback", "seed"}},
+    {"powersgd",
+     {"rank", "warm_start", "error_feedback", "min_compression_rate", "start_iter", "seed"}},
+    {"decentralized", {"exchange", "communication_interval"}},
+    {"low_precision_decentralized", {"gamma", "block"}},
+    {"async_model_average", {"warmup_steps", "sync_interval_ms"}},
+    {"async_gossip", {"min_interval_ms"}},
+};
+const char* const kTopologyUsers = "decentralized, low_precision_decentralized and async_gossip";
+
+std::string join(const Keys& items, const std::string& quote = "") {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + quote + item + quote;
+  return out;
+}
+
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+/// A value as messages show it, in TOML syntax: 2, 0.05, "2", [0, 1], { 3 = "20ms" }.
+std::string value_text(const toml::node& node) {
+  if (auto* v = node.as_string()) return quoted(v->get());
+  if (auto* v = node.as_integer()) return std::to_string(v->get());
+  if (auto* v = node.as_floating_point()) return comm::number_text(v->get());
+  if (auto* v = node.as_boolean()) return v->get() ? "true" : "false";
+  if (auto* array = node.as_array()) {
+    std::string out;
+    for (const auto& item : *array) out += (out.empty() ? "" : ", ") + value_text(item);
+    return "[" + out + "]";
+  }
+  if (auto* table = node.as_table()) {
+    std::string out;
+    for (const auto& [key, item] : *table)
+      out += (out.empty() ? "" : ", ") + std::string(key.str()) + " = " + value_text(item);
+    return "{ " + out + " }";
+  }
+  std::ostringstream out;  // dates and times
+  node.visit([&](const auto& n) { out << n; });
+  return out.str();
+}
+
+/// One table of the job file: reads its keys with the checks of their type and range; every
+/// error names the file, the key ("trainer.epochs"), the value and what was expected.
+class Section {
+ public:
+  Section(const std::string& source, std::string name, const toml::table* table)
+      : source_(source), name_(std::move(name)), table_(table) {}
+
+  bool present() const { return table_ != nullptr; }
+  std::string key_path(const std::string& key) const { return name_ + "." + key; }
+  const toml::node* find(const std::string& key) const {
+    return table_ ? table_->get(key) : nullptr;
+  }
+
+  /// Throws for the first key not in `allowed`; `whose` says whose keys they are.
+  void only(const Keys& allowed, const std::string& whose = "") const {
+    if (!table_) return;
+    for (const auto& [key, value] : *table_)
+      if (std::find(allowed.begin(), allowed.end(), key.str()) == allowed.end())
+        throw Error(source_ + ": unknown key " + key_path(std::string(key.str())) + " (allowed" +
+                    (whose.empty() ? "" : " for " + whose) + ": " +
+                    (allowed.empty() ? "none" : join(allowed)) + ")");
+  }
+
+  [[noreturn]] void fail(const std::string& key, const toml::node& value,
+                         const std::string& expected) const {
+    throw Error(source_ + ": " + key_path(key) + " = " + value_text(value) + ": expected " +
+                expected);
+  }
+  [[noreturn]] void error(const std::string& message) const {
+    throw Error(source_ + ": " + message);
+  }
+  [[noreturn]] void missing(const std::string& key, const std::string& expected) const {
+    throw Error(source_ + ": " + key_path(key) + " is missing (expected " + expected + ")");
+  }
+
+  /// An integer >= min that T holds. False when absent.
+  template <class T>
+  bool integer(const std::string& key, T& out, int64_t min) const {
+    const toml::node* node = find(key);
+    if (!node) return false;
+    int64_t max = std::numeric_limits<int64_t>::max();
+    if (static_cast<uint64_t>(std::numeric_limits<T>::max()) < static_cast<uint64_t>(max))
+      max = static_cast<int64_t>(std::numeric_limits<T>::max());
+    const auto* value = node->as_integer();
+    if (!value || value->get() < min) fail(key, *node, "an integer >= " + std::to_string(min));
+    if (value->get() > max)
+      fail(key, *node, "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    out = static_cast<T>(value->get());
+    return true;
+  }
+
+  /// A finite number (an integer is taken as one) for which `ok` holds, `expected` saying which.
+  bool number(const std::string& key, double& out, const std::function<bool(double)>& ok,
+              const std::string& expected) const {
+    const toml::node* node = find(key);
+    if (!node) return false;
+    double x = 0;
+    if (auto* f = node->as_floating_point()) x = f->get();
+    else if (auto* i = node->as_integer()) x = static_cast<double>(i->get());
+    else fail(key, *node, expected);
+    if (!std::isfinite(x) || !ok(x)) fail(key, *node, expected);
+    out = x;
+    return true;
+  }
+
+  bool boolean(const std::string& key, bool& out) const {
+    const toml::node* node = find(key);
+    if (!node) return false;
+    const auto* value = node->as_boolean();
+    if (!value) fail(key, *node, "true or false");
+    out = value->get();
+    return true;
+  }
+
+  bool text(const std::string& key, std::string& out, bool allow_empty = true) const {
+    const toml::node* node = find(key);
+    if (!node) return false;
+    const auto* value = node->as_string();
+    if (!value || (!allow_empty && value->get().empty()))
+      fail(key, *node, allow_empty ? "a string" : "a non-empty string");
+    out = value->get();
+    return true;
+  }
+
+  /// One of `names`; returns its index, or -1 when the key is absent.
+  int choice(const std::string& key, const Keys& names) const {
+    const toml::node* node = find(key);
+    if (!node) return -1;
+    const auto* value = node->as_string();
+    const auto it = value ? std::find(names.begin(), names.end(), value->get()) : names.end();
+    if (it == names.end()) fail(key, *node, "one of " + join(names, "\""));
+    return static_cast<int>(it - names.begin());
+  }
+
+  /// A string handed to one of comm's parsers; its error is given the file and the key.
+  template <class Parse>
+  auto parsed(const std::string& key, const toml::node& node, Parse parse) const {
+    const auto* value = node.as_string();
+    if (!value) fail(key, node, "a string");
+    try {
+      return parse(value->get());
+    } catch (const Error& e) {
+      throw Error(source_ + ": " + key_path(key) + " = " + value_text(node) + ": " + e.what());
+    }
+  }
+
+ private:
+  const std::string& source_;
+  std::string name_;
+  const toml::table* table_;
+};
+
+const toml::table* table_of(const toml::table& root, const std::string& name,
+                            const std::string& source) {
+  const toml::node* node = root.get(name);
+  if (!node) return nullptr;
+  if (!node->is_table())
+    throw Error(source + ": " + name + " = " + value_text(*node) + ": expected a table ([" +
+                name + "])");
+  return node->as_table();
+}
+
+comm::TopologySpec read_topology(const Section& t) {
+  t.only(kTopologyKeys);
+  comm::TopologySpec spec;
+  const toml::node* kind = t.find("kind");
+  if (!kind) t.missing("kind", "ring, torus, complete, exponential, random_matching or edge_list");
+  spec.kind = t.parsed("kind", *kind, comm::parse_topology_kind);
+  if (const toml::node* mixing = t.find("mixing"))
+    spec.mixing = t.parsed("mixing", *mixing, comm::parse_mixing);
+
+  const std::string kind_text = comm::topology_kind_name(spec.kind);
+  auto only_for = [&](const std::string& key, comm::TopologyKind user) {
+    if (spec.kind != user && t.find(key))
+      t.error(t.key_path(key) + " is only used by kind = " +
+              quoted(comm::topology_kind_name(user)) + " (topology.kind = " + quoted(kind_text) +
+              ")");
+  };
+  only_for("rows", comm::TopologyKind::torus);
+  only_for("cols", comm::TopologyKind::torus);
+  only_for("edges", comm::TopologyKind::edge_list);
+  only_for("seed", comm::TopologyKind::random_matching);
+  if (spec.kind == comm::TopologyKind::torus) {
+    if (!t.integer("rows", spec.rows, 1)) t.missing("rows", "rows and cols of the torus");
+    if (!t.integer("cols", spec.cols, 1)) t.missing("cols", "rows and cols of the torus");
+  }
+  if (spec.kind == comm::TopologyKind::edge_list) {
+    const std::string expected = "an array of pairs of ranks, e.g. [[0, 1], [1, 2]]";
+    const toml::node* edges = t.find("edges");
+    if (!edges) t.missing("edges", expected);
+    const toml::array* list = edges->as_array();
+    if (!list) t.fail("edges", *edges, expected);
+    for (size_t i = 0; i < list->size(); ++i) {
+      const toml::node& edge = (*list)[i];
+      const toml::array* pair = edge.as_array();
+      auto rank_at = [&](size_t j) -> int {
+        const auto* r = pair->get(j) ? pair->get(j)->as_integer() : nullptr;
+        if (!r || r->get() < 0 || r->get() > std::numeric_limits<int>::max())
+          t.fail("edges[" + std::to_string(i) + "]", edge, "a pair of ranks [a, b], each >= 0");
+        return static_cast<int>(r->get());
+      };
+      if (!pair || pair->size() != 2)
+        t.fail("edges[" + std::to_string(i) + "]", edge, "a pair of ranks [a, b], each >= 0");
+      spec.edges.emplace_back(rank_at(0), rank_at(1));
+    }
+  }
+  t.integer("seed", spec.seed, 0);
+  return spec;
+}
+
+/// Checks `spec` against the world size and what `algorithm` needs of it.
+void check_topology(const comm::TopologySpec& spec, int world_size, const std::string& algorithm,
+                    const std::string& source) {
+  std::optional<comm::Topology> topology;
+  try {
+    topology.emplace(spec, world_size);
+  } catch (const Error& e) {
+    const std::string what = e.what();  // Topology's messages start "topology <kind>: "
+    throw Error(source + ": " + (what.rfind("topology", 0) == 0 ? "" : "topology: ") + what +
+                " (job.world_size = " + std::to_string(world_size) + ")");
+  }
+  if (algorithm == "decentralized" && !topology->doubly_stochastic())
+    throw Error(source + ": topology " + topology->describe() +
+                ": its mixing matrix is not doubly stochastic, which decentralized needs (set "
+                "topology.mixing = \"metropolis\")");
+  if ((algorithm == "low_precision_decentralized" || algorithm == "async_gossip") &&
+      (!topology->undirected() || topology->time_varying()))
+    throw Error(source + ": topology " + topology->describe() + ": " + algorithm +
+                " needs an undirected, static topology (topology.kind = \"ring\", \"torus\", "
+                "\"complete\" or \"edge_list\")");
+}
+
+JobAlgorithm read_algorithm(const Section& a, const std::string& name,
+                            const comm::TopologySpec& topology, const std::string& source) {
+  const auto in_range = [](double lo_open, double hi_closed) {
+    return [=](double x) { return x > lo_open && x <= hi_closed; };
+  };
+  const auto at_least = [](double lo) { return [=](double x) { return x >= lo; }; };
+
+  auto validated = [&](comm::Compression c) -> JobAlgorithm {
+    try {
+      comm::validate(c);
+    } catch (const Error& e) {
+      throw Error(source + ": algorithm (" + name + "): " + e.what());
+    }
+    return c;
+  };
+
+  if (name == "allreduce") return validated(comm::GradientAllReduce{});
+  if (name == "fp16" || name == "bf16") return validated(comm::HalfPrecision{name == "bf16"});
+  if (name == "bytegrad") {
+    comm::ByteGrad c;
+    a.integer("block", c.block, 1);
+    return validated(c);
+  }
+  if (name == "sign" || name == "sign-vote") {
+    comm::SignCompression c;
+    c.mode = name == "sign" ? comm::SignMode::scaled : comm::SignMode::majority_vote;
+    c.error_feedback = name == "sign";
+    a.boolean("error_feedback", c.error_feedback);
+    return validated(c);
+  }
+  if (name == "topk" || name == "randomk" || name == "blockk") {
+    comm::Sparsification c;
+    c.mode = name == "topk"      ? comm::SparseMode::top_k
+             : name == "randomk" ? comm::SparseMode::random_k
+                                 : comm::SparseMode::block;
+    a.number("ratio", c.ratio, in_range(0, 1), "a number in (0, 1]");
+    a.integer("count", c.count, 0);
+    a.boolean("error_feedback", c.error_feedback);
+    a.integer("seed", c.seed, 0);
+    return validated(c);
+  }
+  if (name == "powersgd") {
+    comm::PowerSGD c;
+    a.integer("rank", c.rank, 1);
+    a.boolean("warm_start", c.warm_start);
+    a.boolean("error_feedback", c.error_feedback);
+    a.number("min_compression_rate", c.min_compression_rate, at_least(0), "a number >= 0");
+    a.integer("start_iter", c.start_iter, 0);
+    a.integer("seed", c.seed, 0);
+    return validated(c);
+  }
+  if (name == "decentralized") {
+    Decentralized d;
+    d.topology = topology;
+    if (a.choice("exchange", {"overlap", "after_step"}) == 1)
+      d.exchange = Decentralized::Exchange::after_step;
+    a.integer("communication_interval", d.communication_interval, 1);
+    return d;
+  }
+  if (name == "low_precision_decentralized") {
+    LowPrecisionDecentralized l;
+    l.topology = topology;
+    a.number("gamma", l.gamma, in_range(0, 1), "a number in (0, 1]");
+    a.integer("block", l.block, 1);
+    return l;
+  }
+  if (name == "async_model_average") {
+    AsyncModelAverage m;
+    a.integer("warmup_steps", m.warmup_steps, 0);
+    a.integer("sync_interval_ms", m.sync_interval_ms, 1);
+    return m;
+  }
+  AsyncGossip g;  // the only name left
+  g.topology = topology;
+  a.integer("min_interval_ms", g.min_interval_ms, 0);
+  return g;
+}
+
+TrainerConfig read_trainer(const Section& t) {
+  t.only(kTrainerKeys);
+  TrainerConfig c;
+  t.text("program", c.program, false);
+  if (const int model = t.choice("model", {"cnn", "mlp"}); model >= 0)
+    c.model = model == 0 ? "cnn" : "mlp";
+  t.integer("epochs", c.epochs, 1);
+  t.integer("batch", c.batch, 1);
+  t.number("lr", c.lr, [](double x) { return x > 0; }, "a number > 0");
+  t.number("momentum", c.momentum, [](double x) { return x >= 0 && x < 1; },
+           "a number in [0, 1)");
+  t.text("data", c.data, false);
+  t.integer("log_every", c.log_every, 1);
+  t.integer("seed", c.seed, 0);
+  t.integer("threads", c.threads, 1);
+  return c;
+}
+
+comm::LinkEmulation read_links(const Section& l, int world_size, const std::string& source) {
+  l.only(kLinksKeys);
+  comm::LinkEmulation links;
+  if (const toml::node* all = l.find("all"))
+    links.all = l.parsed("all", *all, comm::parse_link_shape);
+  const toml::node* ranks = l.find("ranks");
+  if (!ranks) return links;
+  if (!ranks->is_table())
+    l.fail("ranks", *ranks, "a table of rank = shape, e.g. ranks = { 3 = \"100mbit,20ms\" }");
+  const Section by_rank(source, l.key_path("ranks"), ranks->as_table());
+  for (const auto& [key, shape] : *ranks->as_table()) {
+    const std::string text(key.str());
+    const bool digits = !text.empty() && text.size() <= 9 &&
+                        std::all_of(text.begin(), text.end(),
+                                    [](unsigned char c) { return std::isdigit(c) != 0; });
+    const std::string expected = "a rank in [0, " + std::to_string(world_size) +
+                                 ") (job.world_size = " + std::to_string(world_size) + ")";
+    if (!digits) by_rank.fail(text, shape, "the key to be " + expected);
+    const int rank = std::stoi(text);
+    if (rank >= world_size) by_rank.fail(text, shape, "the key to be " + expected);
+    for (const auto& [r, s] : links.ranks)
+      if (r == rank)
+        by_rank.error(by_rank.key_path(text) + ": rank " + std::to_string(rank) +
+                      " is named twice");
+    links.ranks.emplace_back(rank, by_rank.parsed(text, shape, comm::parse_link_shape));
+  }
+  std::sort(links.ranks.begin(), links.ranks.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
+  return links;
+}
+
+}  // namespace
+
+std::string job_algorithm_name(const JobAlgorithm& algorithm) {
+  return std::visit(
+      Overloaded{
+          [](const comm::Compression& c) -> std::string {
+            return std::visit(
+                Overloaded{
+                    [](const comm::GradientAllReduce&) -> std::string { return "allreduce"; },
+                    [](const comm::HalfPrecision& h) -> std::string {
+                      return h.bfloat16 ? "bf16" : "fp16";
+                    },
+                    [](const comm::ByteGrad&) -> std::string { return "bytegrad"; },
+                    [](const comm::SignCompression& s) -> std::string {
+                      return s.mode == comm::SignMode::scaled ? "sign" : "sign-vote";
+                    },
+                    [](const comm::Sparsification& s) -> std::string {
+                      return s.mode == comm::SparseMode::top_k      ? "topk"
+                             : s.mode == comm::SparseMode::random_k ? "randomk"
+                                                                    : "blockk";
+                    },
+                    [](const comm::PowerSGD&) -> std::string { return "powersgd"; },
+                },
+                c);
+          },
+          [](const Decentralized&) -> std::string { return "decentralized"; },
+          [](const LowPrecisionDecentralized&) -> std::string {
+            return "low_precision_decentralized";
+          },
+          [](const AsyncModelAverage&) -> std::string { return "async_model_average"; },
+          [](const AsyncGossip&) -> std::string { return "async_gossip"; },
+      },
+      algorithm);
+}
+
+JobConfig parse_job_config(const std::string& text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(std::string_view(text), std::string_view(source));
+  } catch (const toml::parse_error& e) {
+    const auto& at = e.source().begin;
+    throw Error(source + ":" + std::to_string(at.line) + ":" + std::to_string(at.column) +
+                ": not valid TOML: " + std::string(e.description()));
+  }
+  for (const auto& [key, value] : root)
+    if (std::find(kTables.begin(), kTables.end(), key.str()) == kTables.end())
+      throw Error(source + ": unknown " + (value.is_table() ? "table [" : "key ") +
+                  std::string(key.str()) + (value.is_table() ? "]" : "") +
+                  " (allowed: the tables " + join(kTables) + ")");
+
+  JobConfig config;
+  config.source = source;
+
+  const Section job(source, "job", table_of(root, "job", source));
+  if (!job.present())
+    throw Error(source + ": the table [job] is missing (expected at least job.world_size)");
+  job.only(kJobKeys);
+  if (!job.integer("world_size", config.world_size, 1))
+    job.missing("world_size", "an integer >= 1");
+  if (job.choice("mode", {"threads", "processes"}) == 0) config.mode = JobConfig::Mode::threads;
+  job.number("timeout_sec", config.timeout_sec, [](double x) { return x >= 0; },
+             "a number >= 0 (0: no limit)");
+
+  Keys names;
+  for (const auto& [name, keys] : kAlgorithms) names.push_back(name);
+  const Section algorithm(source, "algorithm", table_of(root, "algorithm", source));
+  if (!algorithm.present())
+    throw Error(source + ": the table [algorithm] is missing (expected at least algorithm.name, "
+                "one of " + join(names, "\"") + ")");
+  const toml::node* name_node = algorithm.find("name");
+  if (!name_node) algorithm.missing("name", "one of " + join(names, "\""));
+  const std::string name = names[static_cast<size_t>(algorithm.choice("name", names))];
+  Keys allowed = {"name"};
+  for (const auto& [n, keys] : kAlgorithms)
+    if (n == name) allowed.insert(allowed.end(), keys.begin(), keys.end());
+  algorithm.only(allowed, name);
+
+  const bool uses_topology =
+      name == "decentralized" || name == "low_precision_decentralized" || name == "async_gossip";
+  const Section topology(source, "topology", table_of(root, "topology", source));
+  comm::TopologySpec spec;
+  if (topology.present() && !uses_topology)
+    throw Error(source + ": [topology] is only used by " + kTopologyUsers + " (algorithm.name = " +
+                quoted(name) + ")");
+  if (uses_topology) {
+    if (!topology.present())
+      throw Error(source + ": " + name + " needs a [topology] table (e.g. kind = \"ring\")");
+    spec = read_topology(topology);
+  }
+  config.algorithm = read_algorithm(algorithm, name, spec, source);
+  if (uses_topology) check_topology(spec, config.world_size, name, source);
+
+  config.trainer = read_trainer(Section(source, "trainer", table_of(root, "trainer", source)));
+  config.links = read_links(Section(source, "links", table_of(root, "links", source)),
+                            config.world_size, source);
+  return config;
+}
+
+JobConfig load_job_config(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(path + ": cannot read the job file (it is a directory)");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot read the job file (" + std::strerror(errno) + ")");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw Error(path + ": cannot read the job file (" + std::strerror(errno) + ")");
+  return parse_job_config(text, path);
+}
+
+}  // namespace troupe
