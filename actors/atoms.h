@@ -43,3 +43,19 @@ using force_atom = caf::atom_constant<caf::atom("force")>;
 using setup_atom = caf::atom_constant<caf::atom("setup")>;
 
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+
+/// (start_atom): a background averager or gossiper starts (or resumes) its rounds.
+using start_atom = caf::atom_constant<caf::atom("start")>;
+/// (stop_atom) -> (ok, error): end the background rounds together with the other ranks; answered
+/// once they have ended.
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+/// (tick_atom): the timer of a background averager or gossiper.
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+/// (round_atom, ...): a background round's communication ended.
+using round_atom = caf::atom_constant<caf::atom("round")>;
+/// (drop_atom, rank, reason): a gossip neighbour is gone.
+using drop_atom = caf::atom_constant<caf::atom("drop")>;
+
+}  // namespace troupe::actors

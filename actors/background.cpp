@@ -1,0 +1,396 @@
+#include "actors/background.h"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include "actors/atoms.h"
+#include "comm/collectives/schedule.h"
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
+
+namespace troupe::actors {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// averager
+
+struct AveragerState {
+  ModelAccess model;
+  AveragerSettings settings;
+  std::shared_ptr<comm::Transport> transport;
+  std::shared_ptr<BackgroundStats> stats;
+  std::vector<float> snapshot;
+  std::vector<float> work;  // the snapshot and, last, the stop flag: averaged together
+  uint32_t round = 0;
+  bool running = false;   // rounds are on
+  bool in_round = false;
+  bool stop_requested = false;
+  uint64_t timer = 0;     // ticks of older start_atoms are ignored
+  std::string error;
+  std::vector<caf::response_promise> waiting_stop;
+  std::shared_ptr<std::mutex> inline_lock;
+  std::shared_ptr<comm::Execution> execution;
+  static inline const char* name = "troupe.averager";
+};
+using Averager = caf::stateful_actor<AveragerState>;
+
+void answer_stop(Averager* self) {
+  auto& st = self->state;
+  for (auto& p : st.waiting_stop) p.deliver(st.error.empty(), st.error);
+  st.waiting_stop.clear();
+}
+
+void start_round(Averager* self) {
+  auto& st = self->state;
+  st.in_round = true;
+  const size_t n = st.model.count;
+  st.model.snapshot(st.snapshot.data());
+  std::memcpy(st.work.data(), st.snapshot.data(), n * sizeof(float));
+  st.work[n] = st.stop_requested ? 1.0f : 0.0f;
+  const comm::Group group{st.transport->rank(), st.transport->world_size()};
+  auto schedule = comm::allreduce_schedule(group, st.work.data(), n + 1, comm::DataType::float32,
+                                           comm::ReduceOp::avg, st.settings.collectives);
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  comm::Post post;
+  if (st.transport->serial_callbacks()) {
+    if (!st.inline_lock) st.inline_lock = std::make_shared<std::mutex>();
+    post = comm::locked_post(st.inline_lock);
+  } else {
+    post = [me](std::function<void()> fn) { caf::anon_send(me, run_atom::value, std::move(fn)); };
+  }
+  const uint32_t key = st.settings.key_prefix | (st.round & 0x0fffffffu);
+  auto execution = std::make_shared<comm::Execution>(st.transport, key, std::move(schedule), post);
+  execution->on_done([me, raw = execution.get()](const comm::Status& status) {
+    caf::anon_send(me, round_atom::value, status.ok(), status.message(),
+                   static_cast<uint64_t>(raw->bytes_sent()),
+                   static_cast<uint64_t>(raw->bytes_received()));
+  });
+  st.execution = execution;
+  if (st.inline_lock) {
+    std::lock_guard<std::mutex> guard(*st.inline_lock);
+    execution->start();
+  } else {
+    execution->start();
+  }
+}
+
+caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings settings,
+                       std::shared_ptr<comm::Transport> transport,
+                       std::shared_ptr<BackgroundStats> stats) {
+  auto& st = self->state;
+  st.model = std::move(model);
+  st.settings = settings;
+  st.transport = std::move(transport);
+  st.stats = std::move(stats);
+  st.snapshot.resize(st.model.count);
+  st.work.resize(st.model.count + 1);
+  return {
+      [self](start_atom) {
+        auto& st = self->state;
+        if (st.running || !st.error.empty()) return;
+        st.running = true;
+        st.stop_requested = false;
+        self->delayed_send(self, st.settings.interval, tick_atom::value, ++st.timer);
+      },
+      [self](tick_atom, uint64_t timer) {
+        auto& st = self->state;
+        if (!st.running || st.in_round || timer != st.timer) return;
+        start_round(self);
+      },
+      [](run_atom, std::function<void()>& fn) { fn(); },
+      [self](round_atom, bool ok, const std::string& error, uint64_t sent, uint64_t received) {
+        auto& st = self->state;
+        st.in_round = false;
+        st.execution.reset();
+        ++st.round;
+        st.stats->bytes_sent += sent;
+        st.stats->bytes_received += received;
+        if (!ok) {
+          st.error = "asynchronous model average, round " + std::to_string(st.round - 1) + ": " +
+                     error;
+          {
+            std::lock_guard<std::mutex> lock(st.stats->mutex);
+            st.stats->error = st.error;
+          }
+          st.running = false;
+          answer_stop(self);
+          return;
+        }
+        const size_t n = st.model.count;
+        const bool stop = st.work[n] > 0;
+        st.model.apply(st.work.data(), st.snapshot.data());
+        ++st.stats->rounds;
+        if (stop) {
+          st.running = false;
+          st.stop_requested = false;
+          answer_stop(self);
+        } else if (st.running) {
+          self->delayed_send(self, st.settings.interval, tick_atom::value, ++st.timer);
+        }
+      },
+      [self](stop_atom) -> caf::result<bool, std::string> {
+        auto& st = self->state;
+        if (!st.running) return caf::result<bool, std::string>(st.error.empty(), st.error);
+        st.waiting_stop.push_back(self->make_response_promise());
+        st.stop_requested = true;
+        if (!st.in_round) start_round(self);
+        return caf::delegated<bool, std::string>();
+      },
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// gossiper
+
+enum class Kind : uint32_t { request = 1, reply = 2, bye = 3 };
+constexpr size_t kHeader = 8;  // {kind, unused}: keeps the floats 4-byte aligned
+
+struct Neighbour {
+  int rank = -1;
+  bool alive = true;
+  bool bye_received = false;
+  uint32_t out_seq = 0;  // next message to it
+  uint32_t in_seq = 0;   // next message from it
+  std::shared_ptr<std::vector<char>> inbox;
+};
+
+struct GossiperState {
+  ModelAccess model;
+  GossiperSettings settings;
+  std::shared_ptr<comm::Transport> transport;
+  std::shared_ptr<BackgroundStats> stats;
+  std::vector<Neighbour> neighbours;
+  size_t message_bytes = 0;
+  bool started = false;
+  bool stopping = false;
+  bool byes_sent = false;
+  bool finished = false;
+  int outstanding = -1;  // index into neighbours of the exchange in flight
+  std::vector<float> request_snapshot;
+  std::vector<float> scratch;
+  std::vector<float> target;
+  uint64_t rng = 0;
+  std::vector<caf::response_promise> waiting_stop;
+  static inline const char* name = "troupe.gossiper";
+};
+using Gossiper = caf::stateful_actor<GossiperState>;
+
+uint64_t next_random(uint64_t& state) {  // splitmix64
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+comm::Tag stream_tag(const GossiperState& st, uint32_t seq) {
+  return static_cast<comm::Tag>(st.settings.key_prefix | (seq & 0x0fffffffu)) << 16;
+}
+
+void drop(Gossiper* self, size_t index, const std::string& reason);
+void maybe_finish(Gossiper* self);
+
+void post_receive(Gossiper* self, size_t index) {
+  auto& st = self->state;
+  auto& nb = st.neighbours[index];
+  // After its bye a neighbour sends nothing more but the reply to our request in flight.
+  if (!nb.alive || (nb.bye_received && st.outstanding != static_cast<int>(index))) return;
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  auto inbox = nb.inbox;  // kept alive by the callback until the receive ends
+  st.transport->recv(nb.rank, stream_tag(st, nb.in_seq++), inbox->data(), inbox->size(),
+                     [me, index, inbox](const comm::Status& s) {
+                       caf::anon_send(me, round_atom::value, static_cast<uint64_t>(index), s.ok(),
+                                      s.message());
+                     });
+}
+
+// Sends kind + payload (count floats, or nothing meaningful for bye) to neighbour `index`.
+void send_message(Gossiper* self, size_t index, Kind kind, const float* payload) {
+  auto& st = self->state;
+  auto& nb = st.neighbours[index];
+  auto message = std::make_shared<std::vector<char>>(st.message_bytes, 0);
+  const uint32_t k = static_cast<uint32_t>(kind);
+  std::memcpy(message->data(), &k, sizeof(k));
+  if (payload) std::memcpy(message->data() + kHeader, payload, st.model.count * sizeof(float));
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  const int peer = nb.rank;
+  auto stats = st.stats;
+  st.transport->send(peer, stream_tag(st, nb.out_seq++), message->data(), message->size(),
+                     [me, index, message, stats](const comm::Status& s) {
+                       if (s.ok()) {
+                         stats->bytes_sent += message->size();
+                       } else {
+                         caf::anon_send(me, drop_atom::value, static_cast<uint64_t>(index),
+                                        s.message());
+                       }
+                     });
+}
+
+// x += (other - snapshot) / 2: the pairwise average, applied as a change so that what the trainer
+// did since the snapshot is kept.
+void apply_half(GossiperState& st, const float* other, const float* snapshot) {
+  const size_t n = st.model.count;
+  for (size_t i = 0; i < n; ++i) st.target[i] = 0.5f * (other[i] + snapshot[i]);
+  st.model.apply(st.target.data(), snapshot);
+  ++st.stats->rounds;
+}
+
+void send_byes(Gossiper* self) {
+  auto& st = self->state;
+  if (st.byes_sent) return;
+  st.byes_sent = true;
+  for (size_t i = 0; i < st.neighbours.size(); ++i)
+    if (st.neighbours[i].alive) send_message(self, i, Kind::bye, nullptr);
+}
+
+void maybe_finish(Gossiper* self) {
+  auto& st = self->state;
+  if (!st.stopping || st.outstanding >= 0) return;
+  send_byes(self);
+  for (const auto& nb : st.neighbours)
+    if (nb.alive && !nb.bye_received) return;
+  st.finished = true;
+  for (auto& p : st.waiting_stop) p.deliver(true, std::string());
+  st.waiting_stop.clear();
+}
+
+void drop(Gossiper* self, size_t index, const std::string& reason) {
+  auto& st = self->state;
+  auto& nb = st.neighbours[index];
+  if (!nb.alive) return;
+  nb.alive = false;
+  {
+    std::lock_guard<std::mutex> lock(st.stats->mutex);
+    st.stats->dropped.push_back(nb.rank);
+  }
+  std::cerr << "troupe: asynchronous gossip on rank " << st.transport->rank()
+            << " dropped neighbour rank " << nb.rank << ": " << reason << "\n";
+  if (st.outstanding == static_cast<int>(index)) st.outstanding = -1;
+  maybe_finish(self);
+}
+
+void initiate(Gossiper* self) {
+  auto& st = self->state;
+  std::vector<size_t> live;
+  for (size_t i = 0; i < st.neighbours.size(); ++i)
+    if (st.neighbours[i].alive && !st.neighbours[i].bye_received) live.push_back(i);
+  if (live.empty()) return;
+  const size_t index = live[next_random(st.rng) % live.size()];
+  st.model.snapshot(st.request_snapshot.data());
+  send_message(self, index, Kind::request, st.request_snapshot.data());
+  st.outstanding = static_cast<int>(index);
+}
+
+caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings settings,
+                       std::shared_ptr<comm::Transport> transport,
+                       std::shared_ptr<BackgroundStats> stats) {
+  auto& st = self->state;
+  st.model = std::move(model);
+  st.settings = std::move(settings);
+  st.transport = std::move(transport);
+  st.stats = std::move(stats);
+  st.message_bytes = kHeader + st.model.count * sizeof(float);
+  st.rng = st.settings.seed ^ (0x5851f42d4c957f2dull * static_cast<uint64_t>(st.transport->rank() + 1));
+  st.request_snapshot.resize(st.model.count);
+  st.scratch.resize(st.model.count);
+  st.target.resize(st.model.count);
+  for (int r : st.settings.neighbours) {
+    Neighbour nb;
+    nb.rank = r;
+    nb.inbox = std::make_shared<std::vector<char>>(st.message_bytes);
+    st.neighbours.push_back(std::move(nb));
+  }
+  return {
+      [self](start_atom) {
+        auto& st = self->state;
+        if (st.started && !st.finished) return;
+        // First start, or a resume after every neighbour said bye: the streams go on from their
+        // sequence numbers (a neighbour that resumed first has its request waiting for us).
+        st.started = true;
+        st.stopping = false;
+        st.byes_sent = false;
+        st.finished = false;
+        for (auto& nb : st.neighbours) nb.bye_received = false;
+        for (size_t i = 0; i < st.neighbours.size(); ++i) post_receive(self, i);
+        self->send(self, tick_atom::value, uint64_t{0});
+      },
+      [self](tick_atom, uint64_t) {
+        auto& st = self->state;
+        if (st.stopping) return;
+        if (st.outstanding < 0) initiate(self);
+        self->delayed_send(self, std::max(st.settings.min_interval, std::chrono::milliseconds(1)),
+                           tick_atom::value, uint64_t{0});
+      },
+      [self](round_atom, uint64_t index, bool ok, const std::string& error) {
+        auto& st = self->state;
+        auto& nb = st.neighbours[index];
+        if (!nb.alive) return;
+        if (!ok) {
+          drop(self, index, error);
+          return;
+        }
+        uint32_t kind = 0;
+        std::memcpy(&kind, nb.inbox->data(), sizeof(kind));
+        const float* payload = reinterpret_cast<const float*>(nb.inbox->data() + kHeader);
+        switch (static_cast<Kind>(kind)) {
+          case Kind::request:
+            st.model.snapshot(st.scratch.data());
+            send_message(self, index, Kind::reply, st.scratch.data());
+            st.stats->bytes_received += st.message_bytes;
+            apply_half(st, payload, st.scratch.data());
+            break;
+          case Kind::reply:
+            st.stats->bytes_received += st.message_bytes;
+            if (st.outstanding == static_cast<int>(index)) {
+              apply_half(st, payload, st.request_snapshot.data());
+              st.outstanding = -1;
+            }
+            break;
+          case Kind::bye:
+            nb.bye_received = true;
+            break;
+          default:
+            drop(self, index, "message of unknown kind " + std::to_string(kind));
+            return;
+        }
+        post_receive(self, index);
+        maybe_finish(self);
+      },
+      [self](drop_atom, uint64_t index, const std::string& reason) {
+        if (index < self->state.neighbours.size()) drop(self, index, reason);
+      },
+      [self](drop_atom, int rank, const std::string& reason) {
+        auto& st = self->state;
+        for (size_t i = 0; i < st.neighbours.size(); ++i)
+          if (st.neighbours[i].rank == rank) drop(self, i, reason);
+      },
+      [self](stop_atom) -> caf::result<bool, std::string> {
+        auto& st = self->state;
+        if (st.finished || !st.started) return caf::result<bool, std::string>(true, std::string());
+        st.waiting_stop.push_back(self->make_response_promise());
+        st.stopping = true;
+        maybe_finish(self);
+        return caf::delegated<bool, std::string>();
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_averager(caf::actor_system& system, ModelAccess model, AveragerSettings settings,
+                          std::shared_ptr<comm::Transport> transport,
+                          std::shared_ptr<BackgroundStats> stats) {
+  return system.spawn(averager, std::move(model), settings, std::move(transport),
+                      std::move(stats));
+}
+
+caf::actor spawn_gossiper(caf::actor_system& system, ModelAccess model, GossiperSettings settings,
+                          std::shared_ptr<comm::Transport> transport,
+                          std::shared_ptr<BackgroundStats> stats) {
+  return system.spawn(gossiper, std::move(model), std::move(settings), std::move(transport),
+                      std::move(stats));
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,85 @@
+#pragma once
+/// Background model averaging: the actors of the asynchronous algorithms (runtime/gossip/), which
+/// talk to other ranks on their own schedule while training goes on.
+///
+/// - averager (Bagua's asynchronous model average): every `interval` it takes a snapshot s of the
+///   model, averages the snapshots of all ranks by an allreduce that it drives itself (transport
+///   completions come back to it as messages), and applies x += avg - s, so local progress made
+///   while the allreduce ran is kept. The trainer never waits for it.
+/// - gossiper (AD-PSGD): repeatedly picks a random live neighbour and averages with it pairwise:
+///   it sends its snapshot s_i in a request; the neighbour answers with its own snapshot s_j and
+///   applies x_j += (s_i - s_j) / 2; the initiator applies x_i += (s_j - s_i) / 2. No global step;
+///   the sum of the models is kept exactly. A neighbour that dies is dropped (and logged), and
+///   gossip goes on with the others.
+/// Both stop together with the other ranks on stop_atom (see each spawn function), answered with
+/// (ok, error). Buffers are raw float32 memory here: actors/ knows nothing of tensors.
+#include <caf/fwd.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/collectives/collectives.h"
+#include "comm/transport/transport.h"
+
+namespace troupe::actors {
+
+/// How a background actor reads and changes the model: `count` float32 elements, each function
+/// called on the actor's thread and guarded by the owner's model lock.
+struct ModelAccess {
+  size_t count = 0;
+  /// Copies the model into dst.
+  std::function<void(float* dst)> snapshot;
+  /// x += target - snapshot, element-wise.
+  std::function<void(const float* target, const float* snapshot)> apply;
+};
+
+/// What a background actor has done; read from any thread.
+struct BackgroundStats {
+  std::atomic<uint64_t> rounds{0};  // averages (averager) or pairwise exchanges (gossiper) applied
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> bytes_received{0};
+  std::mutex mutex;
+  std::vector<int> dropped;  // gossiper: neighbours dropped, in order
+  std::string error;         // averager: why rounds stopped early (a dead rank)
+};
+
+struct AveragerSettings {
+  std::chrono::milliseconds interval{100};
+  /// Keys of its allreduces: key_prefix | (round & 0x0fffffff); key_prefix uses bits 28-31.
+  uint32_t key_prefix = 0;
+  comm::CollectiveOptions collectives;
+};
+
+/// On start_atom the averager starts (or resumes) a round every interval. On stop_atom it runs one
+/// more round at once, flagged: every rank that sees the flag ends its rounds after that round,
+/// so all ranks stop after the same round (ranks then stop_atom'd or start_atom'd again resume in
+/// step). A failed round (a dead rank) ends the rounds; stop_atom then answers (false, error).
+caf::actor spawn_averager(caf::actor_system& system, ModelAccess model, AveragerSettings settings,
+                          std::shared_ptr<comm::Transport> transport,
+                          std::shared_ptr<BackgroundStats> stats);
+
+struct GossiperSettings {
+  /// The neighbours (undirected: each of them gossips with this rank too).
+  std::vector<int> neighbours;
+  /// At least this long between the starts of two exchanges this rank initiates.
+  std::chrono::milliseconds min_interval{10};
+  /// Tags of the message stream from this rank to each neighbour: (key_prefix | seq) << 16.
+  uint32_t key_prefix = 0;
+  /// Seeds the choice of neighbours (mixed with the rank).
+  uint64_t seed = 0;
+};
+
+/// On start_atom the gossiper starts exchanging. On stop_atom it stops initiating, finishes its
+/// exchange in flight, tells every live neighbour "bye", and answers once every live neighbour has
+/// said bye too (it serves their requests until then). drop_atom (rank, reason) drops a neighbour.
+caf::actor spawn_gossiper(caf::actor_system& system, ModelAccess model, GossiperSettings settings,
+                          std::shared_ptr<comm::Transport> transport,
+                          std::shared_ptr<BackgroundStats> stats);
+
+}  // namespace troupe::actors

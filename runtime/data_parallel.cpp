@@ -1,0 +1,74 @@
+#include "runtime/data_parallel.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "runtime/gossip/decentralized.h"
+
+namespace troupe {
+
+namespace {
+
+/// A DistributedModule as a DataParallel.
+class BucketParallel : public DataParallel {
+ public:
+  BucketParallel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                 comm::Compression algorithm, DdpOptions options)
+      : ddp_(runtime, std::move(module), std::move(algorithm), std::move(options)) {}
+
+  void step(torch::optim::Optimizer& optimizer) override {
+    ddp_.step(optimizer);
+    const auto& s = ddp_.last_step();
+    ++totals_.steps;
+    totals_.bytes_sent += s.bytes_sent;
+    totals_.bytes_received += s.bytes_received;
+    totals_.comm_wait_sec += s.comm_wait_sec;
+  }
+  std::string algorithm_name() const override { return ddp_.algorithm_name(); }
+  CommStats stats() const override { return totals_; }
+
+ private:
+  DistributedModule ddp_;
+  CommStats totals_;
+};
+
+}  // namespace
+
+std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
+                                                 std::shared_ptr<torch::nn::Module> module,
+                                                 const JobAlgorithm& algorithm,
+                                                 DdpOptions options) {
+  return std::visit(
+      [&](const auto& a) -> std::unique_ptr<DataParallel> {
+        using A = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<A, comm::Compression>) {
+          return std::make_unique<BucketParallel>(runtime, std::move(module), a,
+                                                  std::move(options));
+        } else if constexpr (std::is_same_v<A, Decentralized> ||
+                             std::is_same_v<A, LowPrecisionDecentralized>) {
+          return std::make_unique<DecentralizedModule>(runtime, std::move(module), a);
+        } else {
+          return std::make_unique<AsynchronousModule>(runtime, std::move(module), a);
+        }
+      },
+      algorithm);
+}
+
+double consensus_distance(Runtime& runtime, torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> flat;
+  for (auto& p : module.parameters())
+    if (p.is_floating_point()) flat.push_back(p.detach().to(torch::kFloat64).reshape({-1}));
+  if (flat.empty()) return 0;
+  auto x = torch::cat(flat).contiguous();
+  auto mean = x.clone();
+  auto& comm = runtime.comm();
+  comm.allreduce(mean.data_ptr<double>(), static_cast<size_t>(mean.numel()),
+                 comm::DataType::float64, comm::ReduceOp::avg);
+  double distance = (x - mean).norm().item<double>();
+  comm.allreduce(&distance, 1, comm::DataType::float64, comm::ReduceOp::avg);
+  return distance;
+}
+
+}  // namespace troupe

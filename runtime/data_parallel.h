@@ -1,0 +1,63 @@
+#pragma once
+/// DataParallel: the part of every data-parallel algorithm a training loop talks to — the bucket
+/// algorithms of DistributedModule and the decentralized and asynchronous ones of runtime/gossip —
+/// so that one trainer (examples/fashion_mnist, `troupe run job.toml`) runs them all.
+///
+/// ```cpp
+/// auto dp = troupe::make_data_parallel(rt, net, troupe::Decentralized{...});
+/// for (...) { opt.zero_grad(); loss.backward(); dp->step(opt); }
+/// dp->finish();                      // every rank: background work ends together
+/// ```
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/distributed_module.h"
+#include "runtime/job_config.h"
+
+namespace troupe {
+
+/// What an algorithm has communicated since it was created, on this rank.
+struct CommStats {
+  uint64_t steps = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  /// Time step() spent waiting for communication.
+  double comm_wait_sec = 0;
+  /// Background rounds (asynchronous algorithms): averages or pairwise exchanges applied.
+  uint64_t background_rounds = 0;
+  /// Peers this rank stopped talking to because they died, in the order they were dropped.
+  std::vector<int> dropped_peers;
+};
+
+class DataParallel {
+ public:
+  virtual ~DataParallel() = default;
+  /// After backward: communicates as the algorithm does and steps `optimizer` (whose parameters
+  /// are the module's).
+  virtual void step(torch::optim::Optimizer& optimizer) = 0;
+  /// End of training, on every rank: background communication ends together and what is in
+  /// flight is waited for (with a deadline). Later steps are local. Idempotent.
+  virtual void finish() {}
+  /// "allreduce", "powersgd(rank=2)", "decentralized(ring(8, uniform), overlap)", ...
+  virtual std::string algorithm_name() const = 0;
+  virtual CommStats stats() const = 0;
+};
+
+/// The algorithm's DataParallel over `module`: a DistributedModule (with `options`) for the
+/// bucket algorithms, the classes of runtime/gossip/decentralized.h for the others. A collective:
+/// every rank calls it with the same algorithm.
+std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
+                                                 std::shared_ptr<torch::nn::Module> module,
+                                                 const JobAlgorithm& algorithm,
+                                                 DdpOptions options = {});
+
+/// Consensus distance: the mean over ranks of ||x_i - x_mean|| (L2 over all floating-point
+/// parameters), where x_mean is the average model. A collective (two allreduces).
+double consensus_distance(Runtime& runtime, torch::nn::Module& module);
+
+}  // namespace troupe

@@ -1,0 +1,318 @@
+#include "runtime/gossip/decentralized.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <variant>
+
+#include "comm/codecs/minmax8.h"
+#include "comm/gossip/exchange.h"
+#include "runtime/gossip/flat_model.h"
+
+namespace troupe {
+
+namespace {
+
+std::string exchange_name(Decentralized::Exchange e) {
+  return e == Decentralized::Exchange::overlap ? "overlap" : "after_step";
+}
+
+}  // namespace
+
+struct DecentralizedModule::Impl {
+  Runtime& rt;
+  std::variant<Decentralized, LowPrecisionDecentralized> algorithm;
+  GossipOptions options;
+  comm::Topology topology;
+  gossip::FlatModel flat;
+  std::shared_ptr<comm::Transport> transport;
+  uint32_t key_prefix;
+  int listener = -1;
+  int rank;
+
+  uint64_t steps = 0;
+  uint64_t rounds = 0;  // gossip rounds started
+  bool finished = false;
+
+  // The round in flight (overlap mode) or being run.
+  std::shared_ptr<comm::NeighborExchange> exchange;
+  comm::RoundPeers peers;
+  uint64_t round_index = 0;
+  std::vector<char> send_buffer;
+  std::vector<std::vector<char>> recv_buffers;
+
+  // Choco-SGD: the public copies of this rank's and each neighbour's weights, and scratch.
+  std::vector<float> own_copy;
+  std::vector<std::vector<float>> neighbour_copies;  // by rank (empty for non-neighbours)
+  std::vector<float> scratch;
+
+  mutable std::mutex stats_mutex;
+  CommStats totals;
+  std::set<int> dead;
+
+  Impl(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+       std::variant<Decentralized, LowPrecisionDecentralized> algo, GossipOptions opts,
+       const comm::TopologySpec& spec, const std::string& what)
+      : rt(runtime),
+        algorithm(std::move(algo)),
+        options(opts),
+        topology(spec, runtime.world_size()),
+        flat(runtime, std::move(module), what, opts.broadcast_parameters),
+        transport(runtime.transport()),
+        key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),
+        rank(runtime.rank()) {}
+
+  std::string name() const {
+    if (auto* d = std::get_if<Decentralized>(&algorithm))
+      return "decentralized(" + topology.describe() + ", " + exchange_name(d->exchange) +
+             (d->communication_interval > 1
+                  ? ", every " + std::to_string(d->communication_interval) + " steps"
+                  : std::string()) +
+             ")";
+    const auto& l = std::get<LowPrecisionDecentralized>(algorithm);
+    return "low_precision_decentralized(" + topology.describe() + ", gamma " +
+           comm::number_text(l.gamma) + ")";
+  }
+
+  std::vector<int> dead_ranks() const {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    return std::vector<int>(dead.begin(), dead.end());
+  }
+
+  void mark_dead(int peer, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    if (!dead.insert(peer).second) return;
+    totals.dropped_peers.push_back(peer);
+    std::cerr << "troupe: " << name() << " on rank " << rank << " dropped rank " << peer << ": "
+              << reason << "\n";
+  }
+
+  // Posts round `index` with `bytes` of send_buffer.
+  void start_round(size_t bytes) {
+    round_index = rounds++;
+    peers = topology.round(rank, round_index, dead_ranks());
+    recv_buffers.resize(peers.recv_from.size());
+    std::vector<void*> targets;
+    for (auto& b : recv_buffers) {
+      b.resize(bytes);
+      targets.push_back(b.data());
+    }
+    const comm::Tag tag =
+        static_cast<comm::Tag>(key_prefix | static_cast<uint32_t>(round_index & 0x0fffffffu)) << 16;
+    exchange = comm::NeighborExchange::start(transport, tag, send_buffer.data(), bytes,
+                                             peers.send_to, peers.recv_from, targets);
+  }
+
+  // Waits for the round in flight. Returns the peers whose buffers to use, each with its buffer
+  // and weight, and this rank's own weight, renormalised over the peers that are still alive.
+  struct Mixing {
+    double self_weight = 1;
+    std::vector<int> peers;
+    std::vector<const char*> buffers;
+    std::vector<double> weights;
+  };
+  Mixing finish_round() {
+    auto started = std::chrono::steady_clock::now();
+    auto outcome = exchange->wait(started + options.timeout,
+                                  name() + " round " + std::to_string(round_index));
+    exchange.reset();
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      totals.bytes_sent += outcome.bytes_sent;
+      totals.bytes_received += outcome.bytes_received;
+      totals.comm_wait_sec +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
+    for (auto& [peer, reason] : outcome.failed) mark_dead(peer, reason);
+    auto live = topology.round(rank, round_index, dead_ranks());
+    Mixing m;
+    m.self_weight = live.self_weight;
+    for (size_t i = 0; i < live.recv_from.size(); ++i) {
+      auto at = std::find(peers.recv_from.begin(), peers.recv_from.end(), live.recv_from[i]);
+      auto got = std::find(outcome.received.begin(), outcome.received.end(), live.recv_from[i]);
+      if (at == peers.recv_from.end() || got == outcome.received.end()) {
+        // Alive but silent in this round only (cannot happen: silence fails the peer); keep
+        // the weights summing to 1 by giving its share to this rank.
+        m.self_weight += live.recv_weights[i];
+        continue;
+      }
+      m.peers.push_back(live.recv_from[i]);
+      m.buffers.push_back(recv_buffers[static_cast<size_t>(at - peers.recv_from.begin())].data());
+      m.weights.push_back(live.recv_weights[i]);
+    }
+    return m;
+  }
+
+  void copy_weights_to_send_buffer() {
+    const size_t bytes = flat.count() * sizeof(float);
+    send_buffer.resize(bytes);
+    std::memcpy(send_buffer.data(), flat.data(), bytes);
+  }
+
+  // x := sum_j W_ij x_j with the round's buffers (this rank's own is send_buffer).
+  void mix_into_model(const Mixing& m) {
+    std::vector<const float*> others;
+    for (const char* b : m.buffers) others.push_back(reinterpret_cast<const float*>(b));
+    std::lock_guard<std::mutex> lock(flat.mutex());
+    comm::mix(flat.data(), reinterpret_cast<const float*>(send_buffer.data()), m.self_weight,
+              others, m.weights, flat.count());
+  }
+
+  void locked_step(torch::optim::Optimizer& optimizer) {
+    std::lock_guard<std::mutex> lock(flat.mutex());
+    optimizer.step();
+  }
+
+  void step_dpsgd(const Decentralized& d, torch::optim::Optimizer& optimizer) {
+    const bool communicate = !finished && steps % static_cast<uint64_t>(d.communication_interval) == 0;
+    if (d.exchange == Decentralized::Exchange::overlap) {
+      // The weights of this step left after the previous one; mix them, then apply the gradient
+      // computed at this rank's own weights.
+      if (communicate && exchange) mix_into_model(finish_round());
+      locked_step(optimizer);
+      ++steps;
+      if (!finished && steps % static_cast<uint64_t>(d.communication_interval) == 0) {
+        copy_weights_to_send_buffer();
+        start_round(send_buffer.size());
+      }
+    } else {
+      locked_step(optimizer);
+      if (communicate) {
+        copy_weights_to_send_buffer();
+        start_round(send_buffer.size());
+        mix_into_model(finish_round());
+      }
+      ++steps;
+    }
+  }
+
+  void step_choco(const LowPrecisionDecentralized& l, torch::optim::Optimizer& optimizer) {
+    locked_step(optimizer);
+    ++steps;
+    if (finished) return;
+    const size_t n = flat.count(), block = static_cast<size_t>(l.block);
+    const float* x = flat.data();
+    for (size_t i = 0; i < n; ++i) scratch[i] = x[i] - own_copy[i];
+    send_buffer.resize(comm::minmax8_bytes(n, block));
+    comm::minmax8_encode(scratch.data(), n, block, reinterpret_cast<uint8_t*>(send_buffer.data()));
+    start_round(send_buffer.size());
+    auto m = finish_round();
+    comm::minmax8_decode_add(reinterpret_cast<const uint8_t*>(send_buffer.data()), n, block,
+                             own_copy.data());
+    for (size_t j = 0; j < m.peers.size(); ++j)
+      comm::minmax8_decode_add(reinterpret_cast<const uint8_t*>(m.buffers[j]), n, block,
+                               neighbour_copies[static_cast<size_t>(m.peers[j])].data());
+    // x += gamma * sum_j W_ij (x_hat_j - x_hat_i), over the live neighbours.
+    std::lock_guard<std::mutex> lock(flat.mutex());
+    float* out = flat.data();
+    for (size_t j = 0; j < m.peers.size(); ++j) {
+      const float w = static_cast<float>(l.gamma * m.weights[j]);
+      const float* xj = neighbour_copies[static_cast<size_t>(m.peers[j])].data();
+      const float* xi = own_copy.data();
+      for (size_t i = 0; i < n; ++i) out[i] += w * (xj[i] - xi[i]);
+    }
+  }
+};
+
+namespace {
+
+void check_interval(const Decentralized& d) {
+  if (d.communication_interval < 1)
+    throw comm::Error("Decentralized.communication_interval = " +
+                      std::to_string(d.communication_interval) + ": expected an integer >= 1");
+}
+
+void check_low_precision(const LowPrecisionDecentralized& l) {
+  if (!(l.gamma > 0 && l.gamma <= 1))
+    throw comm::Error("LowPrecisionDecentralized.gamma = " + comm::number_text(l.gamma) +
+                      ": expected a number in (0, 1]");
+  if (l.block < 1)
+    throw comm::Error("LowPrecisionDecentralized.block = " + std::to_string(l.block) +
+                      ": expected an integer >= 1");
+}
+
+}  // namespace
+
+DecentralizedModule::DecentralizedModule(Runtime& runtime,
+                                         std::shared_ptr<torch::nn::Module> module,
+                                         Decentralized algorithm, GossipOptions options) {
+  check_interval(algorithm);
+  comm::Topology topology(algorithm.topology, runtime.world_size());
+  if (!topology.doubly_stochastic())
+    throw comm::Error("decentralized SGD needs a doubly stochastic mixing matrix; " +
+                      topology.describe() +
+                      " is not (uniform weights on an irregular graph): use mixing = metropolis");
+  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options,
+                                 algorithm.topology, "decentralized");
+  if (algorithm.exchange == Decentralized::Exchange::overlap) {
+    impl_->copy_weights_to_send_buffer();
+    impl_->start_round(impl_->send_buffer.size());
+  }
+  Impl* impl = impl_.get();
+  impl_->listener = runtime.add_failure_listener(
+      [impl](int rank, const std::string& reason) { impl->mark_dead(rank, reason); });
+}
+
+DecentralizedModule::DecentralizedModule(Runtime& runtime,
+                                         std::shared_ptr<torch::nn::Module> module,
+                                         LowPrecisionDecentralized algorithm,
+                                         GossipOptions options) {
+  check_low_precision(algorithm);
+  comm::Topology topology(algorithm.topology, runtime.world_size());
+  if (!topology.undirected() || topology.time_varying())
+    throw comm::Error("low-precision decentralized SGD keeps copies of its neighbours' weights: "
+                      "it needs a static undirected topology, not " + topology.describe());
+  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options,
+                                 algorithm.topology, "low_precision_decentralized");
+  auto& m = *impl_;
+  const size_t n = m.flat.count();
+  // Every rank starts from rank 0's weights, so every copy starts there too.
+  m.own_copy.assign(m.flat.data(), m.flat.data() + n);
+  m.scratch.resize(n);
+  m.neighbour_copies.resize(static_cast<size_t>(runtime.world_size()));
+  for (int p : m.topology.round(m.rank, 0).recv_from)
+    m.neighbour_copies[static_cast<size_t>(p)] = m.own_copy;
+  Impl* impl = impl_.get();
+  impl_->listener = runtime.add_failure_listener(
+      [impl](int rank, const std::string& reason) { impl->mark_dead(rank, reason); });
+}
+
+DecentralizedModule::~DecentralizedModule() {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    std::cerr << "troupe: " << impl_->name() << ": " << e.what() << "\n";
+  }
+  impl_->rt.remove_failure_listener(impl_->listener);
+}
+
+void DecentralizedModule::step(torch::optim::Optimizer& optimizer) {
+  auto& m = *impl_;
+  if (auto* d = std::get_if<Decentralized>(&m.algorithm)) {
+    m.step_dpsgd(*d, optimizer);
+  } else {
+    m.step_choco(std::get<LowPrecisionDecentralized>(m.algorithm), optimizer);
+  }
+  std::lock_guard<std::mutex> lock(m.stats_mutex);
+  m.totals.steps = m.steps;
+}
+
+void DecentralizedModule::finish() {
+  auto& m = *impl_;
+  if (m.finished) return;
+  m.finished = true;
+  if (m.exchange) m.finish_round();  // the weights sent after the last step: received, unused
+}
+
+std::string DecentralizedModule::algorithm_name() const { return impl_->name(); }
+
+CommStats DecentralizedModule::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+  return impl_->totals;
+}
+
+}  // namespace troupe
