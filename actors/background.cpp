@@ -266,7 +266,7 @@ void drop(Gossiper* self, size_t index, const std::string& reason) {
     st.stats->dropped.push_back(nb.rank);
   }
   std::cerr << "troupe: asynchronous gossip on rank " << st.transport->rank()
-            << " dropped neighbour rank " << nb.rank << ": " << reason << "\n";
+            << " dropped rank " << nb.rank << ": " << reason << "\n";
   if (st.outstanding == static_cast<int>(index)) st.outstanding = -1;
   maybe_finish(self);
 }

@@ -124,8 +124,9 @@ ExchangeOutcome NeighborExchange::wait(std::chrono::steady_clock::time_point dea
   auto silent = pending_peers();
   if (!silent.empty()) {
     auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    auto transport = transport_.lock();
     for (int peer : silent)
-      transport_->fail_peer(peer, what + ": no message from rank " + std::to_string(peer) +
+      if (transport) transport->fail_peer(peer, what + ": no message from rank " + std::to_string(peer) +
                                       " after " + number_text(waited) + " s");
     // fail_peer ends the pending operations; their callbacks may still be on their way.
     std::unique_lock<std::mutex> lock(mutex_);

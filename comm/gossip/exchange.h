@@ -69,7 +69,9 @@ class NeighborExchange : public std::enable_shared_from_this<NeighborExchange> {
   NeighborExchange(std::shared_ptr<Transport> transport, std::vector<Op> ops);
   void complete(size_t index, const Status& status);
 
-  std::shared_ptr<Transport> transport_;
+  // Weak: the operations' callbacks keep the round alive, and may be destroyed on the transport's
+  // own thread; the round must never hold the last reference to the transport there.
+  std::weak_ptr<Transport> transport_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Op> ops_;

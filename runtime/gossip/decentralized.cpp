@@ -83,9 +83,17 @@ struct DecentralizedModule::Impl {
     return std::vector<int>(dead.begin(), dead.end());
   }
 
+  // Whether `peer` ever exchanges with this rank (every rank may, in a time-varying topology).
+  bool is_peer(int peer) const {
+    if (topology.time_varying()) return peer != rank;
+    auto p = topology.round(rank, 0);
+    return std::count(p.recv_from.begin(), p.recv_from.end(), peer) ||
+           std::count(p.send_to.begin(), p.send_to.end(), peer);
+  }
+
   void mark_dead(int peer, const std::string& reason) {
     std::lock_guard<std::mutex> lock(stats_mutex);
-    if (!dead.insert(peer).second) return;
+    if (!dead.insert(peer).second || !is_peer(peer)) return;
     totals.dropped_peers.push_back(peer);
     std::cerr << "troupe: " << name() << " on rank " << rank << " dropped rank " << peer << ": "
               << reason << "\n";
