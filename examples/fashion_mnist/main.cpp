@@ -1,110 +1,256 @@
-// Data-parallel training of Fashion-MNIST with troupe::DistributedModule, one rank per process:
+// Data-parallel training of Fashion-MNIST over troupe, with any of its algorithms:
 //   build/bin/troupe launch -n 4 -- build/bin/fashion_mnist --epochs 1
+//   build/bin/troupe launch -n 4 -- build/bin/fashion_mnist --algorithm powersgd:rank=2
+//   build/bin/troupe run examples/configs/gossip_ring8.toml   (runs fashion_mnist --job FILE)
+// With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
+// the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <iostream>
+#include <mutex>
+#include <sstream>
 
 #include "examples/fashion_mnist/dataset.h"
 #include "examples/fashion_mnist/models.h"
-#include "runtime/distributed_module.h"
+#include "runtime/data_parallel.h"
+#include "runtime/launch.h"
 
 using namespace troupe;
 
+namespace {
+
+struct Settings {
+  TrainerConfig trainer;
+  JobAlgorithm algorithm = comm::GradientAllReduce{};
+  DdpOptions ddp;
+  bool ranks_as_threads = false;
+  int die_rank = -1;  // failure injection for tests: this rank exits abruptly at die_step
+  int64_t die_step = 0;
+};
+
+std::mutex print_mutex;
+
+// One line to stdout, whole, prefixed with the rank when ranks are threads (troupe launch prefixes
+// the lines of processes itself).
+void say(const Settings& s, int rank, const std::string& line) {
+  std::lock_guard<std::mutex> lock(print_mutex);
+  if (s.ranks_as_threads) std::printf("[rank %d] ", rank);
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, args);
+  va_end(args);
+  return buf;
+}
+
+bool is_bucket_algorithm(const JobAlgorithm& a) {
+  return std::holds_alternative<comm::Compression>(a);
+}
+
+void train_rank(Runtime& rt, const Settings& s) {
+  const auto& t = s.trainer;
+  const int rank = rt.rank(), world = rt.world_size();
+  auto train = examples::shard(examples::load_fashion_mnist(t.data, "train"), rank, world, t.seed);
+  auto test = examples::load_fashion_mnist(t.data, "test");
+
+  std::shared_ptr<torch::nn::Module> module;
+  examples::Forward forward;
+  if (t.model == "cnn") {
+    examples::CnnNet net;
+    module = net.ptr();
+    forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
+  } else {
+    examples::MlpNet net({784, 256, 10});
+    module = net.ptr();
+    forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
+  }
+  torch::optim::SGD opt(module->parameters(), torch::optim::SGDOptions(t.lr).momentum(t.momentum));
+  auto dp = make_data_parallel(rt, module, s.algorithm, s.ddp);
+  // Bucket algorithms keep the ranks identical: rank 0 speaks for all. The others: every rank.
+  const bool speaks = rank == 0 || !is_bucket_algorithm(s.algorithm);
+  if (rank == 0)
+    say(s, rank,
+        format("fashion_mnist: %s, %s, %d rank(s)%s, %lld training images per rank, batch %d "
+               "per rank",
+               t.model.c_str(), dp->algorithm_name().c_str(), world,
+               s.ranks_as_threads ? " as threads" : "",
+               static_cast<long long>(examples::size(train)), t.batch));
+
+  examples::BatchIterator batches(train, t.batch, t.seed + static_cast<uint64_t>(rank));
+  int64_t step = 0;
+  for (int epoch = 0; epoch < t.epochs; ++epoch) {
+    batches.begin(epoch);
+    torch::Tensor x, y;
+    const auto epoch_start = std::chrono::steady_clock::now();
+    auto window_start = epoch_start;
+    int64_t window_images = 0;
+    double window_loss = 0;
+    while (batches.next(x, y)) {
+      if (rank == s.die_rank && step == s.die_step) {
+        say(s, rank, format("exiting abruptly at step %lld (--die-rank)", static_cast<long long>(step)));
+        std::_Exit(3);
+      }
+      opt.zero_grad();
+      auto loss = torch::nll_loss(forward(x), y);
+      loss.backward();
+      dp->step(opt);
+      window_images += x.size(0);
+      window_loss += loss.item<double>();
+      if (++step % t.log_every == 0 && speaks) {
+        double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+        auto st = dp->stats();
+        say(s, rank,
+            format("epoch %d step %lld loss %.4f images/s %.0f MB sent %.1f", epoch + 1,
+                   static_cast<long long>(step), window_loss / t.log_every,
+                   window_images * (is_bucket_algorithm(s.algorithm) ? world : 1) / sec,
+                   static_cast<double>(st.bytes_sent) / 1e6));
+        window_start = std::chrono::steady_clock::now();
+        window_images = 0;
+        window_loss = 0;
+      }
+    }
+    const double epoch_sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    std::string consensus;
+    try {
+      consensus = format("%.4g", consensus_distance(rt, *module));
+    } catch (const std::exception& e) {
+      consensus = std::string("n/a (") + e.what() + ")";
+    }
+    if (rank == 0) {
+      auto st = dp->stats();
+      double acc = examples::accuracy(*module, forward, test);
+      say(s, rank,
+          format("epoch %d test accuracy %.2f%% bytes sent per step %.0f epoch time %.1f s "
+                 "consensus distance %s",
+                 epoch + 1, acc * 100,
+                 st.steps ? static_cast<double>(st.bytes_sent) / static_cast<double>(st.steps) : 0.0,
+                 epoch_sec, consensus.c_str()));
+    }
+  }
+  dp->finish();
+  auto st = dp->stats();
+  if (!st.dropped_peers.empty()) {
+    std::string peers;
+    for (int p : st.dropped_peers) peers += (peers.empty() ? "" : ", ") + std::to_string(p);
+    say(s, rank, "finished without dropped peer(s) " + peers);
+  } else if (speaks && !is_bucket_algorithm(s.algorithm)) {
+    say(s, rank, format("finished: %llu steps, %llu background rounds, %.1f MB sent",
+                        static_cast<unsigned long long>(st.steps),
+                        static_cast<unsigned long long>(st.background_rounds),
+                        static_cast<double>(st.bytes_sent) / 1e6));
+  }
+}
+
+// Every rank as a thread of this process, over the in-process transport.
+int run_threads(const Settings& s, int world, const comm::LinkEmulation& links) {
+  auto fabric = std::make_shared<comm::InprocFabric>(world);
+  const int port = pick_free_port();
+  std::vector<std::future<std::string>> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      try {
+        RuntimeOptions o;
+        RankInfo info;
+        info.rank = r;
+        info.world_size = world;
+        info.local_rank = r;
+        info.local_world_size = world;
+        info.master_port = port;
+        info.source = "threads";
+        o.rank_info = info;
+        o.transport = "inproc";
+        o.fabric = fabric;
+        o.scheduler_threads = 1;
+        o.links = links;
+        Runtime rt(o);
+        train_rank(rt, s);
+        return std::string();
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    }));
+  int status = 0;
+  for (int r = 0; r < world; ++r) {
+    auto error = ranks[static_cast<size_t>(r)].get();
+    if (!error.empty()) {
+      std::cerr << "fashion_mnist: rank " << r << ": " << error << "\n";
+      status = 1;
+    }
+  }
+  return status;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Fashion-MNIST, data parallel over troupe"};
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string model_name = "cnn";
-  int epochs = 1, batch = 64, log_every = 100, threads = 1;
-  double lr = 0.05, momentum = 0.9;
-  uint64_t seed = 42;
-  DdpOptions ddp_options;
-  std::string algorithm = "allreduce";
-  app.add_option("--data", data_dir, "Folder with the four *-ubyte.gz files");
-  app.add_option("--model", model_name, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}));
-  app.add_option("--epochs", epochs, "Epochs")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "Batch per rank")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--log-every", log_every, "Steps between progress lines")->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "Intra-op threads per rank")->check(CLI::PositiveNumber);
-  app.add_option("--seed", seed, "Seed of the shards and the batch order");
+  Settings s;
+  auto& t = s.trainer;
+  std::string algorithm = "allreduce", job_file;
+  app.add_option("--job", job_file,
+                 "A job file (troupe run's TOML): algorithm, trainer settings and links from it");
+  app.add_option("--data", t.data, "Folder with the four *-ubyte.gz files");
+  app.add_option("--model", t.model, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}));
+  app.add_option("--epochs", t.epochs, "Epochs")->check(CLI::PositiveNumber);
+  app.add_option("--batch", t.batch, "Batch per rank")->check(CLI::PositiveNumber);
+  app.add_option("--lr", t.lr, "SGD learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", t.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--log-every", t.log_every, "Steps between progress lines")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", t.threads, "Intra-op threads per rank")->check(CLI::PositiveNumber);
+  app.add_option("--seed", t.seed, "Seed of the shards and the batch order");
   app.add_option("--algorithm", algorithm,
                  "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk or "
                  "powersgd, with settings: powersgd:rank=2,start_iter=10 or topk:ratio=0.01");
-  app.add_flag("--delay-reduce", ddp_options.delay_reduce, "Reduce after backward (no overlap)");
-  app.add_option("--trace", ddp_options.trace_path,
+  app.add_flag("--delay-reduce", s.ddp.delay_reduce, "Reduce after backward (no overlap)");
+  app.add_option("--trace", s.ddp.trace_path,
                  "Write a Chrome trace per rank here ({rank} is replaced)");
+  app.add_option("--die-rank", s.die_rank, "Testing: this rank exits abruptly at --die-step")
+      ->group("");
+  app.add_option("--die-step", s.die_step, "Testing: the step at which --die-rank exits")
+      ->group("");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    torch::set_num_threads(threads);
-    torch::manual_seed(static_cast<uint64_t>(seed));
-    Runtime rt;
-    const int rank = rt.rank(), world = rt.world_size();
-    auto train = examples::shard(examples::load_fashion_mnist(data_dir, "train"), rank, world, seed);
-    auto test = examples::load_fashion_mnist(data_dir, "test");
-
-    std::shared_ptr<torch::nn::Module> module;
-    examples::Forward forward;
-    if (model_name == "cnn") {
-      examples::CnnNet net;
-      module = net.ptr();
-      forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
+    comm::LinkEmulation links;
+    int world = 0;
+    bool links_from_job = false;
+    if (!job_file.empty()) {
+      auto job = load_job_config(job_file);
+      t = job.trainer;
+      s.algorithm = job.algorithm;
+      links = job.links;
+      links_from_job = true;
+      world = job.world_size;
+      s.ranks_as_threads = job.mode == JobConfig::Mode::threads;
     } else {
-      examples::MlpNet net({784, 256, 10});
-      module = net.ptr();
-      forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
+      s.algorithm = comm::parse_compression(algorithm);
     }
-    torch::optim::SGD opt(module->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
-    DistributedModule ddp(rt, module, comm::parse_compression(algorithm), ddp_options);
-    if (rank == 0)
-      std::printf("fashion_mnist: %s, %s, %d rank(s), %lld training images per rank, batch %d "
-                  "per rank, %zu bucket(s)\n",
-                  model_name.c_str(), ddp.algorithm_name().c_str(), world,
-                  static_cast<long long>(examples::size(train)), batch, ddp.bucket_count());
-
-    examples::BatchIterator batches(train, batch, seed);
-    int64_t step = 0;
-    size_t sent = 0;
-    for (int epoch = 0; epoch < epochs; ++epoch) {
-      batches.begin(epoch);
-      torch::Tensor x, y;
-      auto window_start = std::chrono::steady_clock::now();
-      int64_t window_images = 0;
-      double window_loss = 0;
-      while (batches.next(x, y)) {
-        opt.zero_grad();
-        auto loss = torch::nll_loss(forward(x), y);
-        loss.backward();
-        ddp.step(opt);
-        sent += ddp.last_step().bytes_sent;
-        window_images += batch;
-        window_loss += loss.item<double>();
-        if (++step % log_every == 0 && rank == 0) {
-          double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                     window_start)
-                           .count();
-          std::printf("epoch %d step %lld loss %.4f images/s %.0f MB sent %.1f\n", epoch + 1,
-                      static_cast<long long>(step), window_loss / log_every,
-                      window_images * world / sec, static_cast<double>(sent) / 1e6);
-          std::fflush(stdout);
-          window_start = std::chrono::steady_clock::now();
-          window_images = 0;
-          window_loss = 0;
-        }
-      }
-      if (rank == 0) {
-        double acc = examples::accuracy(*module, forward, test);
-        std::printf("epoch %d test accuracy %.2f%% bytes sent per step %.0f (last step %zu)\n",
-                    epoch + 1, acc * 100,
-                    step ? static_cast<double>(sent) / static_cast<double>(step) : 0.0,
-                    ddp.last_step().bytes_sent);
-        std::fflush(stdout);
-      }
-    }
+    torch::set_num_threads(t.threads);
+    torch::manual_seed(t.seed);
+    if (s.ranks_as_threads) return run_threads(s, world, links);
+    RuntimeOptions o;
+    if (links_from_job) o.links = links;
+    Runtime rt(o);
+    if (world && rt.world_size() != world)
+      throw comm::Error(job_file + ": job.world_size = " + std::to_string(world) +
+                        " but this job has " + std::to_string(rt.world_size()) +
+                        " ranks (start it with troupe run)");
+    train_rank(rt, s);
   } catch (const std::exception& e) {
     std::cerr << "fashion_mnist: " << e.what() << "\n";
     return 1;

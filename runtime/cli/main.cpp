@@ -11,6 +11,7 @@
 #include "runtime/cli/bench_allreduce.h"
 #include "runtime/cli/bench_ddp.h"
 #include "runtime/env.h"
+#include "runtime/job_config.h"
 #include "runtime/launch.h"
 #ifdef TROUPE_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -27,6 +28,30 @@ std::string self_exe(const char* argv0) {
   if (n <= 0) return argv0;
   buf[n] = 0;
   return buf;
+}
+
+// `troupe run job.toml`: checks the whole job file, then starts its trainer with `--job FILE` —
+// world_size processes through launch(), or one process whose ranks are threads.
+int run_job(const std::string& path, const std::string& self) {
+  auto job = troupe::load_job_config(path);
+  std::string program = job.trainer.program;
+  if (program.find('/') == std::string::npos) {
+    // Beside the troupe binary first (build/bin/fashion_mnist), then in PATH.
+    std::string beside = self.substr(0, self.rfind('/') + 1) + program;
+    if (access(beside.c_str(), X_OK) == 0) program = beside;
+  }
+  const bool processes = job.mode == troupe::JobConfig::Mode::processes;
+  std::cout << "troupe run: " << path << ": " << job.world_size << " rank(s) as "
+            << (processes ? "processes" : "threads") << ", "
+            << troupe::job_algorithm_name(job.algorithm) << ", " << program << std::endl;
+  troupe::LaunchOptions launch;
+  launch.nprocs = processes ? job.world_size : 1;
+  launch.command = {program, "--job", path};
+  launch.timeout_sec = job.timeout_sec;
+  launch.prefix_output = processes;
+  auto result = troupe::launch(launch);
+  if (result.exit_code != 0) std::cerr << "troupe run: " << result.message << "\n";
+  return result.exit_code;
 }
 
 void print_info() {
@@ -75,6 +100,11 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   launch_cmd->add_option("command", launch.command, "Program and its arguments (after --)")
       ->required();
+
+  auto* run_cmd = app.add_subcommand(
+      "run", "Run the training job of a TOML file (examples/configs/ has some)");
+  std::string job_path;
+  run_cmd->add_option("job", job_path, "The job file")->required();
 
   app.add_subcommand("info", "Print the versions of troupe and its dependencies");
 
@@ -129,6 +159,7 @@ int main(int argc, char** argv) {
       if (result.exit_code != 0) std::cerr << "troupe launch: " << result.message << "\n";
       return result.exit_code;
     }
+    if (*run_cmd) return run_job(job_path, self_exe(argv[0]));
     if (app.got_subcommand("info")) {
       print_info();
       return 0;

@@ -54,3 +54,16 @@ TEST_CASE("a rank that dies mid-training ends every survivor's step with an erro
   CHECK(r.rank_exit_codes[2] == 128 + 9);  // SIGKILL
   for (int rank = 0; rank < 2; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
 }
+
+TEST_CASE("decentralized and asynchronous gossip go on without a neighbour that dies") {
+  for (const char* scenario : {"gossip_kill_one", "async_gossip_kill_one"}) {
+    CAPTURE(scenario);
+    std::string log;
+    auto r = run_job(4, scenario, false, &log);
+    INFO(log);
+    REQUIRE(r.rank_exit_codes.size() == 4);
+    CHECK(r.rank_exit_codes[3] == 128 + 9);  // SIGKILL
+    for (int rank = 0; rank < 3; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
+    CHECK(log.find("dropped rank 3") != std::string::npos);  // the log names the dropped peer
+  }
+}

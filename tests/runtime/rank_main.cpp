@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "runtime/distributed_module.h"
+#include "runtime/gossip/decentralized.h"
 #include "runtime/runtime.h"
 #include "tests/support/collective_checks.h"
 
@@ -103,17 +104,66 @@ int ddp_kill_one() {
   return 3;
 }
 
+// A ring of gossiping ranks (D-PSGD when `asynchronous` is false, AD-PSGD when true) in which the
+// last rank dies at step 3: its two neighbours must drop it, log it, and every survivor must end
+// all its steps. Exit 0 when that happened.
+int gossip_kill_one(bool asynchronous) {
+  torch::set_num_threads(1);
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  Runtime rt(o);
+  const int victim = rt.world_size() - 1, steps = 30;
+  auto model = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(),
+                                     torch::nn::Linear(32, 4));
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  comm::TopologySpec ring;
+  ring.kind = comm::TopologyKind::ring;
+  GossipOptions g;
+  g.timeout = std::chrono::seconds(30);
+  std::unique_ptr<DataParallel> dp;
+  if (asynchronous) {
+    AsyncGossip a;
+    a.topology = ring;
+    a.min_interval_ms = 2;
+    dp = std::make_unique<AsynchronousModule>(rt, model.ptr(), a, g);
+  } else {
+    Decentralized d;
+    d.topology = ring;
+    dp = std::make_unique<DecentralizedModule>(rt, model.ptr(), d, g);
+  }
+  int done = 0;
+  for (int step = 0; step < steps; ++step, ++done) {
+    if (step == 3 && rt.rank() == victim) raise(SIGKILL);
+    opt.zero_grad();
+    model->forward(torch::randn({8, 16})).pow(2).mean().backward();
+    dp->step(opt);
+  }
+  dp->finish();
+  auto dropped = dp->stats().dropped_peers;
+  const bool neighbour = rt.rank() == 0 || rt.rank() == victim - 1;
+  std::cout << "rank " << rt.rank() << " finished " << done << " steps; dropped:";
+  for (int p : dropped) std::cout << " " << p;
+  std::cout << std::endl;
+  if (done != steps) return 2;
+  if (neighbour && dropped != std::vector<int>{victim}) return 3;
+  if (!neighbour && !dropped.empty()) return 4;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: troupe_test_rank collectives|kill_one|ddp_kill_one\n";
+    std::cerr << "usage: troupe_test_rank collectives|kill_one|ddp_kill_one|gossip_kill_one|"
+                 "async_gossip_kill_one\n";
     return 64;
   }
   try {
     if (!std::strcmp(argv[1], "collectives")) return collectives();
     if (!std::strcmp(argv[1], "kill_one")) return kill_one();
     if (!std::strcmp(argv[1], "ddp_kill_one")) return ddp_kill_one();
+    if (!std::strcmp(argv[1], "gossip_kill_one")) return gossip_kill_one(false);
+    if (!std::strcmp(argv[1], "async_gossip_kill_one")) return gossip_kill_one(true);
   } catch (const std::exception& e) {
     std::cerr << "troupe_test_rank " << argv[1] << ": " << e.what() << "\n";
     return 1;
