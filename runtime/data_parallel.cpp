@@ -22,6 +22,7 @@ class BucketParallel : public DataParallel {
     const auto& s = ddp_.last_step();
     ++totals_.steps;
     totals_.bytes_sent += s.bytes_sent;
+    totals_.last_step_bytes_sent = s.bytes_sent;
     totals_.bytes_received += s.bytes_received;
     totals_.comm_wait_sec += s.comm_wait_sec;
   }

@@ -26,6 +26,8 @@ struct CommStats {
   uint64_t steps = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  /// Bytes sent by the last step's own communication (not by background rounds).
+  uint64_t last_step_bytes_sent = 0;
   /// Time step() spent waiting for communication.
   double comm_wait_sec = 0;
   /// Background rounds (asynchronous algorithms): averages or pairwise exchanges applied.

@@ -134,11 +134,12 @@ void train_rank(Runtime& rt, const Settings& s) {
       auto st = dp->stats();
       double acc = examples::accuracy(*module, forward, test);
       say(s, rank,
-          format("epoch %d test accuracy %.2f%% bytes sent per step %.0f epoch time %.1f s "
-                 "consensus distance %s",
+          format("epoch %d test accuracy %.2f%% bytes sent per step %.0f (last step %llu) "
+                 "epoch time %.1f s consensus distance %s",
                  epoch + 1, acc * 100,
                  st.steps ? static_cast<double>(st.bytes_sent) / static_cast<double>(st.steps) : 0.0,
-                 epoch_sec, consensus.c_str()));
+                 static_cast<unsigned long long>(st.last_step_bytes_sent), epoch_sec,
+                 consensus.c_str()));
     }
   }
   dp->finish();

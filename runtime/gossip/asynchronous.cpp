@@ -169,7 +169,11 @@ void AsynchronousModule::step(torch::optim::Optimizer& optimizer) {
     const double w = m.rt.world_size();
     const auto bytes = static_cast<uint64_t>(2 * (w - 1) / w * m.gradients.size() * sizeof(float));
     m.totals.bytes_sent += bytes;
+    m.totals.last_step_bytes_sent = bytes;
     m.totals.bytes_received += bytes;
+  } else {
+    std::lock_guard<std::mutex> lock(m.stats_mutex);
+    m.totals.last_step_bytes_sent = 0;
   }
   {
     std::lock_guard<std::mutex> lock(m.flat.mutex());

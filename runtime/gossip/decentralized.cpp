@@ -131,6 +131,7 @@ struct DecentralizedModule::Impl {
     {
       std::lock_guard<std::mutex> lock(stats_mutex);
       totals.bytes_sent += outcome.bytes_sent;
+      totals.last_step_bytes_sent += outcome.bytes_sent;
       totals.bytes_received += outcome.bytes_received;
       totals.comm_wait_sec +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -176,6 +177,10 @@ struct DecentralizedModule::Impl {
   }
 
   void step_dpsgd(const Decentralized& d, torch::optim::Optimizer& optimizer) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      totals.last_step_bytes_sent = 0;
+    }
     const bool communicate = !finished && steps % static_cast<uint64_t>(d.communication_interval) == 0;
     if (d.exchange == Decentralized::Exchange::overlap) {
       // The weights of this step left after the previous one; mix them, then apply the gradient
@@ -199,6 +204,10 @@ struct DecentralizedModule::Impl {
   }
 
   void step_choco(const LowPrecisionDecentralized& l, torch::optim::Optimizer& optimizer) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      totals.last_step_bytes_sent = 0;
+    }
     locked_step(optimizer);
     ++steps;
     if (finished) return;

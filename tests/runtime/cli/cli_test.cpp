@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -108,4 +110,58 @@ TEST_CASE("troupe bench allreduce --link makes every allreduce wait at least the
     // Each rank needs the other's 4 KiB, which cross a 2 ms link.
     CHECK(rows[0]["sec"].get<double>() >= 0.002);
   }
+}
+
+namespace {
+
+// Writes `text` to a job file of its own and returns its path.
+std::string job_file(const std::string& name, const std::string& text) {
+  std::string path = "/tmp/troupe_cli_test_" + std::to_string(getpid()) + "_" + name + ".toml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("troupe run trains Fashion-MNIST from a job file, as threads and as processes") {
+  const std::string trainer = "[trainer]\nmodel = \"mlp\"\nepochs = 1\nlog_every = 200\n";
+  SUBCASE("decentralized SGD on a ring, ranks as threads") {
+    auto path = job_file("threads", "[job]\nworld_size = 3\nmode = \"threads\"\n"
+                                    "[topology]\nkind = \"ring\"\n"
+                                    "[algorithm]\nname = \"decentralized\"\n" + trainer);
+    auto out = run(std::string(TROUPE_BIN) + " run " + path);
+    INFO(out.text);
+    CHECK(out.status == 0);
+    CHECK(out.text.find("decentralized(ring(3, uniform), overlap), 3 rank(s) as threads") !=
+          std::string::npos);
+    for (const char* rank : {"[rank 0] epoch 1 step 200 loss", "[rank 1] epoch 1 step 200 loss",
+                             "[rank 2] epoch 1 step 200 loss", "consensus distance"})
+      CHECK(out.text.find(rank) != std::string::npos);
+    std::remove(path.c_str());
+  }
+  SUBCASE("asynchronous gossip as processes over emulated links") {
+    auto path = job_file("processes", "[job]\nworld_size = 2\nmode = \"processes\"\n"
+                                      "[topology]\nkind = \"ring\"\n"
+                                      "[algorithm]\nname = \"async_gossip\"\n" + trainer +
+                                      "[links]\nall = \"10gbit,1ms\"\n");
+    auto out = run(std::string(TROUPE_BIN) + " run " + path);
+    INFO(out.text);
+    CHECK(out.status == 0);
+    CHECK(out.text.find("[rank 0] epoch 1 test accuracy") != std::string::npos);
+    CHECK(out.text.find("[rank 1] finished: ") != std::string::npos);
+    std::remove(path.c_str());
+  }
+}
+
+TEST_CASE("troupe run names the key, the value and what is allowed in a bad job file") {
+  auto path = job_file("bad", "[job]\nworld_size = 4\n[algorithm]\nname = \"gossip\"\n");
+  auto out = run(std::string(TROUPE_BIN) + " run " + path);
+  INFO(out.text);
+  CHECK(out.status != 0);
+  CHECK(out.text.find("algorithm.name = \"gossip\"") != std::string::npos);
+  CHECK(out.text.find("decentralized") != std::string::npos);  // among the allowed names
+  std::remove(path.c_str());
 }
