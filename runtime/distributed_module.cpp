@@ -210,6 +210,7 @@ void DistributedModule::Impl::spawn_actors() {
   settings.average = opt.average || !opt.agg_grad;
   settings.divide_before = opt.divide_before && opt.agg_grad;
   settings.collectives = rt.comm().options();
+  if (opt.hierarchical) settings.collectives.hosts = host_indices(rt.hosts());
   settings.key_prefix = key_prefix;
   std::vector<caf::actor> handles;
   std::vector<std::vector<std::string>> bucket_names;

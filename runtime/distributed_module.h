@@ -76,6 +76,11 @@ struct DdpOptions {
   bool gradient_as_bucket_view = true;
   /// After step 1, rebuild buckets in the observed gradient-ready order.
   bool rebuild_buckets = true;
+  /// Multi-host jobs: GradientAllReduce buckets reduce inside each host to a leader, allreduce
+  /// across the leaders, and broadcast inside the host (comm/collectives/collectives.h), with the
+  /// ranks grouped by the host names of the rendezvous. No effect on one host, on one rank per
+  /// host, or on the compressed algorithms.
+  bool hierarchical = false;
   /// A step whose reductions are not done after this long fails with a report of which bucket
   /// waits for which ranks.
   std::chrono::milliseconds stall_timeout{60000};

@@ -18,7 +18,9 @@ namespace troupe {
 
 namespace {
 
-std::string host_name() {
+std::string host_name(const std::string& chosen) {
+  if (!chosen.empty()) return chosen;
+  if (const char* env = std::getenv("TROUPE_HOST_NAME"); env && *env) return env;
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
   return buf;
@@ -118,7 +120,7 @@ void Runtime::Impl::start() {
   request.world_size = info.world_size;
   request.master_addr = info.master_addr;
   request.master_port = info.master_port;
-  request.host = host_name();
+  request.host = host_name(options.host);
   request.address = address;
   request.timeout = options.rendezvous_timeout;
   caf::actor local;
@@ -185,6 +187,17 @@ int Runtime::world_size() const { return impl_->info.world_size; }
 int Runtime::local_rank() const { return impl_->info.local_rank; }
 const RankInfo& Runtime::rank_info() const { return impl_->info; }
 const std::vector<std::string>& Runtime::hosts() const { return impl_->hosts; }
+
+std::vector<int> host_indices(const std::vector<std::string>& hosts) {
+  std::vector<std::string> seen;
+  std::vector<int> out;
+  for (const auto& h : hosts) {
+    auto at = std::find(seen.begin(), seen.end(), h);
+    if (at == seen.end()) at = seen.insert(seen.end(), h);
+    out.push_back(static_cast<int>(at - seen.begin()));
+  }
+  return out;
+}
 caf::actor_system& Runtime::system() { return *impl_->system; }
 const caf::actor& Runtime::worker() const { return impl_->worker; }
 std::shared_ptr<comm::Transport> Runtime::transport() { return impl_->transport; }

@@ -47,6 +47,10 @@ struct RuntimeOptions {
   /// Deadline of each blocking collective.
   std::chrono::milliseconds collective_timeout{60000};
   comm::CollectiveOptions collectives;
+  /// The host name this rank registers with (what hosts() reports and hierarchical reductions
+  /// group by); empty: $TROUPE_HOST_NAME, else gethostname(). Setting it lets ranks on one machine
+  /// pretend to be on several hosts.
+  std::string host;
   /// Link emulation: this rank's sends to each peer are delayed as if over a link of that
   /// bandwidth and latency (comm/transport/link_emulation.h; emulation, not a network model).
   /// Read from TROUPE_LINK and TROUPE_LINK_RANKS (runtime/env.h) when empty; an inactive one
@@ -90,5 +94,9 @@ class Runtime {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Each rank's host as a small integer (the index of its name among the distinct names, in order
+/// of first appearance), for comm::CollectiveOptions::hosts.
+std::vector<int> host_indices(const std::vector<std::string>& hosts);
 
 }  // namespace troupe

@@ -6,6 +6,7 @@
 /// stay valid until the execution ends. Element counts may be 0 and need not divide the world size.
 /// docs/algorithms.md gives each algorithm's steps and bytes on the wire.
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "comm/collectives/schedule.h"
@@ -22,6 +23,10 @@ struct CollectiveOptions {
   size_t chunk_bytes = 512 << 10;
   /// At most this many lanes (chunks in flight) per collective.
   int max_lanes = 2;
+  /// The host of each rank (any integers; empty: not known). Set, with more than one rank on some
+  /// host and more than one host, the gradient buckets of GradientAllReduce reduce
+  /// hierarchically (hierarchical_allreduce_stages).
+  std::vector<int> hosts;
 };
 
 /// Which rank this schedule is for.
@@ -33,6 +38,17 @@ struct Group {
 /// data := op over all ranks of data (in place). Chooses by size between the two below.
 Schedule allreduce_schedule(Group g, void* data, size_t count, DataType type, ReduceOp op,
                             const CollectiveOptions& options);
+/// Hierarchical allreduce for jobs spread over hosts: `host_of[r]` is the host (any integer) of
+/// rank r. Three stages, each a Schedule of its own (run them as schedule.h's stages, each under its
+/// own key): (1) every rank of a host sends its buffer to the host's leader (its lowest rank), which
+/// reduces them; (2) the leaders allreduce among themselves (allreduce_schedule over the leaders);
+/// (3) each leader sends the result to the other ranks of its host. Bytes across hosts: those of an
+/// allreduce among H leaders instead of among W ranks. avg divides by the world size at the end.
+/// Throws comm::Error when host_of does not have world_size entries.
+std::vector<std::function<Schedule()>> hierarchical_allreduce_stages(
+    Group g, const std::vector<int>& host_of, void* data, size_t count, DataType type, ReduceOp op,
+    const CollectiveOptions& options);
+
 /// Ring reduce-scatter then ring allgather, pipelined in lanes: bandwidth-optimal,
 /// 2(W-1)/W * bytes sent per rank.
 Schedule ring_allreduce_schedule(Group g, void* data, size_t count, DataType type, ReduceOp op,

@@ -34,6 +34,9 @@ class Communicator {
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
   void allreduce(void* data, size_t count, DataType type, ReduceOp op);
+  /// allreduce in three stages by host (collectives.h); `host_of[r]` is rank r's host.
+  void hierarchical_allreduce(void* data, size_t count, DataType type, ReduceOp op,
+                              const std::vector<int>& host_of);
   void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op);
   void allgather(const void* in, void* out, size_t count_per_rank, DataType type);
   void allgatherv(const void* in, void* out, const std::vector<size_t>& counts, DataType type);

@@ -254,8 +254,48 @@ class AllReduce final : public Reduction {
   explicit AllReduce(const BucketBuffer& bucket) : bucket_(bucket) {}
   std::string name() const override { return "allreduce"; }
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
+    if (hierarchical(step)) return hierarchical_stages(step);
     return {[this, step] { return scaled_allreduce(step, bucket_.data, bucket_.count, bucket_.type); }};
   }
+
+ private:
+  static bool hierarchical(const ReduceStep& step) {
+    const auto& hosts = step.collectives.hosts;
+    if (hosts.size() != static_cast<size_t>(step.group.world_size)) return false;
+    std::vector<int> sorted = hosts;
+    std::sort(sorted.begin(), sorted.end());
+    const auto distinct = std::unique(sorted.begin(), sorted.end()) - sorted.begin();
+    return distinct > 1 && distinct < step.group.world_size;  // several hosts, some shared
+  }
+
+  // Sums by host; the step's scale is applied before (divide_before) or after the three stages.
+  std::vector<std::function<Schedule()>> hierarchical_stages(const ReduceStep& step) {
+    void* data = bucket_.data;
+    const size_t count = bucket_.count;
+    const DataType type = bucket_.type;
+    auto stages = hierarchical_allreduce_stages(step.group, step.collectives.hosts, data, count,
+                                                type, ReduceOp::sum, step.collectives);
+    const double factor = step.scale;
+    if (factor == 1.0) return stages;
+    if (step.divide_before) {
+      stages.front() = [first = stages.front(), data, count, type, factor] {
+        scale(data, count, type, factor);
+        return first();
+      };
+    } else {
+      stages.back() = [last = stages.back(), data, count, type, factor] {
+        Schedule s = last();
+        s.finally = [previous = std::move(s.finally), data, count, type, factor] {
+          if (previous) previous();
+          scale(data, count, type, factor);
+        };
+        return s;
+      };
+    }
+    return stages;
+  }
+
+ public:
 
  private:
   BucketBuffer bucket_;

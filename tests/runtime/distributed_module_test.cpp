@@ -38,11 +38,16 @@ struct Mlp : torch::nn::Module {
 };
 
 // Runs body(rank, runtime) on `world` threads; returns what each threw ("" when nothing).
-std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body) {
+// With `hosts`, rank r registers as if on host hosts[r].
+std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body,
+                                     const std::vector<std::string>& hosts = {}) {
   auto fabric = std::make_shared<comm::InprocFabric>(world);
   const int port = pick_free_port();
   std::vector<RuntimeOptions> options;
-  for (int r = 0; r < world; ++r) options.push_back(test::thread_rank(r, world, port, fabric));
+  for (int r = 0; r < world; ++r) {
+    options.push_back(test::thread_rank(r, world, port, fabric));
+    if (!hosts.empty()) options.back().host = hosts[static_cast<size_t>(r)];
+  }
   return test::run_ranks(options, body);
 }
 
@@ -68,6 +73,7 @@ struct Case {
   double denominator = 0;  // 0: default (world size)
   double loss_scale = 1;   // what the reference multiplies its loss by to match
   Algorithm algorithm = GradientAllReduce{};
+  std::vector<std::string> hosts;  // pretend hosts of the ranks (empty: all on this one)
 };
 
 // K steps on `world` ranks, each on its slice of the batch, against one process on the whole
@@ -108,7 +114,7 @@ double max_difference(const Case& c, int world, int steps = 3) {
     for (size_t i = 0; i < mine.size(); ++i)
       worst = std::max(worst, (mine[i] - want[i]).abs().max().item<double>());
     diffs[static_cast<size_t>(r)] = worst;
-  });
+  }, c.hosts);
   for (auto& e : errors) CHECK(e == "");
   return *std::max_element(diffs.begin(), diffs.end());
 }
@@ -514,4 +520,47 @@ TEST_CASE("ranks that choose different algorithms get an error naming both, not 
     CHECK(e == "model mismatch between rank 0 and rank 1 at entry 0: rank 0 has 'algorithm "
                "powersgd(rank=2)', rank 1 has 'algorithm allreduce' (every rank must wrap the "
                "same model)");
+}
+
+TEST_CASE("hierarchical reduction over ranks pretending to be on two hosts matches one process") {
+  torch::set_num_threads(1);
+  for (bool divide_before : {false, true}) {
+    Case c;
+    c.options.hierarchical = true;
+    c.options.divide_before = divide_before;
+    c.options.bucket_bytes = 256;  // several buckets
+    c.options.first_bucket_bytes = 128;
+    c.hosts = {"host-a", "host-a", "host-b", "host-b", "host-b"};
+    CAPTURE(divide_before);
+    CHECK(max_difference(c, 5) < 1e-5);
+  }
+  // The reduction really goes by host: a rank that is not its host's leader sends its gradients
+  // once (to the leader), where a flat allreduce of 5 ranks sends at least twice their size.
+  const std::vector<std::string> hosts = {"host-a", "host-a", "host-b", "host-b", "host-b"};
+  for (bool hierarchical : {true, false}) {
+    auto sent = std::make_shared<std::vector<size_t>>(5);
+    auto errors = run_threads(5, [&, sent](int r, Runtime& rt) {
+      auto model = std::make_shared<Mlp>(6, 8, 3);  // 155 floats: 620 bytes
+      torch::optim::SGD opt(model->parameters(), 0.1);
+      DdpOptions o;
+      o.hierarchical = hierarchical;
+      DistributedModule ddp(rt, model, GradientAllReduce{}, o);
+      torch::mse_loss(model->forward(torch::randn({4, 6})), torch::randn({4, 3})).backward();
+      ddp.step(opt);
+      (*sent)[static_cast<size_t>(r)] = ddp.last_step().bytes_sent;
+    }, hosts);
+    for (auto& e : errors) CHECK(e == "");
+    CAPTURE(hierarchical);
+    if (hierarchical) {
+      CHECK((*sent)[1] >= 620);
+      CHECK((*sent)[1] <= 620 + 6 * 64);  // 6 tensors, each padded to 64 bytes at most
+    } else {
+      CHECK((*sent)[1] >= 2 * 620);
+    }
+  }
+  auto errors = run_threads(3, [](int, Runtime& rt) {
+    CHECK(rt.hosts() == std::vector<std::string>{"x", "y", "x"});
+    CHECK(host_indices(rt.hosts()) == std::vector<int>{0, 1, 0});
+  }, {"x", "y", "x"});
+  for (auto& e : errors) CHECK(e == "");
 }

@@ -67,3 +67,11 @@ TEST_CASE("decentralized and asynchronous gossip go on without a neighbour that 
     CHECK(log.find("dropped rank 3") != std::string::npos);  // the log names the dropped peer
   }
 }
+
+TEST_CASE("a hierarchical allreduce over 4 processes pretending to be two hosts sums everything") {
+  std::string log;
+  auto r = run_job(4, "hierarchical", true, &log);
+  INFO(log);
+  CHECK(r.exit_code == 0);
+  CHECK(log.find("on pretend-host-b: hierarchical allreduce correct") != std::string::npos);
+}

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <vector>
@@ -150,12 +151,45 @@ int gossip_kill_one(bool asynchronous) {
   return 0;
 }
 
+// Ranks 0, 1 pretend to be on one host and the others on another (TROUPE_HOST_NAME): the
+// rendezvous must group them so, and a hierarchical allreduce must give the full sum. Exit 0 then.
+int hierarchical() {
+  const char* rank_text = std::getenv("RANK");
+  const int rank = rank_text ? std::atoi(rank_text) : 0;
+  setenv("TROUPE_HOST_NAME", rank < 2 ? "pretend-host-a" : "pretend-host-b", 1);
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  Runtime rt(o);
+  auto hosts = host_indices(rt.hosts());
+  std::vector<int> expected;
+  for (int r = 0; r < rt.world_size(); ++r) expected.push_back(r < 2 ? 0 : 1);
+  if (hosts != expected) {
+    std::cerr << "rank " << rank << ": hosts not grouped as pretended\n";
+    return 2;
+  }
+  const int world = rt.world_size();
+  for (size_t count : {size_t{5}, size_t{300000}}) {
+    std::vector<float> v(count, static_cast<float>(rank + 1));
+    rt.comm().hierarchical_allreduce(v.data(), count, comm::DataType::float32, comm::ReduceOp::sum,
+                                     hosts);
+    const float want = static_cast<float>(world * (world + 1) / 2);
+    for (float x : v)
+      if (x != want) {
+        std::cerr << "rank " << rank << ": got " << x << ", expected " << want << "\n";
+        return 3;
+      }
+  }
+  std::cout << "rank " << rank << " on " << rt.hosts()[static_cast<size_t>(rank)]
+            << ": hierarchical allreduce correct" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: troupe_test_rank collectives|kill_one|ddp_kill_one|gossip_kill_one|"
-                 "async_gossip_kill_one\n";
+                 "async_gossip_kill_one|hierarchical\n";
     return 64;
   }
   try {
@@ -163,6 +197,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[1], "kill_one")) return kill_one();
     if (!std::strcmp(argv[1], "ddp_kill_one")) return ddp_kill_one();
     if (!std::strcmp(argv[1], "gossip_kill_one")) return gossip_kill_one(false);
+    if (!std::strcmp(argv[1], "hierarchical")) return hierarchical();
     if (!std::strcmp(argv[1], "async_gossip_kill_one")) return gossip_kill_one(true);
   } catch (const std::exception& e) {
     std::cerr << "troupe_test_rank " << argv[1] << ": " << e.what() << "\n";

@@ -2,6 +2,7 @@
 // reference; and the ways a collective ends in an error instead of a hang.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <future>
 #include <string>
 #include <thread>
@@ -134,4 +135,57 @@ TEST_CASE("bad collective arguments are rejected with the value and what was exp
                     doctest::Contains("2 counts given, expected one per rank (1)"));
   CHECK_THROWS_WITH(comm::parse_data_type("float8"), doctest::Contains("'float8'"));
   CHECK_THROWS_WITH(comm::InprocFabric(0), doctest::Contains("world size 0"));
+}
+
+TEST_CASE("hierarchical allreduce matches a single-process reference for every host layout") {
+  const std::vector<std::vector<int>> layouts = {
+      {0, 0, 1, 1, 1}, {0, 1, 0, 1}, {5, 5, 5}, {0, 1, 2}, {7}, {0, 0, 1, 2, 2, 2}};
+  for (const auto& hosts : layouts) {
+    const int world = static_cast<int>(hosts.size());
+    CAPTURE(world);
+    CAPTURE(hosts[0]);
+    for (auto op : {comm::ReduceOp::sum, comm::ReduceOp::avg, comm::ReduceOp::max}) {
+      CAPTURE(comm::to_string(op));
+      comm::CollectiveOptions ring;  // large buffers by the ring among leaders, in lanes
+      ring.small_bytes = 256;
+      ring.chunk_bytes = 128;
+      expect_no_failures(run_ranks(world, ring, [&](comm::Communicator& c) {
+        std::vector<std::string> failures;
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{3001}}) {
+          auto value = [](int rank, size_t i) { return static_cast<double>((rank + 1) * 3 + i % 11); };
+          std::vector<double> data(count);
+          for (size_t i = 0; i < count; ++i) data[i] = value(c.rank(), i);
+          c.hierarchical_allreduce(data.data(), count, comm::DataType::float64, op, hosts);
+          for (size_t i = 0; i < count; ++i) {
+            double expected = op == comm::ReduceOp::max ? value(world - 1, i) : 0;
+            if (op != comm::ReduceOp::max)
+              for (int r = 0; r < world; ++r) expected += value(r, i);
+            if (op == comm::ReduceOp::avg) expected /= world;
+            if (std::abs(data[i] - expected) > 1e-9 * std::abs(expected)) {
+              failures.push_back("count " + std::to_string(count) + " element " +
+                                 std::to_string(i) + ": " + std::to_string(data[i]) +
+                                 ", expected " + std::to_string(expected));
+              break;
+            }
+          }
+        }
+        return failures;
+      }));
+    }
+  }
+}
+
+TEST_CASE("hierarchical allreduce refuses a host list of the wrong length") {
+  auto per_rank = run_ranks(2, {}, [](comm::Communicator& c) {
+    double x = 1;
+    try {
+      c.hierarchical_allreduce(&x, 1, comm::DataType::float64, comm::ReduceOp::sum, {0, 0, 1});
+    } catch (const comm::Error& e) {
+      if (std::string(e.what()).find("3 host entries for a world of 2 ranks") != std::string::npos)
+        return std::vector<std::string>{};
+      return std::vector<std::string>{std::string("wrong message: ") + e.what()};
+    }
+    return std::vector<std::string>{"no error"};
+  });
+  expect_no_failures(per_rank);
 }
