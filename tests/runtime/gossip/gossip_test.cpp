@@ -17,6 +17,7 @@
 #include "comm/status.h"
 #include "runtime/gossip/decentralized.h"
 #include "runtime/launch.h"
+#include "runtime/model_switch.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 
@@ -383,4 +384,74 @@ TEST_CASE("decentralized SGD refuses a mixing matrix that is not doubly stochast
                          comm::Error);
   });
   check_no_errors(errors);
+}
+
+TEST_CASE("ModelSwitch runs allreduce, then decentralized SGD, then allreduce, like a simulation") {
+  const int world = 4, phase = 3;  // a ring of 4 (of 3 it would be the complete graph)
+  const double lr = 0.1;
+  Decentralized dpsgd;
+  dpsgd.topology = ring();
+  dpsgd.exchange = Decentralized::Exchange::after_step;
+  std::vector<torch::Tensor> finals(world), after_phase2(world);
+  std::vector<std::string> names(world);
+  std::mutex mutex;
+  const auto init = initial_weights();
+  auto errors = run_threads(world, [&](int rank, Runtime& rt) {
+    auto net = std::make_shared<Net>();
+    if (rank == 0) load_flat(*net, init);
+    ModelSwitch dp(rt, net, comm::GradientAllReduce{});
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(lr));
+    int s = 0;
+    auto train = [&] {
+      for (int i = 0; i < phase; ++i, ++s) {
+        opt.zero_grad();
+        auto [x, y] = batch(rank, s);
+        torch::mse_loss(net->forward(x), y).backward();
+        dp.step(opt);
+      }
+    };
+    train();
+    dp.switch_to(dpsgd);
+    const std::string middle = dp.algorithm_name();
+    train();
+    auto before_switch = flat_of(*net);
+    dp.switch_to(comm::GradientAllReduce{});
+    train();
+    dp.finish();
+    std::lock_guard<std::mutex> lock(mutex);
+    finals[rank] = flat_of(*net);
+    after_phase2[rank] = before_switch;
+    names[rank] = middle;
+    CHECK(dp.switches() == 2);
+    CHECK(dp.stats().steps == 3 * phase);
+  });
+  check_no_errors(errors);
+  CHECK(names[0].find("decentralized(ring(4") == 0);
+  // Reference: rows are the ranks' weights.
+  auto w = matrix(comm::Topology(dpsgd.topology, world).mixing_matrix(0));
+  std::vector<torch::Tensor> x(world, init);
+  int s = 0;
+  auto allreduce_phase = [&] {
+    for (int i = 0; i < phase; ++i, ++s) {
+      auto g = torch::zeros_like(x[0]);
+      for (int r = 0; r < world; ++r) g = g + gradient_at(x[r], r, s);
+      for (int r = 0; r < world; ++r) x[r] = x[r] - lr * g / world;
+    }
+  };
+  allreduce_phase();
+  for (int i = 0; i < phase; ++i, ++s) {
+    std::vector<torch::Tensor> half;
+    for (int r = 0; r < world; ++r) half.push_back(x[r] - lr * gradient_at(x[r], r, s));
+    auto next = torch::matmul(w, torch::stack(half));
+    for (int r = 0; r < world; ++r) x[r] = next[r].clone();
+  }
+  for (int r = 0; r < world; ++r) CHECK((after_phase2[r] - x[r]).abs().max().item<double>() < 1e-5);
+  auto mean = torch::stack(x).mean(0);  // the switch averages the weights
+  for (int r = 0; r < world; ++r) x[r] = mean.clone();
+  allreduce_phase();
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK((finals[r] - x[r]).abs().max().item<double>() < 1e-5);
+  }
+  CHECK((after_phase2[0] - after_phase2[1]).abs().max().item<double>() > 1e-6);  // phase 2 differed
 }
