@@ -55,6 +55,8 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 /// (round_atom, ...): a background round's communication ended.
 using round_atom = caf::atom_constant<caf::atom("round")>;
+/// (sent_atom): a gossiper's send has completed.
+using sent_atom = caf::atom_constant<caf::atom("sent")>;
 /// (drop_atom, rank, reason): a gossip neighbour is gone.
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
 

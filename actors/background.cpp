@@ -169,6 +169,7 @@ struct GossiperState {
   bool byes_sent = false;
   bool finished = false;
   int outstanding = -1;  // index into neighbours of the exchange in flight
+  int sends_in_flight = 0;  // a rank has finished only when its last bye has left
   std::vector<float> request_snapshot;
   std::vector<float> scratch;
   std::vector<float> target;
@@ -217,6 +218,7 @@ void send_message(Gossiper* self, size_t index, Kind kind, const float* payload)
   caf::actor me = caf::actor_cast<caf::actor>(self);
   const int peer = nb.rank;
   auto stats = st.stats;
+  ++st.sends_in_flight;
   st.transport->send(peer, stream_tag(st, nb.out_seq++), message->data(), message->size(),
                      [me, index, message, stats](const comm::Status& s) {
                        if (s.ok()) {
@@ -225,6 +227,7 @@ void send_message(Gossiper* self, size_t index, Kind kind, const float* payload)
                          caf::anon_send(me, drop_atom::value, static_cast<uint64_t>(index),
                                         s.message());
                        }
+                       caf::anon_send(me, sent_atom::value);
                      });
 }
 
@@ -251,6 +254,8 @@ void maybe_finish(Gossiper* self) {
   send_byes(self);
   for (const auto& nb : st.neighbours)
     if (nb.alive && !nb.bye_received) return;
+  // A send may still wait in a queue below (link emulation): it must leave before the rank goes.
+  if (st.sends_in_flight > 0) return;
   st.finished = true;
   for (auto& p : st.waiting_stop) p.deliver(true, std::string());
   st.waiting_stop.clear();
@@ -356,6 +361,10 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
             return;
         }
         post_receive(self, index);
+        maybe_finish(self);
+      },
+      [self](sent_atom) {
+        --self->state.sends_in_flight;
         maybe_finish(self);
       },
       [self](drop_atom, uint64_t index, const std::string& reason) {
