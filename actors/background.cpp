@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "actors/atoms.h"
+#include "actors/execution_post.h"
 #include "comm/collectives/schedule.h"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
@@ -54,13 +55,7 @@ void start_round(Averager* self) {
   auto schedule = comm::allreduce_schedule(group, st.work.data(), n + 1, comm::DataType::float32,
                                            comm::ReduceOp::avg, st.settings.collectives);
   caf::actor me = caf::actor_cast<caf::actor>(self);
-  comm::Post post;
-  if (st.transport->serial_callbacks()) {
-    if (!st.inline_lock) st.inline_lock = std::make_shared<std::mutex>();
-    post = comm::locked_post(st.inline_lock);
-  } else {
-    post = [me](std::function<void()> fn) { caf::anon_send(me, run_atom::value, std::move(fn)); };
-  }
+  comm::Post post = execution_post(me, *st.transport, st.inline_lock);
   const uint32_t key = st.settings.key_prefix | (st.round & 0x0fffffffu);
   auto execution = std::make_shared<comm::Execution>(st.transport, key, std::move(schedule), post);
   execution->on_done([me, raw = execution.get()](const comm::Status& status) {

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "actors/atoms.h"
+#include "actors/execution_post.h"
 #include "comm/collectives/schedule.h"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
@@ -96,14 +97,8 @@ void launch(Bucket* self, double divisor) {
                                      static_cast<uint32_t>(i) << 12 |
                                      static_cast<uint32_t>(plan.index),
                                  std::move(builders[i])});
-  caf::actor me = caf::actor_cast<caf::actor>(self);
-  comm::Post post;
-  if (st.transport->serial_callbacks()) {
-    if (!st.inline_lock) st.inline_lock = std::make_shared<std::mutex>();
-    post = comm::locked_post(st.inline_lock);
-  } else {
-    post = [me](std::function<void()> fn) { caf::anon_send(me, run_atom::value, std::move(fn)); };
-  }
+  comm::Post post =
+      execution_post(caf::actor_cast<caf::actor>(self), *st.transport, st.inline_lock);
   auto execution = std::make_shared<comm::Execution>(st.transport, std::move(stages), post);
   // Runs on whichever thread ends the execution: touches only what it captured.
   execution->on_done([plan, step = st.step, stats = st.stats, reducer = st.reducer,
