@@ -384,6 +384,10 @@ void DistributedModule::set_denominator(double denominator) {
 }
 
 void DistributedModule::step(torch::optim::Optimizer& optimizer) {
+  step([&optimizer] { optimizer.step(); });
+}
+
+void DistributedModule::step(const std::function<void()>& optimizer_step) {
   auto& m = *impl_;
   if (!m.sync)
     throw comm::Error("DistributedModule::step() called inside no_sync(): leave the scope and "
@@ -420,7 +424,7 @@ void DistributedModule::step(torch::optim::Optimizer& optimizer) {
       }
   }
   const int64_t reduced = actors::now_us();
-  optimizer.step();
+  optimizer_step();
   if (!m.opt.agg_grad) {
     torch::NoGradGuard no_grad;
     for (auto& bucket : m.buckets)

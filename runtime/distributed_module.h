@@ -25,6 +25,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -115,6 +116,8 @@ class DistributedModule {
   /// (agg_grad), or steps and then averages the weights (!agg_grad). Throws comm::Error naming
   /// parameters without gradient, a failed bucket and the rank, or a stall.
   void step(torch::optim::Optimizer& optimizer);
+  /// The same with any step in place of `optimizer.step()` (clip then step, unscale then step).
+  void step(const std::function<void()>& optimizer_step);
   /// The denominator of this step's average (default: world size), e.g. the global number of
   /// samples. Set before backward when divide_before is on. Must be > 0.
   void set_denominator(double denominator);

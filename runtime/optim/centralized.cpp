@@ -17,23 +17,6 @@ namespace {
 
 using comm::number_text;
 
-// DistributedModule::step runs `optimizer.step()` between the reduction and the weight average;
-// this lets it run our own step there (clip, then the inner optimizer).
-class StepHook final : public torch::optim::Optimizer {
- public:
-  explicit StepHook(std::function<void()> fn)
-      : Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
-                  std::make_unique<torch::optim::OptimizerOptions>()),
-        fn_(std::move(fn)) {}
-  torch::Tensor step(LossClosure) override {
-    fn_();
-    return {};
-  }
-
- private:
-  std::function<void()> fn_;
-};
-
 void check_distribution(const std::string& what, double grad_clip) {
   if (!(grad_clip >= 0) || std::isinf(grad_clip))
     throw comm::Error(what + ".grad_clip=" + number_text(grad_clip) +
@@ -123,7 +106,6 @@ struct CentralizedOptimizer::Impl {
   std::shared_ptr<torch::nn::Module> module;
   std::unique_ptr<torch::optim::Optimizer> inner;
   std::unique_ptr<DistributedModule> ddp;
-  std::unique_ptr<StepHook> hook;
   double last_norm = 0;
 
   // Runs where DistributedModule::step would run the optimizer: after the gradient reduction
@@ -165,12 +147,13 @@ CentralizedOptimizer::CentralizedOptimizer(std::string name, Runtime& runtime,
   ddp.average = m.options.average();
   ddp.divide_before = m.options.divide_before();
   m.ddp = std::make_unique<DistributedModule>(runtime, m.module, GradientAllReduce{}, ddp);
-  m.hook = std::make_unique<StepHook>([impl = impl_.get()] { impl->clip_and_step(); });
 }
 
 CentralizedOptimizer::~CentralizedOptimizer() = default;
 
-void CentralizedOptimizer::step() { impl_->ddp->step(*impl_->hook); }
+void CentralizedOptimizer::step() {
+  impl_->ddp->step([impl = impl_.get()] { impl->clip_and_step(); });
+}
 
 void CentralizedOptimizer::zero_grad() {
   // The module's gradients, not only the optimizer's: the DistributedModule reduces them all.

@@ -15,23 +15,6 @@ namespace {
 
 using comm::number_text;
 
-// DistributedModule::step runs `optimizer.step()` right after the gradient reduction; this lets
-// it run the unscale, overflow check and master step there.
-class StepHook final : public torch::optim::Optimizer {
- public:
-  explicit StepHook(std::function<void()> fn)
-      : Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
-                  std::make_unique<torch::optim::OptimizerOptions>()),
-        fn_(std::move(fn)) {}
-  torch::Tensor step(LossClosure) override {
-    fn_();
-    return {};
-  }
-
- private:
-  std::function<void()> fn_;
-};
-
 bool scaling_on(const Fp16OptimizerOptions& o) {
   return o.loss_scaling().value_or(o.dtype() == torch::kHalf);
 }
@@ -82,7 +65,6 @@ struct FP16Optimizer::Impl {
   std::vector<torch::Tensor> masters, master_grads;
   std::unique_ptr<torch::optim::Optimizer> inner;
   std::unique_ptr<DistributedModule> ddp;
-  std::unique_ptr<StepHook> hook;
 
   void convert_model(Runtime& runtime);
   void unscale_and_step();
@@ -189,7 +171,6 @@ FP16Optimizer::FP16Optimizer(Runtime& runtime, std::shared_ptr<torch::nn::Module
     throw comm::Error(
         "FP16Optimizer: the optimizer factory returned null (expected an optimizer "
         "over the master weights)");
-  m.hook = std::make_unique<StepHook>([impl = impl_.get()] { impl->unscale_and_step(); });
 }
 
 FP16Optimizer::FP16Optimizer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
@@ -212,7 +193,7 @@ void FP16Optimizer::backward(const torch::Tensor& loss) { scale_loss(loss).backw
 
 bool FP16Optimizer::step() {
   auto& m = *impl_;
-  m.ddp->step(*m.hook);
+  m.ddp->step([&m] { m.unscale_and_step(); });
   if (!m.error.empty()) {
     std::string error;
     std::swap(error, m.error);
