@@ -24,6 +24,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using test::run_threads;
+
 struct Mlp : torch::nn::Module {
   Mlp(int64_t in, int64_t hidden, int64_t out, bool extra_head = false) {
     fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
@@ -36,20 +38,6 @@ struct Mlp : torch::nn::Module {
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, unused{nullptr};
 };
-
-// Runs body(rank, runtime) on `world` threads; returns what each threw ("" when nothing).
-// With `hosts`, rank r registers as if on host hosts[r].
-std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body,
-                                     const std::vector<std::string>& hosts = {}) {
-  auto fabric = std::make_shared<comm::InprocFabric>(world);
-  const int port = pick_free_port();
-  std::vector<RuntimeOptions> options;
-  for (int r = 0; r < world; ++r) {
-    options.push_back(test::thread_rank(r, world, port, fabric));
-    if (!hosts.empty()) options.back().host = hosts[static_cast<size_t>(r)];
-  }
-  return test::run_ranks(options, body);
-}
 
 void copy_params(const std::shared_ptr<Mlp>& from, const std::shared_ptr<Mlp>& to) {
   torch::NoGradGuard no_grad;

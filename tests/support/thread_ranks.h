@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/launch.h"
 #include "runtime/runtime.h"
 
 namespace troupe::test {
@@ -49,6 +50,22 @@ inline std::vector<std::string> run_ranks(const std::vector<RuntimeOptions>& opt
   std::vector<std::string> errors;
   for (auto& f : futures) errors.push_back(f.get());
   return errors;
+}
+
+/// Runs body(rank, runtime) on `world` thread ranks of one in-process job (a fresh fabric and
+/// rendezvous port); with `hosts`, rank r registers as if on host hosts[r]. Returns what each
+/// rank threw ("" when nothing).
+inline std::vector<std::string> run_threads(int world,
+                                            const std::function<void(int, Runtime&)>& body,
+                                            const std::vector<std::string>& hosts = {}) {
+  auto fabric = std::make_shared<comm::InprocFabric>(world);
+  const int port = pick_free_port();
+  std::vector<RuntimeOptions> options;
+  for (int r = 0; r < world; ++r) {
+    options.push_back(thread_rank(r, world, port, fabric));
+    if (!hosts.empty()) options.back().host = hosts[static_cast<size_t>(r)];
+  }
+  return run_ranks(options, body);
 }
 
 }  // namespace troupe::test

@@ -25,6 +25,8 @@ using namespace troupe;
 
 namespace {
 
+using test::run_threads;
+
 struct Net : torch::nn::Module {
   Net() {
     fc1 = register_module("fc1", torch::nn::Linear(5, 7));
@@ -33,14 +35,6 @@ struct Net : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::tanh(fc1(x))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
-
-std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body) {
-  auto fabric = std::make_shared<comm::InprocFabric>(world);
-  const int port = pick_free_port();
-  std::vector<RuntimeOptions> options;
-  for (int r = 0; r < world; ++r) options.push_back(test::thread_rank(r, world, port, fabric));
-  return test::run_ranks(options, body);
-}
 
 void check_no_errors(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);

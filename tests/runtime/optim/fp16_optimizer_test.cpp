@@ -19,6 +19,8 @@ using namespace troupe;
 
 namespace {
 
+using test::run_threads;
+
 // Two linear layers written with element-wise ops, since LibTorch 1.13 has no float16 matrix
 // product on the CPU. Built in float32.
 struct Net : torch::nn::Module {
@@ -39,14 +41,6 @@ struct Net : torch::nn::Module {
 torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& y) {
   auto out = net.forward(x.to(net.w1.scalar_type()));
   return (out - y.to(out.scalar_type())).pow(2).mean();
-}
-
-std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body) {
-  auto fabric = std::make_shared<comm::InprocFabric>(world);
-  const int port = pick_free_port();
-  std::vector<RuntimeOptions> options;
-  for (int r = 0; r < world; ++r) options.push_back(test::thread_rank(r, world, port, fabric));
-  return test::run_ranks(options, body);
 }
 
 void copy_params(torch::nn::Module& from, torch::nn::Module& to) {

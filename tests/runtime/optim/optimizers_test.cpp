@@ -21,6 +21,8 @@ using namespace troupe;
 
 namespace {
 
+using test::run_threads;
+
 struct Mlp : torch::nn::Module {
   Mlp() {
     fc1 = register_module("fc1", torch::nn::Linear(6, 8));
@@ -32,14 +34,6 @@ struct Mlp : torch::nn::Module {
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
-
-std::vector<std::string> run_threads(int world, const std::function<void(int, Runtime&)>& body) {
-  auto fabric = std::make_shared<comm::InprocFabric>(world);
-  const int port = pick_free_port();
-  std::vector<RuntimeOptions> options;
-  for (int r = 0; r < world; ++r) options.push_back(test::thread_rank(r, world, port, fabric));
-  return test::run_ranks(options, body);
-}
 
 void copy_params(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;
