@@ -1,0 +1,879 @@
+#include "cuda/codecs.h"
+
+#include <cub/device/device_select.cuh>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// Bit-identity with the CPU twins: every float operation below names its rounding (__fadd_rn,
+// __fmul_rn, ...), which nvcc never fuses into a multiply-add, because GCC builds comm/codecs
+// without FMA; and every reduction runs in the CPU's order, or in one whose result does not
+// depend on the order.
+
+namespace troupe::cuda {
+namespace {
+
+// Throws std::runtime_error naming the call, e.g. "troupe::cuda: cudaMallocAsync(...) failed:
+// out of memory (cudaErrorMemoryAllocation)".
+#define TROUPE_CUDA_CHECK(call)                                                      \
+  do {                                                                               \
+    cudaError_t troupe_status_ = (call);                                             \
+    if (troupe_status_ != cudaSuccess) throw_cuda_error(#call, troupe_status_);      \
+  } while (0)
+
+[[noreturn]] void throw_cuda_error(const char* call, cudaError_t status) {
+  throw std::runtime_error(std::string("troupe::cuda: ") + call + " failed: " +
+                           cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
+}
+
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+constexpr size_t kMaxBlocks = 4096;
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+/// Blocks for a grid-stride loop over `work` items, one per thread.
+unsigned grid_for(size_t work) {
+  return static_cast<unsigned>(std::clamp<size_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+[[noreturn]] void bad_argument(const char* function, const std::string& what) {
+  throw std::invalid_argument(std::string("troupe::cuda::") + function + ": " + what);
+}
+
+std::string pointer_text(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%p", p);
+  return text;
+}
+
+/// Checks that `p`, holding `count` elements, is a usable device pointer: not null unless count is
+/// 0, and aligned to its element type.
+void require_buffer(const char* function, const char* name, const void* p, size_t count,
+                    const char* count_name, size_t alignment) {
+  if (count == 0) return;
+  if (p == nullptr)
+    bad_argument(function, std::string(name) + " is null with " + count_name + " " +
+                               std::to_string(count) + " (expected a device buffer)");
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
+    bad_argument(function, std::string(name) + " " + pointer_text(p) + " is not " +
+                               std::to_string(alignment) + "-byte aligned (expected a buffer of " +
+                               std::to_string(alignment) + "-byte elements)");
+}
+
+void require_block(const char* function, size_t block) {
+  if (block == 0) bad_argument(function, "block 0 (expected >= 1)");
+}
+
+void check_launch() { TROUPE_CUDA_CHECK(cudaGetLastError()); }
+
+/// Device memory for one call's scratch, from the stream-ordered pool; freed in stream order, so
+/// the kernels enqueued before the destructor still see it.
+class Scratch {
+ public:
+  Scratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes > 0) TROUPE_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream_));
+  }
+  ~Scratch() {
+    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* at(size_t byte_offset = 0) const {
+    return reinterpret_cast<T*>(static_cast<unsigned char*>(data_) + byte_offset);
+  }
+
+ private:
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+};
+
+__device__ inline size_t thread_first() {
+  return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+}
+__device__ inline size_t grid_stride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
+
+// ---- float16 / bfloat16 ----------------------------------------------------------------------
+
+__device__ inline float quiet(float x) { return __uint_as_float(__float_as_uint(x) | 0x400000u); }
+
+/// a * b with x86's NaN results, which the GPU's canonical NaN would not give: a NaN operand comes
+/// out quietened (a's when both are), an invalid product (0 * inf) is the default NaN 0xffc00000.
+__device__ inline float mul_x86(float a, float b) {
+  if (isnan(a)) return quiet(a);
+  if (isnan(b)) return quiet(b);
+  const float p = __fmul_rn(a, b);
+  return isnan(p) ? __uint_as_float(0xffc00000u) : p;
+}
+
+/// float -> float16, round to nearest even; a NaN keeps its sign and the upper bits of its payload,
+/// as F16C's vcvtps2ph does (the GPU's conversion would give its canonical NaN).
+__device__ inline uint16_t to_half(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7e00u | ((u & 0x7fffffu) >> 13));
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+/// float16 -> float, exact; a NaN keeps its payload, as comm::half_to_float does.
+__device__ inline float from_half(uint16_t h) {
+  if ((h & 0x7fffu) > 0x7c00u)
+    return __uint_as_float((static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7f800000u |
+                           (static_cast<uint32_t>(h & 0x3ffu) << 13));
+  return __half2float(__ushort_as_half(h));
+}
+
+/// comm's float -> bfloat16: round to nearest even, a NaN kept quiet.
+__device__ inline uint16_t to_bfloat16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+__device__ inline float from_bfloat16(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+template <bool kBfloat16>
+__global__ void encode_half_kernel(const float* src, size_t n, float scale, uint16_t* dst) {
+  for (size_t i = thread_first(); i < n; i += grid_stride()) {
+    const float x = mul_x86(src[i], scale);
+    dst[i] = kBfloat16 ? to_bfloat16(x) : to_half(x);
+  }
+}
+
+template <bool kBfloat16>
+__global__ void decode_half_kernel(const uint16_t* src, size_t n, float scale, float* dst) {
+  for (size_t i = thread_first(); i < n; i += grid_stride())
+    dst[i] = mul_x86(kBfloat16 ? from_bfloat16(src[i]) : from_half(src[i]), scale);
+}
+
+template <bool kBfloat16>
+void encode_16(const char* function, const float* src, size_t n, float scale, uint16_t* dst,
+               void* stream) {
+  require_buffer(function, "src", src, n, "n", 4);
+  require_buffer(function, "dst", dst, n, "n", 2);
+  if (n == 0) return;
+  encode_half_kernel<kBfloat16><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, n, scale,
+                                                                                  dst);
+  check_launch();
+}
+
+template <bool kBfloat16>
+void decode_16(const char* function, const uint16_t* src, size_t n, float scale, float* dst,
+               void* stream) {
+  require_buffer(function, "src", src, n, "n", 2);
+  require_buffer(function, "dst", dst, n, "n", 4);
+  if (n == 0) return;
+  decode_half_kernel<kBfloat16><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, n, scale,
+                                                                                  dst);
+  check_launch();
+}
+
+// ---- 8-bit min-max blocks --------------------------------------------------------------------
+//
+// The CPU finds a block's min and max with sixteen lanes (element j in lane j % 16 while
+// j < 16 * (len / 16)), merges the lanes in a fixed tree and then scans the tail; ties keep
+// whichever element that order meets first. Equal floats differ in their bits only as +0 and -0,
+// so only the sign of a zero min or max depends on it. Each element's rank in that order (its
+// "priority") is computable on its own; the GPU keeps, among equal values, the one of lowest
+// priority, which makes its result independent of its own reduction order and equal to the CPU's.
+
+/// Priority of element j of a block of len for the min: x[0] first, then lane (a, c) = (k / 4,
+/// k % 4) for k = j % 16 in the order lv[c] picks it (c ascending; a descending, since min4 keeps
+/// its second operand on a tie; within a lane the first element), then the tail in order.
+__device__ inline uint64_t min_priority(uint64_t j, uint64_t len) {
+  if (j == 0) return 0;
+  const uint64_t lanes = len / 16, vector_end = 16 * lanes;
+  if (j >= vector_end) return 1 + j;
+  const uint64_t k = j % 16, a = k / 4, c = k % 4, t = j / 16;
+  return 1 + c * 4 * lanes + (3 - a) * lanes + t;
+}
+
+/// The same for the max: max4 keeps its first operand on a tie (a ascending) and a lane keeps its
+/// last element (t descending).
+__device__ inline uint64_t max_priority(uint64_t j, uint64_t len) {
+  if (j == 0) return 0;
+  const uint64_t lanes = len / 16, vector_end = 16 * lanes;
+  if (j >= vector_end) return 1 + j;
+  const uint64_t k = j % 16, a = k / 4, c = k % 4, t = j / 16;
+  return 1 + c * 4 * lanes + a * lanes + (lanes - 1 - t);
+}
+
+/// A candidate for a block's min or max; no candidate is (+-inf, max priority).
+struct Pick {
+  float value;
+  uint64_t priority;
+};
+
+template <bool kMax>
+__device__ inline Pick better(Pick a, Pick b) {
+  const bool b_wins = (kMax ? b.value > a.value : b.value < a.value) ||
+                      (b.value == a.value && b.priority < a.priority);
+  return b_wins ? b : a;
+}
+
+__device__ inline Pick shuffle_down(Pick p, int delta) {
+  return {__shfl_down_sync(0xffffffffu, p.value, delta),
+          __shfl_down_sync(0xffffffffu, static_cast<unsigned long long>(p.priority), delta)};
+}
+__device__ inline Pick shuffle_from(Pick p, int lane) {
+  return {__shfl_sync(0xffffffffu, p.value, lane),
+          __shfl_sync(0xffffffffu, static_cast<unsigned long long>(p.priority), lane)};
+}
+
+/// Threads that share one min-max block: a warp (kGroup 32, for small blocks) or the whole CTA.
+template <int kGroup>
+struct Group {
+  static constexpr int kPerCta = kThreads / kGroup;
+  __device__ static unsigned rank() { return threadIdx.x % kGroup; }
+  __device__ static size_t first_block() {
+    return blockIdx.x * static_cast<size_t>(kPerCta) + threadIdx.x / kGroup;
+  }
+  __device__ static size_t block_stride() { return static_cast<size_t>(gridDim.x) * kPerCta; }
+};
+
+/// Combines every thread's candidates of the group; all of its threads get the result.
+template <int kGroup>
+__device__ void reduce_range(Pick& lo, Pick& hi) {
+  for (int delta = kWarp / 2; delta > 0; delta /= 2) {
+    lo = better<false>(lo, shuffle_down(lo, delta));
+    hi = better<true>(hi, shuffle_down(hi, delta));
+  }
+  if constexpr (kGroup == kWarp) {
+    lo = shuffle_from(lo, 0);
+    hi = shuffle_from(hi, 0);
+  } else {
+    constexpr int kWarps = kGroup / kWarp;
+    __shared__ Pick lows[kWarps], highs[kWarps];
+    const int warp = threadIdx.x / kWarp;
+    if (threadIdx.x % kWarp == 0) {
+      lows[warp] = lo;
+      highs[warp] = hi;
+    }
+    __syncthreads();
+    lo = lows[0];
+    hi = highs[0];
+    for (int w = 1; w < kWarps; ++w) {
+      lo = better<false>(lo, lows[w]);
+      hi = better<true>(hi, highs[w]);
+    }
+    __syncthreads();  // before the next block overwrites them
+  }
+}
+
+// Header floats are read and written a byte at a time: the encoding may start at any address.
+__device__ inline void store_float(uint8_t* p, float x) {
+  const uint32_t u = __float_as_uint(x);
+  for (int b = 0; b < 4; ++b) p[b] = static_cast<uint8_t>(u >> (8 * b));
+}
+__device__ inline float load_float(const uint8_t* p) {
+  uint32_t u = 0;
+  for (int b = 0; b < 4; ++b) u |= static_cast<uint32_t>(p[b]) << (8 * b);
+  return __uint_as_float(u);
+}
+
+template <int kGroup>
+__global__ void minmax8_encode_kernel(const float* src, size_t n, size_t block, size_t blocks,
+                                      uint8_t* out) {
+  using G = Group<kGroup>;
+  uint8_t* codes = out + blocks * 2 * sizeof(float);
+  for (size_t b = G::first_block(); b < blocks; b += G::block_stride()) {
+    const size_t begin = b * block;
+    const size_t len = min(block, n - begin);
+    const float* x = src + begin;
+    const float inf = __uint_as_float(0x7f800000u);
+    Pick lo{inf, ~uint64_t{0}}, hi{-inf, ~uint64_t{0}};
+    for (size_t j = G::rank(); j < len; j += kGroup) {
+      const float v = x[j];
+      // Priorities only matter between equal values.
+      if (v <= lo.value) {
+        const uint64_t p = min_priority(j, len);
+        if (v < lo.value || p < lo.priority) lo = {v, p};
+      }
+      if (v >= hi.value) {
+        const uint64_t p = max_priority(j, len);
+        if (v > hi.value || p < hi.priority) hi = {v, p};
+      }
+    }
+    reduce_range<kGroup>(lo, hi);
+    if (G::rank() == 0) {
+      store_float(out + b * 2 * sizeof(float), lo.value);
+      store_float(out + b * 2 * sizeof(float) + sizeof(float), hi.value);
+    }
+    // comm's arithmetic, rounding for rounding: the inverse step in double, the code by
+    // truncating t >= 0.5, clamped at 255.
+    const float inv = hi.value > lo.value
+                          ? static_cast<float>(255.0 / (static_cast<double>(hi.value) -
+                                                        static_cast<double>(lo.value)))
+                          : 0.0f;
+    uint8_t* q = codes + begin;
+    for (size_t j = G::rank(); j < len; j += kGroup) {
+      float t = __fadd_rn(__fmul_rn(__fsub_rn(x[j], lo.value), inv), 0.5f);
+      t = t < 255.0f ? t : 255.0f;
+      q[j] = static_cast<uint8_t>(static_cast<int32_t>(t));
+    }
+  }
+}
+
+template <int kGroup, bool kAdd>
+__global__ void minmax8_decode_kernel(const uint8_t* in, size_t n, size_t block, size_t blocks,
+                                      float* dst) {
+  using G = Group<kGroup>;
+  const uint8_t* codes = in + blocks * 2 * sizeof(float);
+  for (size_t b = G::first_block(); b < blocks; b += G::block_stride()) {
+    const size_t begin = b * block;
+    const size_t len = min(block, n - begin);
+    const float lo = load_float(in + b * 2 * sizeof(float));
+    const float hi = load_float(in + b * 2 * sizeof(float) + sizeof(float));
+    const float step =
+        static_cast<float>((static_cast<double>(hi) - static_cast<double>(lo)) / 255.0);
+    const uint8_t* q = codes + begin;
+    float* d = dst + begin;
+    for (size_t j = G::rank(); j < len; j += kGroup) {
+      const float v = __fadd_rn(lo, __fmul_rn(step, static_cast<float>(q[j])));
+      d[j] = kAdd ? __fadd_rn(d[j], v) : v;
+    }
+  }
+}
+
+// From this block size on, a whole CTA shares a block; below it, a warp.
+constexpr size_t kCtaBlock = 2048;
+
+/// Launches `kernel<kGroup>` with enough groups for every block.
+template <int kGroup, class Kernel, class... Args>
+void launch_groups(Kernel kernel, size_t blocks, void* stream, Args... args) {
+  const size_t ctas = (blocks + Group<kGroup>::kPerCta - 1) / Group<kGroup>::kPerCta;
+  const auto grid = static_cast<unsigned>(std::clamp<size_t>(ctas, 1, size_t{1} << 16));
+  kernel<<<grid, kThreads, 0, as_stream(stream)>>>(args...);
+  check_launch();
+}
+
+template <bool kAdd>
+void minmax8_decode_any(const char* function, const uint8_t* in, size_t n, size_t block,
+                        float* dst, void* stream) {
+  require_block(function, block);
+  require_buffer(function, "in", in, n, "n", 1);
+  require_buffer(function, "dst", dst, n, "n", 4);
+  if (n == 0) return;
+  const size_t blocks = (n + block - 1) / block;
+  if (block >= kCtaBlock)
+    launch_groups<kThreads>(minmax8_decode_kernel<kThreads, kAdd>, blocks, stream, in, n, block,
+                            blocks, dst);
+  else
+    launch_groups<kWarp>(minmax8_decode_kernel<kWarp, kAdd>, blocks, stream, in, n, block, blocks,
+                         dst);
+}
+
+// ---- signs -----------------------------------------------------------------------------------
+
+__device__ inline float abs_bits(float x) { return __uint_as_float(__float_as_uint(x) & 0x7fffffffu); }
+
+__device__ inline float scale_value(const Scale& s) {
+  return s.device != nullptr ? __fmul_rn(*s.device, s.factor) : s.factor;
+}
+
+/// A warp packs 32 elements into 4 bytes: its ballot is the little-endian word of their bits.
+__global__ void sign_pack_kernel(const float* src, size_t n, uint8_t* bits) {
+  const unsigned lane = threadIdx.x % kWarp;
+  const size_t bytes = (n + 7) / 8;
+  const size_t warps = static_cast<size_t>(gridDim.x) * (kThreads / kWarp);
+  for (size_t w = blockIdx.x * static_cast<size_t>(kThreads / kWarp) + threadIdx.x / kWarp;
+       w * kWarp < n; w += warps) {
+    const size_t i = w * kWarp + lane;
+    const unsigned word = __ballot_sync(0xffffffffu, i < n && src[i] < 0.0f);
+    if (lane < 4 && 4 * w + lane < bytes) bits[4 * w + lane] = static_cast<uint8_t>(word >> (8 * lane));
+  }
+}
+
+template <bool kAdd>
+__global__ void sign_unpack_kernel(const uint8_t* bits, size_t n, Scale s, float* dst) {
+  const float scale = scale_value(s);
+  for (size_t i = thread_first(); i < n; i += grid_stride()) {
+    const float v = (bits[i / 8] >> (i % 8)) & 1u ? -scale : scale;
+    dst[i] = kAdd ? __fadd_rn(dst[i], v) : v;
+  }
+}
+
+template <bool kAdd>
+void sign_unpack_any(const char* function, const uint8_t* bits, size_t n, Scale s, float* dst,
+                     void* stream) {
+  require_buffer(function, "bits", bits, n, "n", 1);
+  require_buffer(function, "dst", dst, n, "n", 4);
+  require_buffer(function, "s.device", s.device, s.device ? 1 : 0, "count", 4);
+  if (n == 0) return;
+  sign_unpack_kernel<kAdd><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(bits, n, s, dst);
+  check_launch();
+}
+
+constexpr size_t kMeanChunk = 1024;  // comm::mean_abs's chunk: 16 lanes of 64 additions
+constexpr size_t kMeanTile = 2048;   // chunk sums staged in shared memory for the final chain
+
+/// One chunk per 16 lanes: lane L sums |x| of elements L, L + 16, ... in order, as the CPU's lane
+/// L does; then s[c] = (a[c] + b[c]) + (c[c] + d[c]) and the chunk's double sum, as the CPU does.
+__global__ void mean_abs_chunks_kernel(const float* src, size_t chunks, double* sums) {
+  const unsigned column = threadIdx.x % 16;
+  const size_t warps = static_cast<size_t>(gridDim.x) * (kThreads / kWarp);
+  for (size_t w = blockIdx.x * static_cast<size_t>(kThreads / kWarp) + threadIdx.x / kWarp;
+       2 * w < chunks; w += warps) {
+    const size_t chunk = 2 * w + (threadIdx.x % kWarp) / 16;
+    const bool valid = chunk < chunks;
+    float acc = 0.0f;
+    if (valid) {
+      const float* x = src + chunk * kMeanChunk + column;
+      for (size_t t = 0; t < kMeanChunk / 16; ++t) acc = __fadd_rn(acc, abs_bits(x[16 * t]));
+    }
+    const float b = __shfl_down_sync(0xffffffffu, acc, 4, 16);
+    const float c = __shfl_down_sync(0xffffffffu, acc, 8, 16);
+    const float d = __shfl_down_sync(0xffffffffu, acc, 12, 16);
+    const float s = __fadd_rn(__fadd_rn(acc, b), __fadd_rn(c, d));  // s[column], column < 4
+    const float s1 = __shfl_down_sync(0xffffffffu, s, 1, 16);
+    const float s2 = __shfl_down_sync(0xffffffffu, s, 2, 16);
+    const float s3 = __shfl_down_sync(0xffffffffu, s, 3, 16);
+    if (valid && column == 0)
+      sums[chunk] = __dadd_rn(static_cast<double>(__fadd_rn(s, s1)),
+                              static_cast<double>(__fadd_rn(s2, s3)));
+  }
+}
+
+/// The CPU's `total += chunk` one chunk after the other (double addition is not associative, so
+/// one thread adds them; the CTA stages them in shared memory), then the tail in float.
+__global__ void mean_abs_finish_kernel(const double* sums, size_t chunks, const float* tail,
+                                       size_t tail_count, size_t n, float* result) {
+  __shared__ double tile[kMeanTile];
+  double total = 0.0;
+  for (size_t base = 0; base < chunks; base += kMeanTile) {
+    const size_t count = min(kMeanTile, chunks - base);
+    for (size_t j = threadIdx.x; j < count; j += blockDim.x) tile[j] = sums[base + j];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (size_t j = 0; j < count; ++j) total = __dadd_rn(total, tile[j]);
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  float rest = 0.0f;
+  for (size_t i = 0; i < tail_count; ++i) rest = __fadd_rn(rest, abs_bits(tail[i]));
+  total = __dadd_rn(total, static_cast<double>(rest));
+  *result = __double2float_rn(__ddiv_rn(total, static_cast<double>(n)));
+}
+
+__global__ void sign_in_place_kernel(float* data, size_t n) {
+  for (size_t i = thread_first(); i < n; i += grid_stride()) {
+    const float x = data[i];
+    data[i] = x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+  }
+}
+
+/// The CPU's e = (-s) * (+-1) + x: +s where x < 0, -s elsewhere, plus x.
+__global__ void sign_error_feedback_kernel(const float* x, size_t n, Scale s, float* error) {
+  const float scale = scale_value(s);
+  for (size_t i = thread_first(); i < n; i += grid_stride()) {
+    const float v = x[i];
+    error[i] = __fadd_rn(v, v < 0.0f ? scale : -scale);
+  }
+}
+
+// ---- sparsification --------------------------------------------------------------------------
+//
+// top_k ranks elements by a 63-bit composite, |x|'s bits above the inverted index: larger |x|
+// first (NaN above infinity, +0 equal to -0, as the CPU's abs_key), then the lower index. It has
+// no ties, so the k-th largest composite C is unique and the CPU's answer is exactly
+// {i : composite(i) >= C}, which an order-keeping compaction writes in ascending order. C is
+// found eight bits at a time from the top (a radix select); the selection state stays on the
+// device, so no pass waits for the host.
+
+__device__ inline uint64_t composite(float x, uint32_t i) {
+  return static_cast<uint64_t>(__float_as_uint(x) & 0x7fffffffu) << 32 | (0xffffffffu - i);
+}
+
+struct SelectState {
+  unsigned long long histogram[256];  // this pass's digit counts among the matching elements
+  unsigned long long prefix;          // C's bits decided so far (the rest 0)
+  unsigned long long remaining;       // C's rank among the elements matching prefix, from 1
+  int done;                           // every element matching prefix is selected: C = prefix
+  long long selected;                 // the compaction's count (k)
+};
+
+constexpr int kSelectPasses = 8;
+
+__device__ inline int select_shift(int pass) { return 56 - 8 * pass; }
+
+__global__ void select_init_kernel(SelectState* s, size_t k) {
+  for (int d = threadIdx.x; d < 256; d += blockDim.x) s->histogram[d] = 0;
+  if (threadIdx.x == 0) {
+    s->prefix = 0;
+    s->remaining = k;
+    s->done = 0;
+    s->selected = 0;
+  }
+}
+
+/// Counts the digit of this pass among the elements whose higher digits are the prefix. A warp
+/// adds equal digits together (__match_any_sync), as magnitudes crowd into few bins.
+__global__ void select_histogram_kernel(const float* src, size_t n, int pass, SelectState* s) {
+  if (s->done) return;
+  __shared__ unsigned bins[256];
+  for (int d = threadIdx.x; d < 256; d += blockDim.x) bins[d] = 0;
+  __syncthreads();
+  const int shift = select_shift(pass);
+  const uint64_t prefix = s->prefix;
+  const unsigned lane = threadIdx.x % kWarp;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  for (size_t base = blockIdx.x * static_cast<size_t>(kThreads) + threadIdx.x - lane; base < n;
+       base += stride) {
+    const size_t i = base + lane;
+    unsigned digit = 256;  // none
+    if (i < n) {
+      const uint64_t c = composite(src[i], static_cast<uint32_t>(i));
+      if (pass == 0 || c >> (shift + 8) == prefix >> (shift + 8))
+        digit = static_cast<unsigned>(c >> shift) & 0xffu;
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, digit);
+    if (digit < 256 && lane == static_cast<unsigned>(__ffs(peers) - 1))
+      atomicAdd(&bins[digit], static_cast<unsigned>(__popc(peers)));
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < 256; d += blockDim.x)
+    if (bins[d] != 0) atomicAdd(&s->histogram[d], static_cast<unsigned long long>(bins[d]));
+}
+
+/// One thread: the digit of C, from the largest down; clears the histogram for the next pass.
+__global__ void select_choose_kernel(int pass, SelectState* s) {
+  if (s->done) return;
+  unsigned long long above = 0;
+  for (int d = 255; d >= 0; --d) {
+    const unsigned long long h = s->histogram[d];
+    if (above + h >= s->remaining) {
+      s->prefix |= static_cast<unsigned long long>(d) << select_shift(pass);
+      s->remaining -= above;
+      s->done = h == s->remaining;
+      break;
+    }
+    above += h;
+  }
+  for (int d = 0; d < 256; ++d) s->histogram[d] = 0;
+}
+
+struct AtLeastThreshold {
+  const float* src;
+  const SelectState* state;
+  __device__ bool operator()(uint32_t i) const { return composite(src[i], i) >= state->prefix; }
+};
+
+__global__ void iota_kernel(uint32_t* indices, size_t n) {
+  for (size_t i = thread_first(); i < n; i += grid_stride()) indices[i] = static_cast<uint32_t>(i);
+}
+
+__global__ void gather_kernel(const float* src, const uint32_t* indices, size_t k, float* values) {
+  for (size_t j = thread_first(); j < k; j += grid_stride()) values[j] = src[indices[j]];
+}
+
+/// *p += v, rounded like the CPU's add (IEEE, subnormals kept, which float atomicAdd to global
+/// memory does not promise), atomically so that repeated indices all count.
+__device__ inline void add_exact(float* p, float v) {
+  auto* word = reinterpret_cast<unsigned*>(p);
+  unsigned old = *word, assumed;
+  do {
+    assumed = old;
+    old = atomicCAS(word, assumed, __float_as_uint(__fadd_rn(__uint_as_float(assumed), v)));
+  } while (old != assumed);
+}
+
+__global__ void scatter_add_kernel(const uint32_t* indices, const float* values, size_t k,
+                                   float scale, float* dst) {
+  for (size_t j = thread_first(); j < k; j += grid_stride())
+    add_exact(dst + indices[j], __fmul_rn(scale, values[j]));
+}
+
+__global__ void zero_at_kernel(const uint32_t* indices, size_t k, float* dst) {
+  for (size_t j = thread_first(); j < k; j += grid_stride()) dst[indices[j]] = 0.0f;
+}
+
+// ---- flatten / unflatten ---------------------------------------------------------------------
+
+constexpr size_t kCopyChunk = 16384;  // bytes one CTA copies
+
+/// A non-empty tensor as the copy kernel sees it: its bytes, where they go in the flat buffer,
+/// and the first of its chunks in the launch.
+struct CopyEntry {
+  unsigned char* tensor;
+  size_t bytes;
+  size_t flat_offset;
+  size_t first_chunk;
+};
+
+template <class W>
+__device__ void copy_words(unsigned char* dst, const unsigned char* src, size_t bytes) {
+  const size_t words = bytes / sizeof(W);
+  auto* d = reinterpret_cast<W*>(dst);
+  const auto* s = reinterpret_cast<const W*>(src);
+  for (size_t i = threadIdx.x; i < words; i += blockDim.x) d[i] = s[i];
+  for (size_t i = words * sizeof(W) + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+}
+
+/// Copies with the widest word both addresses are aligned to.
+__device__ void copy_bytes(unsigned char* dst, const unsigned char* src, size_t bytes) {
+  const auto both = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
+  if (both % 16 == 0) copy_words<uint4>(dst, src, bytes);
+  else if (both % 8 == 0) copy_words<uint2>(dst, src, bytes);
+  else if (both % 4 == 0) copy_words<uint32_t>(dst, src, bytes);
+  else if (both % 2 == 0) copy_words<uint16_t>(dst, src, bytes);
+  else copy_words<unsigned char>(dst, src, bytes);
+}
+
+/// One CTA per chunk of 16 KiB; its tensor is found by binary search over the entries.
+template <bool kToFlat>
+__global__ void flatten_kernel(const CopyEntry* entries, size_t count, size_t chunks,
+                               unsigned char* flat) {
+  for (size_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    size_t lo = 0, hi = count;  // the last entry whose first_chunk <= chunk
+    while (hi - lo > 1) {
+      const size_t mid = (lo + hi) / 2;
+      if (entries[mid].first_chunk <= chunk) lo = mid;
+      else hi = mid;
+    }
+    const CopyEntry e = entries[lo];
+    const size_t begin = (chunk - e.first_chunk) * kCopyChunk;
+    const size_t bytes = min(kCopyChunk, e.bytes - begin);
+    unsigned char* tensor = e.tensor + begin;
+    unsigned char* place = flat + e.flat_offset + begin;
+    if (kToFlat) copy_bytes(place, tensor, bytes);
+    else copy_bytes(tensor, place, bytes);
+  }
+}
+
+template <bool kToFlat>
+void flatten_any(const char* function, const TensorSpan* tensors, size_t num_tensors,
+                 size_t element_bytes, const void* flat, size_t flat_count, void* stream) {
+  if (element_bytes != 1 && element_bytes != 2 && element_bytes != 4 && element_bytes != 8)
+    bad_argument(function, "element_bytes " + std::to_string(element_bytes) +
+                               " (expected 1, 2, 4 or 8)");
+  if (tensors == nullptr && num_tensors > 0)
+    bad_argument(function, "tensors is null with num_tensors " + std::to_string(num_tensors) +
+                               " (expected a host array of TensorSpan)");
+  std::vector<CopyEntry> entries;
+  size_t chunks = 0;
+  for (size_t i = 0; i < num_tensors; ++i) {
+    const TensorSpan& t = tensors[i];
+    const std::string which = "tensor " + std::to_string(i) + ": ";
+    if (t.count == 0) continue;
+    if (t.data == nullptr)
+      bad_argument(function, which + "data is null with count " + std::to_string(t.count) +
+                                 " (expected a device buffer)");
+    if (t.offset > flat_count || t.count > flat_count - t.offset)
+      bad_argument(function, which + "elements [" + std::to_string(t.offset) + ", " +
+                                 std::to_string(t.offset + t.count) +
+                                 ") of the flat buffer, which holds " +
+                                 std::to_string(flat_count) + " (expected offset + count <= " +
+                                 "flat_count)");
+    const size_t bytes = t.count * element_bytes;
+    entries.push_back({static_cast<unsigned char*>(t.data), bytes, t.offset * element_bytes,
+                       chunks});
+    chunks += (bytes + kCopyChunk - 1) / kCopyChunk;
+  }
+  if (entries.empty()) return;
+  require_buffer(function, "flat", flat, flat_count, "flat_count", 1);
+  // The spans travel to the device in stream order; a copy from pageable memory is staged before
+  // cudaMemcpyAsync returns, so `entries` may go when this function does.
+  Scratch table(entries.size() * sizeof(CopyEntry), as_stream(stream));
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(table.at<CopyEntry>(), entries.data(),
+                                    entries.size() * sizeof(CopyEntry), cudaMemcpyHostToDevice,
+                                    as_stream(stream)));
+  const auto grid = static_cast<unsigned>(
+      std::min<size_t>(chunks, std::numeric_limits<int32_t>::max()));
+  flatten_kernel<kToFlat><<<grid, kThreads, 0, as_stream(stream)>>>(
+      table.at<CopyEntry>(), entries.size(), chunks,
+      static_cast<unsigned char*>(const_cast<void*>(flat)));
+  check_launch();
+}
+
+}  // namespace
+
+// ---- the public functions --------------------------------------------------------------------
+
+void encode_half(const float* src, size_t n, float scale, uint16_t* dst, void* stream) {
+  encode_16<false>("encode_half", src, n, scale, dst, stream);
+}
+void decode_half(const uint16_t* src, size_t n, float scale, float* dst, void* stream) {
+  decode_16<false>("decode_half", src, n, scale, dst, stream);
+}
+void encode_bfloat16(const float* src, size_t n, float scale, uint16_t* dst, void* stream) {
+  encode_16<true>("encode_bfloat16", src, n, scale, dst, stream);
+}
+void decode_bfloat16(const uint16_t* src, size_t n, float scale, float* dst, void* stream) {
+  decode_16<true>("decode_bfloat16", src, n, scale, dst, stream);
+}
+
+void minmax8_encode(const float* src, size_t n, size_t block, uint8_t* out, void* stream) {
+  const char* function = "minmax8_encode";
+  require_block(function, block);
+  require_buffer(function, "src", src, n, "n", 4);
+  require_buffer(function, "out", out, n, "n", 1);
+  if (n == 0) return;
+  const size_t blocks = (n + block - 1) / block;
+  if (block >= kCtaBlock)
+    launch_groups<kThreads>(minmax8_encode_kernel<kThreads>, blocks, stream, src, n, block, blocks,
+                            out);
+  else
+    launch_groups<kWarp>(minmax8_encode_kernel<kWarp>, blocks, stream, src, n, block, blocks, out);
+}
+
+void minmax8_decode(const uint8_t* in, size_t n, size_t block, float* dst, void* stream) {
+  minmax8_decode_any<false>("minmax8_decode", in, n, block, dst, stream);
+}
+void minmax8_decode_add(const uint8_t* in, size_t n, size_t block, float* dst, void* stream) {
+  minmax8_decode_any<true>("minmax8_decode_add", in, n, block, dst, stream);
+}
+
+void sign_pack(const float* src, size_t n, uint8_t* bits, void* stream) {
+  require_buffer("sign_pack", "src", src, n, "n", 4);
+  require_buffer("sign_pack", "bits", bits, n, "n", 1);
+  if (n == 0) return;
+  sign_pack_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, n, bits);
+  check_launch();
+}
+
+void sign_unpack(const uint8_t* bits, size_t n, Scale s, float* dst, void* stream) {
+  sign_unpack_any<false>("sign_unpack", bits, n, s, dst, stream);
+}
+void sign_unpack_add(const uint8_t* bits, size_t n, Scale s, float* dst, void* stream) {
+  sign_unpack_any<true>("sign_unpack_add", bits, n, s, dst, stream);
+}
+
+void mean_abs(const float* src, size_t n, float* result, void* stream) {
+  require_buffer("mean_abs", "src", src, n, "n", 4);
+  require_buffer("mean_abs", "result", result, 1, "count", 4);
+  if (n == 0) {
+    TROUPE_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(float), as_stream(stream)));
+    return;
+  }
+  const size_t chunks = n / kMeanChunk;
+  Scratch sums(chunks * sizeof(double), as_stream(stream));
+  if (chunks > 0) {
+    const size_t chunk_pairs = (chunks + 1) / 2;  // one warp each
+    const auto grid = static_cast<unsigned>(std::clamp<size_t>(
+        (chunk_pairs + kThreads / kWarp - 1) / (kThreads / kWarp), 1, kMaxBlocks));
+    mean_abs_chunks_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(src, chunks,
+                                                                     sums.at<double>());
+    check_launch();
+  }
+  mean_abs_finish_kernel<<<1, kThreads, 0, as_stream(stream)>>>(
+      sums.at<double>(), chunks, src + chunks * kMeanChunk, n - chunks * kMeanChunk, n, result);
+  check_launch();
+}
+
+void sign_in_place(float* data, size_t n, void* stream) {
+  require_buffer("sign_in_place", "data", data, n, "n", 4);
+  if (n == 0) return;
+  sign_in_place_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(data, n);
+  check_launch();
+}
+
+void top_k(const float* src, size_t n, size_t k, uint32_t* indices, void* stream) {
+  const char* function = "top_k";
+  if (k > n)
+    bad_argument(function, "k " + std::to_string(k) + " > n " + std::to_string(n) +
+                               " (expected k <= n)");
+  if (n > (size_t{1} << 32))
+    bad_argument(function, "n " + std::to_string(n) + " (expected <= 2^32: indices are uint32)");
+  require_buffer(function, "src", src, n, "n", 4);
+  require_buffer(function, "indices", indices, k, "k", 4);
+  if (k == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  if (k == n) {
+    iota_kernel<<<grid_for(n), kThreads, 0, s>>>(indices, n);
+    check_launch();
+    return;
+  }
+  const thrust::counting_iterator<uint32_t> all(0);
+  size_t cub_bytes = 0;
+  TROUPE_CUDA_CHECK(cub::DeviceSelect::If(nullptr, cub_bytes, all, indices,
+                                          static_cast<long long*>(nullptr),
+                                          static_cast<int64_t>(n), AtLeastThreshold{}, s));
+  const size_t state_bytes = (sizeof(SelectState) + 255) / 256 * 256;
+  Scratch scratch(state_bytes + cub_bytes, s);
+  auto* state = scratch.at<SelectState>();
+  select_init_kernel<<<1, kThreads, 0, s>>>(state, k);
+  check_launch();
+  const unsigned grid = static_cast<unsigned>(
+      std::clamp<size_t>((n + 16 * kThreads - 1) / (16 * kThreads), 1, 1024));
+  for (int pass = 0; pass < kSelectPasses; ++pass) {
+    select_histogram_kernel<<<grid, kThreads, 0, s>>>(src, n, pass, state);
+    check_launch();
+    select_choose_kernel<<<1, 1, 0, s>>>(pass, state);
+    check_launch();
+  }
+  TROUPE_CUDA_CHECK(cub::DeviceSelect::If(scratch.at<void>(state_bytes), cub_bytes, all, indices,
+                                          &state->selected, static_cast<int64_t>(n),
+                                          AtLeastThreshold{src, state}, s));
+}
+
+void gather(const float* src, const uint32_t* indices, size_t k, float* values, void* stream) {
+  require_buffer("gather", "src", src, k, "k", 4);
+  require_buffer("gather", "indices", indices, k, "k", 4);
+  require_buffer("gather", "values", values, k, "k", 4);
+  if (k == 0) return;
+  gather_kernel<<<grid_for(k), kThreads, 0, as_stream(stream)>>>(src, indices, k, values);
+  check_launch();
+}
+
+void scatter_add(const uint32_t* indices, const float* values, size_t k, float scale, float* dst,
+                 void* stream) {
+  require_buffer("scatter_add", "indices", indices, k, "k", 4);
+  require_buffer("scatter_add", "values", values, k, "k", 4);
+  require_buffer("scatter_add", "dst", dst, k, "k", 4);
+  if (k == 0) return;
+  scatter_add_kernel<<<grid_for(k), kThreads, 0, as_stream(stream)>>>(indices, values, k, scale,
+                                                                      dst);
+  check_launch();
+}
+
+void sign_error_feedback(const float* x, size_t n, Scale s, float* error, void* stream) {
+  const char* function = "sign_error_feedback";
+  require_buffer(function, "x", x, n, "n", 4);
+  require_buffer(function, "error", error, n, "n", 4);
+  require_buffer(function, "s.device", s.device, s.device ? 1 : 0, "count", 4);
+  if (n == 0) return;
+  sign_error_feedback_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(x, n, s, error);
+  check_launch();
+}
+
+void sparse_error_feedback(const float* x, size_t n, const uint32_t* indices, size_t k,
+                           float* error, void* stream) {
+  const char* function = "sparse_error_feedback";
+  if (k > n)
+    bad_argument(function, "k " + std::to_string(k) + " > n " + std::to_string(n) +
+                               " (expected k <= n)");
+  require_buffer(function, "x", x, n, "n", 4);
+  require_buffer(function, "error", error, n, "n", 4);
+  require_buffer(function, "indices", indices, k, "k", 4);
+  if (n == 0) return;
+  if (error != x)
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(error, x, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                      as_stream(stream)));
+  if (k == 0) return;
+  zero_at_kernel<<<grid_for(k), kThreads, 0, as_stream(stream)>>>(indices, k, error);
+  check_launch();
+}
+
+void flatten(const TensorSpan* tensors, size_t num_tensors, size_t element_bytes, void* flat,
+             size_t flat_count, void* stream) {
+  flatten_any<true>("flatten", tensors, num_tensors, element_bytes, flat, flat_count, stream);
+}
+
+void unflatten(const void* flat, size_t flat_count, const TensorSpan* tensors, size_t num_tensors,
+               size_t element_bytes, void* stream) {
+  flatten_any<false>("unflatten", tensors, num_tensors, element_bytes, flat, flat_count, stream);
+}
+
+}  // namespace troupe::cuda
