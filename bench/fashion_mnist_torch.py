@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""Peer baseline: the Fashion-MNIST MLP of examples/fashion_mnist trained with PyTorch
+DistributedDataParallel (gloo, loopback, CPU), with or without torch's PowerSGD hook, to put
+troupe's PowerSGD accuracy next to torch's on the same task.
+
+Same settings as `bench/fashion_mnist_algorithms.sh` with EXTRA="--model mlp": MLP 784-256-10
+(ReLU, log_softmax), images normalised as (x / 255 - 0.2860) / 0.3530, each of --world ranks on a
+contiguous 1/world slice of one permutation of the training set (seed --seed), batch 64 per rank
+reshuffled per epoch, SGD lr 0.05 momentum 0.9, --epochs epochs; prints rank 0's test accuracy.
+The shards and batch orders are drawn with torch's generator, not troupe's, so the runs see the
+same data in another order.
+
+  --hook none       plain DDP allreduce
+  --hook powersgd   powerSGD_hook, matrix_approximation_rank --rank, start_powerSGD_iter 10,
+                    error feedback and warm start on (as troupe's PowerSGD defaults)
+
+    /usr/bin/python3 bench/fashion_mnist_torch.py --world 4 --epochs 2 --hook powersgd --seed 1
+"""
+
+import argparse
+import gzip
+
+import numpy as np
+
+from gloo_job import gloo_group, spawn
+
+DATA = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.2860, 0.3530
+
+
+def load(split):
+    import torch
+
+    prefix = "train" if split == "train" else "t10k"
+    with gzip.open(f"{DATA}/{prefix}-images-idx3-ubyte.gz") as f:
+        images = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(f"{DATA}/{prefix}-labels-idx1-ubyte.gz") as f:
+        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8)
+    x = (torch.from_numpy(images.astype(np.float32)) / 255.0 - MEAN) / STD
+    return x, torch.from_numpy(labels.astype(np.int64))
+
+
+def run_rank(rank, args, port):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    with gloo_group(rank, args.world, port):
+        x, y = load("train")
+        tx, ty = load("test")
+        g = torch.Generator().manual_seed(args.seed)
+        order = torch.randperm(len(x), generator=g)
+        per = len(x) // args.world
+        mine = order[rank * per:(rank + 1) * per]
+        x, y = x[mine], y[mine]
+        torch.manual_seed(args.seed)
+        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        if args.hook == "powersgd":
+            state = powerSGD_hook.PowerSGDState(process_group=None,
+                                                matrix_approximation_rank=args.rank,
+                                                start_powerSGD_iter=10)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        for epoch in range(args.epochs):
+            perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed + epoch))
+            for start in range(0, len(x) - args.batch + 1, args.batch):
+                idx = perm[start:start + args.batch]
+                opt.zero_grad()
+                F.nll_loss(F.log_softmax(ddp(x[idx]), 1), y[idx]).backward()
+                opt.step()
+        if rank == 0:
+            with torch.no_grad():
+                acc = (model(tx).argmax(1) == ty).float().mean().item()
+            print(f"torch {args.hook}: test accuracy {acc * 100:.2f}%", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--hook", choices=("none", "powersgd"), default="none")
+    p.add_argument("--rank", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    spawn(run_rank, args.world, args)
+
+
+if __name__ == "__main__":
+    main()
