@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/check.h"
+
 // Bit-identity with the CPU twins: every float operation below names its rounding (__fadd_rn,
 // __fmul_rn, ...), which nvcc never fuses into a multiply-add, because GCC builds comm/codecs
 // without FMA; and every reduction runs in the CPU's order, or in one whose result does not
@@ -20,19 +22,6 @@
 
 namespace troupe::cuda {
 namespace {
-
-// Throws std::runtime_error naming the call, e.g. "troupe::cuda: cudaMallocAsync(...) failed:
-// out of memory (cudaErrorMemoryAllocation)".
-#define TROUPE_CUDA_CHECK(call)                                                      \
-  do {                                                                               \
-    cudaError_t troupe_status_ = (call);                                             \
-    if (troupe_status_ != cudaSuccess) throw_cuda_error(#call, troupe_status_);      \
-  } while (0)
-
-[[noreturn]] void throw_cuda_error(const char* call, cudaError_t status) {
-  throw std::runtime_error(std::string("troupe::cuda: ") + call + " failed: " +
-                           cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
-}
 
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;

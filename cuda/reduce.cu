@@ -9,22 +9,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.h"
+
 namespace troupe::cuda {
 namespace {
-
-// Throws std::runtime_error naming the call, e.g.
-// "troupe::cuda: cudaGetDevice(&device) failed: no CUDA-capable device is detected
-// (cudaErrorNoDevice)".
-#define TROUPE_CUDA_CHECK(call)                                                      \
-  do {                                                                               \
-    cudaError_t troupe_status_ = (call);                                             \
-    if (troupe_status_ != cudaSuccess) throw_cuda_error(#call, troupe_status_);      \
-  } while (0)
-
-[[noreturn]] void throw_cuda_error(const char* call, cudaError_t status) {
-  throw std::runtime_error(std::string("troupe::cuda: ") + call + " failed: " +
-                           cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
-}
 
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 4096;
