@@ -3,6 +3,7 @@
 
 #include "cuda/codecs.h"
 #include "cuda/reduce.h"
+#include "tests/support/cuda_stream.h"
 
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
@@ -28,11 +29,7 @@ namespace {
 namespace gpu = troupe::cuda;
 namespace cpu = troupe::comm;
 
-void check_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
-}
-#define CHECK_CUDA(call) check_cuda((call), #call)
+using troupe::test::Stream;
 
 /// A device allocation of `count` T freed on scope exit.
 template <class T>
@@ -60,19 +57,6 @@ class Device {
  private:
   T* data_ = nullptr;
   size_t count_;
-};
-
-/// A CUDA stream destroyed on scope exit; kernels run on it, not on the default stream.
-class Stream {
- public:
-  Stream() { CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(stream_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  void* handle() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
 };
 
 /// Index of the first element whose bytes differ (sizes must match), or -1.

@@ -3,6 +3,7 @@
 
 #include "comm/reduce.h"
 #include "cuda/reduce.h"
+#include "tests/support/cuda_stream.h"
 
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
@@ -22,11 +23,7 @@ namespace {
 using troupe::cuda::DType;
 using troupe::cuda::Op;
 
-void check_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
-}
-#define CHECK_CUDA(call) check_cuda((call), #call)
+using troupe::test::Stream;
 
 // The CPU reference rounds with comm/'s conversions (the CPU twins of the kernels' casts, checked
 // bit for bit against the processor's F16C in tests/comm/reduce_test.cpp).
@@ -142,20 +139,6 @@ class DeviceBuffer {
 
  private:
   void* data_ = nullptr;
-};
-
-/// A CUDA stream destroyed on scope exit.
-class Stream {
- public:
-  Stream() { CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(stream_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  void* handle() const { return stream_; }
-  void synchronize() const { CHECK_CUDA(cudaStreamSynchronize(stream_)); }
-
- private:
-  cudaStream_t stream_ = nullptr;
 };
 
 /// Index of the first element whose bits differ, or -1 when all match.
