@@ -13,6 +13,7 @@
 
 #include "comm/status.h"
 #include "runtime/launch.h"
+#include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 
@@ -20,6 +21,9 @@ using namespace troupe;
 
 namespace {
 
+using test::clones;
+using test::copy_params;
+using test::max_diff;
 using test::run_threads;
 
 struct Mlp : torch::nn::Module {
@@ -30,26 +34,6 @@ struct Mlp : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
-
-void copy_params(torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto a = from.parameters(), b = to.parameters();
-  for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-}
-
-double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
-
-std::vector<torch::Tensor> clones(const std::vector<torch::Tensor>& ts) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.detach().clone());
-  return out;
-}
 
 std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;

@@ -12,6 +12,7 @@
 
 #include "comm/status.h"
 #include "runtime/launch.h"
+#include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 
@@ -19,6 +20,9 @@ using namespace troupe;
 
 namespace {
 
+using test::clones;
+using test::copy_params;
+using test::max_diff;
 using test::run_threads;
 
 // Two linear layers written with element-wise ops, since LibTorch 1.13 has no float16 matrix
@@ -41,27 +45,6 @@ struct Net : torch::nn::Module {
 torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& y) {
   auto out = net.forward(x.to(net.w1.scalar_type()));
   return (out - y.to(out.scalar_type())).pow(2).mean();
-}
-
-void copy_params(torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto a = from.parameters(), b = to.parameters();
-  for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-}
-
-double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst,
-                     (a[i].to(torch::kFloat) - b[i].to(torch::kFloat)).abs().max().item<double>());
-  return worst;
-}
-
-std::vector<torch::Tensor> clones(const std::vector<torch::Tensor>& ts) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.detach().clone());
-  return out;
 }
 
 struct Data {

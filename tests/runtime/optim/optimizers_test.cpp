@@ -14,6 +14,7 @@
 #include "runtime/optim/power_sgd.h"
 #include "runtime/optim/sign_sgd.h"
 #include "runtime/optim/sparsified_sgd.h"
+#include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 
@@ -21,6 +22,9 @@ using namespace troupe;
 
 namespace {
 
+using test::clones;
+using test::copy_params;
+using test::max_diff;
 using test::run_threads;
 
 struct Mlp : torch::nn::Module {
@@ -34,26 +38,6 @@ struct Mlp : torch::nn::Module {
   }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
-
-void copy_params(torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto a = from.parameters(), b = to.parameters();
-  for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-}
-
-double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
-
-std::vector<torch::Tensor> clones(const std::vector<torch::Tensor>& ts) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.detach().clone());
-  return out;
-}
 
 // SignSGD's rule, step by step, on plain tensors.
 struct ReferenceSign {
