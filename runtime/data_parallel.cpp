@@ -3,8 +3,10 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 
 #include "runtime/gossip/decentralized.h"
+#include "runtime/model_check.h"
 
 namespace troupe {
 
@@ -54,6 +56,28 @@ std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
         }
       },
       algorithm);
+}
+
+void average_module(Runtime& runtime, torch::nn::Module& module) {
+  if (runtime.world_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_type;
+  for (auto& p : module.parameters())
+    if (p.is_floating_point()) by_type[p.scalar_type()].push_back(p);
+  for (auto& b : module.buffers())
+    if (b.is_floating_point()) by_type[b.scalar_type()].push_back(b);
+  for (auto& [type, tensors] : by_type) {
+    std::vector<torch::Tensor> flat;
+    for (auto& t : tensors) flat.push_back(t.reshape({-1}));
+    auto all = torch::cat(flat);
+    runtime.comm().allreduce(all.data_ptr(), static_cast<size_t>(all.numel()),
+                             comm_type(type, "a parameter or buffer"), comm::ReduceOp::avg);
+    int64_t at = 0;
+    for (auto& t : tensors) {
+      t.copy_(all.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  }
 }
 
 double consensus_distance(Runtime& runtime, torch::nn::Module& module) {

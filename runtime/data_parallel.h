@@ -58,6 +58,10 @@ std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
                                                  const JobAlgorithm& algorithm,
                                                  DdpOptions options = {});
 
+/// Averages the floating-point parameters and buffers of `module` over all ranks, in their own
+/// dtypes, one flat allreduce per dtype. A collective.
+void average_module(Runtime& runtime, torch::nn::Module& module);
+
 /// Consensus distance: the mean over ranks of ||x_i - x_mean|| (L2 over all floating-point
 /// parameters), where x_mean is the average model. A collective (two allreduces).
 double consensus_distance(Runtime& runtime, torch::nn::Module& module);

@@ -14,25 +14,13 @@
 #include "actors/bucket.h"
 #include "actors/reducer.h"
 #include "runtime/bucket_layout.h"
+#include "runtime/data_parallel.h"
 #include "runtime/model_check.h"
 
 namespace troupe {
 
 namespace {
 
-comm::DataType to_comm(c10::ScalarType t, const std::string& what) {
-  switch (t) {
-    case torch::kFloat: return comm::DataType::float32;
-    case torch::kDouble: return comm::DataType::float64;
-    case torch::kHalf: return comm::DataType::float16;
-    case torch::kBFloat16: return comm::DataType::bfloat16;
-    case torch::kInt: return comm::DataType::int32;
-    case torch::kLong: return comm::DataType::int64;
-    default:
-      throw comm::Error(what + " has dtype " + std::string(c10::toString(t)) +
-                        " (expected float32, float64, float16, bfloat16, int32 or int64)");
-  }
-}
 
 
 struct TraceEvent {
@@ -151,7 +139,7 @@ void DistributedModule::Impl::collect_parameters() {
     if (!item.value().requires_grad()) continue;
     if (!item.value().is_contiguous())
       throw comm::Error("parameter '" + item.key() + "' is not contiguous");
-    to_comm(item.value().scalar_type(), "parameter '" + item.key() + "'");
+    comm_type(item.value().scalar_type(), "parameter '" + item.key() + "'");
     names.push_back(item.key());
     params.push_back(item.value());
   }
@@ -177,7 +165,7 @@ void DistributedModule::Impl::build_buckets(const std::vector<int>& order_hint) 
   std::vector<int64_t> fill;
   for (auto& planned : layout.buckets) {
     Bucket b;
-    b.type = to_comm(planned.type, "parameter '" + names[static_cast<size_t>(planned.params[0])] + "'");
+    b.type = comm_type(planned.type, "parameter '" + names[static_cast<size_t>(planned.params[0])] + "'");
     b.params = planned.params;
     b.offsets = planned.offsets;
     buckets.push_back(std::move(b));
@@ -493,20 +481,12 @@ void DistributedModule::broadcast_parameters(int root) {
   torch::NoGradGuard no_grad;
   auto& m = *impl_;
   for (auto& t : m.state_tensors()) {
-    auto type = to_comm(t.scalar_type(), "a parameter or buffer");
+    auto type = comm_type(t.scalar_type(), "a parameter or buffer");
     m.rt.comm().broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), type, root);
   }
 }
 
-void DistributedModule::allreduce_parameters() {
-  torch::NoGradGuard no_grad;
-  auto& m = *impl_;
-  for (auto& t : m.state_tensors()) {
-    if (!t.is_floating_point()) continue;
-    auto type = to_comm(t.scalar_type(), "a parameter or buffer");
-    m.rt.comm().allreduce(t.data_ptr(), static_cast<size_t>(t.numel()), type, comm::ReduceOp::avg);
-  }
-}
+void DistributedModule::allreduce_parameters() { average_module(impl_->rt, *impl_->module); }
 
 const StepMetrics& DistributedModule::last_step() const { return impl_->metrics; }
 

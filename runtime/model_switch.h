@@ -46,8 +46,4 @@ class ModelSwitch : public DataParallel {
   int switches_ = 0;
 };
 
-/// Averages the floating-point parameters and buffers of `module` over all ranks (one flat
-/// allreduce per dtype). A collective.
-void average_module(Runtime& runtime, torch::nn::Module& module);
-
 }  // namespace troupe
