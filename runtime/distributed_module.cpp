@@ -198,7 +198,12 @@ void DistributedModule::Impl::spawn_actors() {
   settings.average = opt.average || !opt.agg_grad;
   settings.divide_before = opt.divide_before && opt.agg_grad;
   settings.collectives = rt.comm().options();
-  if (opt.hierarchical) settings.collectives.hosts = host_indices(rt.hosts());
+  if (opt.hierarchical) {
+    // By host only where that changes anything: several hosts, and some with several ranks.
+    auto hosts = host_indices(rt.hosts());
+    const int distinct = *std::max_element(hosts.begin(), hosts.end()) + 1;
+    if (distinct > 1 && distinct < world) settings.collectives.hosts = std::move(hosts);
+  }
   settings.key_prefix = key_prefix;
   std::vector<caf::actor> handles;
   std::vector<std::vector<std::string>> bucket_names;

@@ -23,9 +23,8 @@ struct CollectiveOptions {
   size_t chunk_bytes = 512 << 10;
   /// At most this many lanes (chunks in flight) per collective.
   int max_lanes = 2;
-  /// The host of each rank (any integers; empty: not known). Set, with more than one rank on some
-  /// host and more than one host, the gradient buckets of GradientAllReduce reduce
-  /// hierarchically (hierarchical_allreduce_stages).
+  /// The host of each rank (any integers). When set, the gradient buckets of GradientAllReduce
+  /// reduce hierarchically (hierarchical_allreduce_stages); empty: flat.
   std::vector<int> hosts;
 };
 

@@ -254,20 +254,11 @@ class AllReduce final : public Reduction {
   explicit AllReduce(const BucketBuffer& bucket) : bucket_(bucket) {}
   std::string name() const override { return "allreduce"; }
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
-    if (hierarchical(step)) return hierarchical_stages(step);
+    if (!step.collectives.hosts.empty()) return hierarchical_stages(step);
     return {[this, step] { return scaled_allreduce(step, bucket_.data, bucket_.count, bucket_.type); }};
   }
 
  private:
-  static bool hierarchical(const ReduceStep& step) {
-    const auto& hosts = step.collectives.hosts;
-    if (hosts.size() != static_cast<size_t>(step.group.world_size)) return false;
-    std::vector<int> sorted = hosts;
-    std::sort(sorted.begin(), sorted.end());
-    const auto distinct = std::unique(sorted.begin(), sorted.end()) - sorted.begin();
-    return distinct > 1 && distinct < step.group.world_size;  // several hosts, some shared
-  }
-
   // Sums by host; the step's scale is applied before (divide_before) or after the three stages.
   std::vector<std::function<Schedule()>> hierarchical_stages(const ReduceStep& step) {
     void* data = bucket_.data;
@@ -295,9 +286,6 @@ class AllReduce final : public Reduction {
     return stages;
   }
 
- public:
-
- private:
   BucketBuffer bucket_;
 };
 
