@@ -140,15 +140,9 @@ struct DecentralizedModule::Impl {
     auto live = topology.round(rank, round_index, dead_ranks());
     Mixing m;
     m.self_weight = live.self_weight;
+    // Every peer still alive has delivered: a peer whose send or receive failed is dead now.
     for (size_t i = 0; i < live.recv_from.size(); ++i) {
       auto at = std::find(peers.recv_from.begin(), peers.recv_from.end(), live.recv_from[i]);
-      auto got = std::find(outcome.received.begin(), outcome.received.end(), live.recv_from[i]);
-      if (at == peers.recv_from.end() || got == outcome.received.end()) {
-        // Alive but silent in this round only (cannot happen: silence fails the peer); keep
-        // the weights summing to 1 by giving its share to this rank.
-        m.self_weight += live.recv_weights[i];
-        continue;
-      }
       m.peers.push_back(live.recv_from[i]);
       m.buffers.push_back(recv_buffers[static_cast<size_t>(at - peers.recv_from.begin())].data());
       m.weights.push_back(live.recv_weights[i]);
