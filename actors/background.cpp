@@ -116,7 +116,7 @@ caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings setti
         }
         const size_t n = st.model.count;
         const bool stop = st.work[n] > 0;
-        st.model.apply(st.work.data(), st.snapshot.data());
+        st.model.apply(st.work.data(), st.snapshot.data(), 1.0f);
         ++st.stats->rounds;
         if (stop) {
           st.running = false;
@@ -167,7 +167,6 @@ struct GossiperState {
   int sends_in_flight = 0;  // a rank has finished only when its last bye has left
   std::vector<float> request_snapshot;
   std::vector<float> scratch;
-  std::vector<float> target;
   uint64_t rng = 0;
   std::vector<caf::response_promise> waiting_stop;
   static inline const char* name = "troupe.gossiper";
@@ -226,12 +225,10 @@ void send_message(Gossiper* self, size_t index, Kind kind, const float* payload)
                      });
 }
 
-// x += (other - snapshot) / 2: the pairwise average, applied as a change so that what the trainer
-// did since the snapshot is kept.
+// x += (other - snapshot) / 2: the pairwise average. The two sides apply exact negatives of each
+// other, so the sum of the models is kept.
 void apply_half(GossiperState& st, const float* other, const float* snapshot) {
-  const size_t n = st.model.count;
-  for (size_t i = 0; i < n; ++i) st.target[i] = 0.5f * (other[i] + snapshot[i]);
-  st.model.apply(st.target.data(), snapshot);
+  st.model.apply(other, snapshot, 0.5f);
   ++st.stats->rounds;
 }
 
@@ -295,7 +292,6 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
   st.rng = st.settings.seed ^ (0x5851f42d4c957f2dull * static_cast<uint64_t>(st.transport->rank() + 1));
   st.request_snapshot.resize(st.model.count);
   st.scratch.resize(st.model.count);
-  st.target.resize(st.model.count);
   for (int r : st.settings.neighbours) {
     Neighbour nb;
     nb.rank = r;

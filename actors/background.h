@@ -30,13 +30,14 @@
 namespace troupe::actors {
 
 /// How a background actor reads and changes the model: `count` float32 elements, each function
-/// called on the actor's thread and guarded by the owner's model lock.
+/// called on the actor's thread and guarded by the owner's model lock. Changes are applied as
+/// differences from a snapshot, so that what the trainer did since the snapshot is kept.
 struct ModelAccess {
   size_t count = 0;
   /// Copies the model into dst.
   std::function<void(float* dst)> snapshot;
-  /// x += target - snapshot, element-wise.
-  std::function<void(const float* target, const float* snapshot)> apply;
+  /// x += weight * (target - snapshot), element-wise.
+  std::function<void(const float* target, const float* snapshot, float weight)> apply;
 };
 
 /// What a background actor has done; read from any thread.

@@ -47,11 +47,11 @@ struct AsynchronousModule::Impl {
       std::lock_guard<std::mutex> lock(model->mutex());
       std::memcpy(dst, model->data(), model->count() * sizeof(float));
     };
-    a.apply = [model](const float* target, const float* snapshot) {
+    a.apply = [model](const float* target, const float* snapshot, float weight) {
       std::lock_guard<std::mutex> lock(model->mutex());
       float* x = model->data();
       const size_t n = model->count();
-      for (size_t i = 0; i < n; ++i) x[i] += target[i] - snapshot[i];
+      for (size_t i = 0; i < n; ++i) x[i] += weight * (target[i] - snapshot[i]);
     };
     return a;
   }
