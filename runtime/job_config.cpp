@@ -47,9 +47,9 @@ const std::vector<std::pair<std::string, Keys>> kAlgorithms = {
     {"bytegrad", {"block"}},
     {"sign", {"error_feedback"}},
     {"sign-vote", {"error_feedback"}},
-    {"topk", {"ratio", "count", "error_feedback", "seed"}},
-    {"randomk", {"ratio", "count", "error_feedback", "seed"}},
-    {"blockk", {"ratio", "count", "error_feedback", "seed"}},
+    {"topk", {"ratio", "count", "error_feedback", "seed", "momentum"}},
+    {"randomk", {"ratio", "count", "error_feedback", "seed", "momentum"}},
+    {"blockk", {"ratio", "count", "error_feedback", "seed", "momentum"}},
     {"powersgd",
      {"rank", "warm_start", "error_feedback", "min_compression_rate", "start_iter", "seed"}},
     {"decentralized", {"exchange", "communication_interval"}},
@@ -294,6 +294,7 @@ JobAlgorithm read_algorithm(const Section& a, const std::string& name,
     return [=](double x) { return x > lo_open && x <= hi_closed; };
   };
   const auto at_least = [](double lo) { return [=](double x) { return x >= lo; }; };
+  const auto below_one = [](double x) { return x >= 0 && x < 1; };
 
   auto validated = [&](comm::Compression c) -> JobAlgorithm {
     try {
@@ -327,6 +328,7 @@ JobAlgorithm read_algorithm(const Section& a, const std::string& name,
     a.integer("count", c.count, 0);
     a.boolean("error_feedback", c.error_feedback);
     a.integer("seed", c.seed, 0);
+    a.number("momentum", c.momentum, below_one, "a number in [0, 1)");
     return validated(c);
   }
   if (name == "powersgd") {

@@ -39,6 +39,7 @@ std::string algorithm_name(const Compression& algorithm) {
                             : c.mode == SparseMode::random_k ? "random-k"
                                                              : "block-k";
             s += c.count ? "(k=" + std::to_string(c.count) + ")" : "(" + number_text(c.ratio) + ")";
+            if (c.momentum > 0) s += "+momentum(" + number_text(c.momentum) + ")";
             return c.error_feedback ? s + "+ef" : s;
           },
           [](const PowerSGD& c) -> std::string {
@@ -65,6 +66,13 @@ void validate(const Compression& algorithm) {
             if (c.count == 0 && !(c.ratio > 0 && c.ratio <= 1))
               throw Error("Sparsification.ratio=" + number_text(c.ratio) +
                           " (expected 0 < ratio <= 1, or a count > 0)");
+            if (!(c.momentum >= 0 && c.momentum < 1))
+              throw Error("Sparsification.momentum=" + number_text(c.momentum) +
+                          " (expected 0 <= momentum < 1)");
+            if (c.momentum > 0 && !c.error_feedback)
+              throw Error("Sparsification.momentum=" + number_text(c.momentum) +
+                          " with error_feedback=false (momentum correction keeps the unsent "
+                          "momentum in the error memory; set error_feedback = true)");
           },
           [](const PowerSGD& c) {
             if (c.rank < 1) throw Error("PowerSGD.rank=" + std::to_string(c.rank) + " (expected >= 1)");
@@ -190,7 +198,8 @@ Compression parse_compression(const std::string& spec) {
     s.integer("count", c.count);
     s.integer("seed", c.seed);
     s.boolean("ef", c.error_feedback);
-    s.check_all_used("ratio, count, seed, ef");
+    s.number("momentum", c.momentum);
+    s.check_all_used("ratio, count, seed, ef, momentum");
     out = c;
   } else if (name == "powersgd") {
     PowerSGD c;

@@ -60,6 +60,11 @@ struct Sparsification {
   bool error_feedback = true;
   /// Seed of random_k / block; every rank must use the same.
   uint64_t seed = 0;
+  /// Momentum correction (Deep Gradient Compression) when > 0: momentum is accumulated locally,
+  /// before sparsification (u = momentum * u + g, sent from e + u), and the sent coordinates of
+  /// u are cleared. The reduced gradient is then already the momentum update: use an optimizer
+  /// without momentum. Needs error_feedback; 0 <= momentum < 1.
+  double momentum = 0;
 };
 
 /// PowerSGD (Vogels et al.): each matrix M ~ P Q^T of rank `rank`; P = M Q allreduced and
@@ -86,8 +91,9 @@ std::string algorithm_name(const Compression& algorithm);
 
 /// Parses "name" or "name:key=value,key=value" (the CLI's --algorithm). Names: allreduce, fp16,
 /// bf16, bytegrad, sign, sign-vote, topk, randomk, blockk, powersgd. Keys: block (bytegrad);
-/// ef (sign, topk, randomk, blockk, powersgd); ratio, count, seed (topk, randomk, blockk); rank,
-/// warm_start, min_compression_rate, start_iter, seed (powersgd). Booleans are true/false/1/0.
+/// ef (sign, topk, randomk, blockk, powersgd); ratio, count, seed, momentum (topk, randomk,
+/// blockk); rank, warm_start, min_compression_rate, start_iter, seed (powersgd). Booleans are
+/// true/false/1/0.
 /// Throws comm::Error naming the name or key, the value and what is allowed.
 Compression parse_compression(const std::string& spec);
 

@@ -6,6 +6,9 @@
 //   block:    the same k contiguous coordinates on every rank, starting at a shared random offset
 //             and wrapping around the end (so no coordinate is left out).
 // With error feedback x = g + e and e = x with the sent coordinates zeroed.
+// With momentum correction (Lin et al., Deep Gradient Compression): u = m u + g, x = e + u, and
+// the sent coordinates of both e and u are zeroed (momentum factor masking); the result is then
+// the update direction, to be applied by an optimizer without momentum of its own.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -27,6 +30,7 @@ class Sparse final : public Reduction {
                       : std::max<size_t>(1, static_cast<size_t>(std::llround(config.ratio * static_cast<double>(n))));
     k_ = std::min(k_, n);
     if (config.error_feedback) error_.assign(n, 0.0f);
+    if (config.momentum > 0) velocity_.assign(n, 0.0f);
     indices_.resize(k_);
     values_.resize(k_);
   }
@@ -38,14 +42,24 @@ class Sparse final : public Reduction {
     return {[this, step, data] {
       zero_padding(bucket_);
       const size_t n = bucket_.count;
-      if (config_.error_feedback)
+      if (!velocity_.empty()) {
+        const auto m = static_cast<float>(config_.momentum);
+        float* u = velocity_.data();
+        const float* e = error_.data();
+        for (size_t i = 0; i < n; ++i) {
+          u[i] = m * u[i] + data[i];
+          data[i] = e[i] + u[i];
+        }
+      } else if (config_.error_feedback) {
         for (size_t i = 0; i < n; ++i) data[i] += error_[i];
+      }
       choose(step, data);
       gather(data, indices_.data(), k_, values_.data());
       if (config_.error_feedback) {
         std::memcpy(error_.data(), data, n * sizeof(float));
         for (size_t j = 0; j < k_; ++j) error_[indices_[j]] = 0.0f;
       }
+      for (size_t j = 0; j < k_ && !velocity_.empty(); ++j) velocity_[indices_[j]] = 0.0f;
       if (config_.mode == SparseMode::top_k) return exchange_top_k(step, data);
       auto schedule = allreduce_schedule(step.group, values_.data(), k_, DataType::float32,
                                          ReduceOp::sum, step.collectives);
@@ -96,6 +110,7 @@ class Sparse final : public Reduction {
   BucketBuffer bucket_;
   size_t k_ = 0;
   std::vector<float> error_;
+  std::vector<float> velocity_;  // momentum correction's u; empty without it
   std::vector<uint32_t> indices_;
   std::vector<float> values_;
   std::vector<uint32_t> record_, all_;

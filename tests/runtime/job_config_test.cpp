@@ -179,6 +179,10 @@ seed = 3
     CHECK(s.ratio == 1.0);  // an integer is taken as a number
     s = compression_of<comm::Sparsification>(job_with("[algorithm]\nname = \"blockk\"\n"));
     CHECK(s.mode == comm::SparseMode::block);
+    CHECK(s.momentum == 0);
+    s = compression_of<comm::Sparsification>(
+        job_with("[algorithm]\nname = \"topk\"\nmomentum = 0.9\n"));
+    CHECK(s.momentum == doctest::Approx(0.9));
   }
   SUBCASE("powersgd") {
     const auto p = compression_of<comm::PowerSGD>(job_with(R"([algorithm]
@@ -308,6 +312,10 @@ TEST_CASE("a value out of range names the key, the value and the range allowed")
               {"trainer.epochs = 3000000000", "[1, 2147483647]"});
   check_error(job_with("[algorithm]\nname = \"topk\"\nratio = 1.5\n"),
               {"algorithm.ratio = 1.5", "(0, 1]"});
+  check_error(job_with("[algorithm]\nname = \"topk\"\nmomentum = 1\n"),
+              {"algorithm.momentum = 1", "[0, 1)"});
+  check_error(job_with("[algorithm]\nname = \"topk\"\nmomentum = 0.9\nerror_feedback = false\n"),
+              {"momentum=0.9 with error_feedback=false"});
   check_error(job_with("[algorithm]\nname = \"bytegrad\"\nblock = 0\n"),
               {"algorithm.block = 0", ">= 1"});
   check_error(job_with("[algorithm]\nname = \"powersgd\"\nmin_compression_rate = nan\n"),

@@ -183,6 +183,7 @@ std::vector<uint32_t> chosen(const comm::Sparsification& c, const Vec& x, size_t
 std::vector<Vec> reference_sparse(const comm::Sparsification& c, size_t k, int world,
                                   uint32_t steps, double scale) {
   std::vector<Vec> error(static_cast<size_t>(world), Vec(kCount, 0.0f));
+  std::vector<Vec> velocity(static_cast<size_t>(world), Vec(kCount, 0.0f));
   std::vector<Vec> ref;
   for (uint32_t s = 0; s < steps; ++s) {
     Vec out(kCount, 0.0f);
@@ -190,14 +191,22 @@ std::vector<Vec> reference_sparse(const comm::Sparsification& c, size_t k, int w
       auto x = gradient(r, s);
       for (size_t i = 0; i < kCount; ++i) x[i] = in_tensor(i) ? x[i] : 0.0f;
       auto& e = error[static_cast<size_t>(r)];
-      if (c.error_feedback)
+      auto& u = velocity[static_cast<size_t>(r)];
+      if (c.momentum > 0) {  // Deep Gradient Compression: u = m u + g, send from e + u
+        for (size_t i = 0; i < kCount; ++i) {
+          u[i] = static_cast<float>(c.momentum) * u[i] + x[i];
+          x[i] = e[i] + u[i];
+        }
+      } else if (c.error_feedback) {
         for (size_t i = 0; i < kCount; ++i) x[i] += e[i];
+      }
       auto idx = chosen(c, x, k, s);
       for (uint32_t i : idx) out[i] += static_cast<float>(scale) * x[i];
       if (c.error_feedback) {
         e = x;
         for (uint32_t i : idx) e[i] = 0.0f;
       }
+      for (uint32_t i : idx) u[i] = 0.0f;
     }
     ref.push_back(out);
   }
@@ -376,6 +385,30 @@ TEST_CASE("top-k, random-k and block sparsification with error feedback match a 
       }
 }
 
+TEST_CASE("sparsification with momentum correction matches a single-process DGC") {
+  for (auto mode : {comm::SparseMode::top_k, comm::SparseMode::random_k})
+    for (int world : {1, 3}) {
+      CAPTURE(static_cast<int>(mode));
+      CAPTURE(world);
+      comm::Sparsification c;
+      c.mode = mode;
+      c.ratio = 0.05;
+      c.momentum = 0.9;
+      c.seed = 7;
+      const size_t k = static_cast<size_t>(std::llround(0.05 * kCount));
+      auto out = run(c, world, 5, 1.0 / world);
+      check_ranks_agree(out);
+      auto with = reference_sparse(c, k, world, 5, 1.0 / world);
+      check_against(out, with, 1e-6);
+      // The correction changes what is sent: plain error feedback gives other values.
+      c.momentum = 0;
+      auto without = reference_sparse(c, k, world, 5, 1.0 / world);
+      double differ = 0;
+      for (size_t i = 0; i < kCount; ++i) differ = std::max(differ, double(std::abs(with[4][i] - without[4][i])));
+      CHECK(differ > 1e-3);
+    }
+}
+
 TEST_CASE("sparsification by count keeps that many coordinates per rank") {
   comm::Sparsification c;
   c.count = 10;
@@ -440,6 +473,14 @@ TEST_CASE("bad algorithm settings are rejected with the setting, its value and w
   big.ratio = 1.5;
   CHECK_THROWS_WITH(comm::make_reduction(big, bucket),
                     "Sparsification.ratio=1.5 (expected 0 < ratio <= 1, or a count > 0)");
+  comm::Sparsification fast;
+  fast.momentum = 1.0;
+  CHECK_THROWS_WITH(comm::make_reduction(fast, bucket), "Sparsification.momentum=1 (expected 0 <= momentum < 1)");
+  comm::Sparsification no_memory;
+  no_memory.momentum = 0.9;
+  no_memory.error_feedback = false;
+  CHECK_THROWS_WITH(comm::make_reduction(no_memory, bucket),
+                    doctest::Contains("Sparsification.momentum=0.9 with error_feedback=false"));
   CHECK_THROWS_WITH(comm::make_reduction(comm::ByteGrad{0}, bucket),
                     "ByteGrad.block=0 (expected >= 1 element per block)");
   CHECK_THROWS_WITH(
@@ -473,7 +514,7 @@ TEST_CASE("algorithm specs from the command line parse, and mistakes name the ke
   CHECK_THROWS_WITH(comm::parse_compression("powersgd:rank=two"),
                     "--algorithm powersgd: rank=two (expected a non-negative integer)");
   CHECK_THROWS_WITH(comm::parse_compression("topk:k=5"),
-                    "--algorithm topk: unknown key 'k' (allowed: ratio, count, seed, ef)");
+                    "--algorithm topk: unknown key 'k' (allowed: ratio, count, seed, ef, momentum)");
   CHECK_THROWS_WITH(comm::parse_compression("fp16:ratio=1"),
                     "--algorithm fp16: unknown key 'ratio' (allowed: none)");
   CHECK_THROWS_WITH(comm::parse_compression("topk:ratio"),
