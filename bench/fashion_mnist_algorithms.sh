@@ -4,15 +4,16 @@
 # last step, i.e. after any warm-up). Prints a Markdown table.
 #   bench/fashion_mnist_algorithms.sh [build dir] [epochs] [algorithm ...]
 # Environment: WORLD (4), LR (0.05), EXTRA (more fashion_mnist arguments, e.g. --seed 1),
-# TROUPE_LINK (link emulation, e.g. 1gbit,5ms).
+# TROUPE_LINK (link emulation, e.g. 1gbit,5ms). An algorithm with momentum correction
+# (topk:ratio=0.01,momentum=0.9) runs SGD with --momentum 0: its compressor applies the momentum.
 set -euo pipefail
 BUILD="${1:-build}"
 EPOCHS="${2:-2}"
 shift $(( $# > 2 ? 2 : $# ))
 ALGORITHMS=("$@")
 if [ ${#ALGORITHMS[@]} -eq 0 ]; then
-  ALGORITHMS=(allreduce fp16 bf16 bytegrad sign topk:ratio=0.01 randomk:ratio=0.01
-              blockk:ratio=0.01 powersgd:rank=2)
+  ALGORITHMS=(allreduce fp16 bf16 bytegrad sign topk:ratio=0.01 topk:ratio=0.01,momentum=0.9
+              randomk:ratio=0.01,momentum=0.9 blockk:ratio=0.01,momentum=0.9 powersgd:rank=2)
 fi
 WORLD="${WORLD:-4}"
 LR="${LR:-0.05}"
@@ -22,8 +23,10 @@ base_acc=""
 base_bytes=""
 for algo in "${ALGORITHMS[@]}"; do
   start=$(date +%s.%N)
+  own_momentum=""
+  case "$algo" in *momentum=*) own_momentum="--momentum 0" ;; esac
   out=$("$BUILD/bin/troupe" launch -n "$WORLD" -- "$BUILD/bin/fashion_mnist" --epochs "$EPOCHS" \
-        --lr "$LR" --log-every 100000 --algorithm "$algo" ${EXTRA:-} 2>&1) || {
+        --lr "$LR" --log-every 100000 --algorithm "$algo" ${EXTRA:-} $own_momentum 2>&1) || {
     echo "| $algo | failed: $(echo "$out" | tail -1) | | | | | |"; continue; }
   wall=$(echo "$(date +%s.%N) - $start" | bc)
   line=$(echo "$out" | grep "epoch $EPOCHS test accuracy" | tail -1)

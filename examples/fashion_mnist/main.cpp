@@ -156,6 +156,18 @@ void train_rank(Runtime& rt, const Settings& s) {
   }
 }
 
+// Sparsification's momentum correction already applies momentum: SGD's would apply it twice.
+void check_momentum_once(const Settings& s) {
+  const auto* c = std::get_if<comm::Compression>(&s.algorithm);
+  const auto* sparse = c ? std::get_if<comm::Sparsification>(c) : nullptr;
+  if (sparse && sparse->momentum > 0 && s.trainer.momentum > 0)
+    throw comm::Error(format("%s applies momentum %g inside the compressor (momentum correction), "
+                             "so SGD must run without it: momentum %g given, expected 0 "
+                             "(--momentum 0, or trainer.momentum = 0 in a job file)",
+                             comm::algorithm_name(*c).c_str(), sparse->momentum,
+                             s.trainer.momentum));
+}
+
 // Every rank as a thread of this process, over the in-process transport.
 int run_threads(const Settings& s, int world, const comm::LinkEmulation& links) {
   auto fabric = std::make_shared<comm::InprocFabric>(world);
@@ -241,6 +253,7 @@ int main(int argc, char** argv) {
     } else {
       s.algorithm = comm::parse_compression(algorithm);
     }
+    check_momentum_once(s);
     torch::set_num_threads(t.threads);
     torch::manual_seed(t.seed);
     if (s.ranks_as_threads) return run_threads(s, world, links);

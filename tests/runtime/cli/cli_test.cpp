@@ -165,3 +165,15 @@ TEST_CASE("troupe run names the key, the value and what is allowed in a bad job 
   CHECK(out.text.find("decentralized") != std::string::npos);  // among the allowed names
   std::remove(path.c_str());
 }
+
+TEST_CASE("troupe run refuses SGD momentum on top of a compressor's momentum correction") {
+  auto path = job_file("momentum", "[job]\nworld_size = 2\nmode = \"threads\"\n"
+                                   "[algorithm]\nname = \"topk\"\nmomentum = 0.9\n"
+                                   "[trainer]\nmodel = \"mlp\"\nepochs = 1\nmomentum = 0.5\n");
+  auto out = run(std::string(TROUPE_BIN) + " run " + path);
+  INFO(out.text);
+  CHECK(out.status != 0);
+  CHECK(out.text.find("momentum 0.5 given, expected 0") != std::string::npos);
+  CHECK(out.text.find("epoch 1") == std::string::npos);  // refused before training
+  std::remove(path.c_str());
+}
