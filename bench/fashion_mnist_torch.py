@@ -6,7 +6,8 @@ troupe's PowerSGD accuracy next to torch's on the same task.
 Same settings as `bench/fashion_mnist_algorithms.sh` with EXTRA="--model mlp": MLP 784-256-10
 (ReLU, log_softmax), images normalised as (x / 255 - 0.2860) / 0.3530, each of --world ranks on a
 contiguous 1/world slice of one permutation of the training set (seed --seed), batch 64 per rank
-reshuffled per epoch, SGD lr 0.05 momentum 0.9, --epochs epochs; prints rank 0's test accuracy.
+reshuffled per epoch, SGD lr --lr (0.05) momentum 0.9 under --lr-schedule (constant or cosine),
+--epochs epochs; prints rank 0's test accuracy.
 The shards and batch orders are drawn with torch's generator, not troupe's, so the runs see the
 same data in another order.
 
@@ -19,6 +20,7 @@ same data in another order.
 
 import argparse
 import gzip
+import math
 
 import numpy as np
 
@@ -62,11 +64,17 @@ def run_rank(rank, args, port):
                                                 matrix_approximation_rank=args.rank,
                                                 start_powerSGD_iter=10)
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+        steps = args.epochs * (len(x) // args.batch)
+        step = 0
         for epoch in range(args.epochs):
             perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(args.seed + epoch))
             for start in range(0, len(x) - args.batch + 1, args.batch):
                 idx = perm[start:start + args.batch]
+                if args.lr_schedule == "cosine":
+                    for group in opt.param_groups:
+                        group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+                step += 1
                 opt.zero_grad()
                 F.nll_loss(F.log_softmax(ddp(x[idx]), 1), y[idx]).backward()
                 opt.step()
@@ -81,6 +89,9 @@ def main():
     p.add_argument("--world", type=int, default=4)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="cosine: lr (1 + cos(pi step / steps)) / 2 over the run, as fashion_mnist")
     p.add_argument("--hook", choices=("none", "powersgd"), default="none")
     p.add_argument("--rank", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)

@@ -36,7 +36,7 @@ const Keys kTables = {"job", "topology", "algorithm", "trainer", "links"};
 const Keys kJobKeys = {"world_size", "mode", "timeout_sec"};
 const Keys kTopologyKeys = {"kind", "mixing", "rows", "cols", "edges", "seed"};
 const Keys kTrainerKeys = {"program", "model", "epochs", "batch", "lr", "momentum",
-                           "data", "log_every", "seed", "threads"};
+                           "lr_schedule", "data", "log_every", "seed", "threads"};
 const Keys kLinksKeys = {"all", "ranks"};
 
 /// Each algorithm name a job file may use, with the settings it takes beside `name`.
@@ -379,6 +379,8 @@ TrainerConfig read_trainer(const Section& t) {
   t.number("lr", c.lr, [](double x) { return x > 0; }, "a number > 0");
   t.number("momentum", c.momentum, [](double x) { return x >= 0 && x < 1; },
            "a number in [0, 1)");
+  if (const int schedule = t.choice("lr_schedule", {"constant", "cosine"}); schedule >= 0)
+    c.lr_schedule = schedule == 0 ? "constant" : "cosine";
   t.text("data", c.data, false);
   t.integer("log_every", c.log_every, 1);
   t.integer("seed", c.seed, 0);

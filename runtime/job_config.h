@@ -63,6 +63,8 @@ struct TrainerConfig {
   int batch = 64;             // per rank, >= 1
   double lr = 0.05;           // > 0
   double momentum = 0.9;      // in [0, 1)
+  /// "constant", or "cosine": lr * (1 + cos(pi * step / steps)) / 2 over the whole run.
+  std::string lr_schedule = "constant";
   std::string data = "/usr/share/datasets/fashion-mnist";
   int log_every = 100;        // >= 1
   uint64_t seed = 42;

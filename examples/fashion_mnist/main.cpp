@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -89,6 +90,8 @@ void train_rank(Runtime& rt, const Settings& s) {
                static_cast<long long>(examples::size(train)), t.batch));
 
   examples::BatchIterator batches(train, t.batch, t.seed + static_cast<uint64_t>(rank));
+  const int64_t steps = t.epochs * batches.batches_per_epoch();
+  auto& sgd = static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options());
   int64_t step = 0;
   for (int epoch = 0; epoch < t.epochs; ++epoch) {
     batches.begin(epoch);
@@ -102,6 +105,8 @@ void train_rank(Runtime& rt, const Settings& s) {
         say(s, rank, format("exiting abruptly at step %lld (--die-rank)", static_cast<long long>(step)));
         std::_Exit(3);
       }
+      if (t.lr_schedule == "cosine")
+        sgd.lr(t.lr * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(steps))));
       opt.zero_grad();
       auto loss = torch::nll_loss(forward(x), y);
       loss.backward();
@@ -222,6 +227,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", t.batch, "Batch per rank")->check(CLI::PositiveNumber);
   app.add_option("--lr", t.lr, "SGD learning rate")->check(CLI::PositiveNumber);
   app.add_option("--momentum", t.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--lr-schedule", t.lr_schedule,
+                 "constant, or cosine: lr (1 + cos(pi step / steps)) / 2 over the whole run")
+      ->check(CLI::IsMember({"constant", "cosine"}));
   app.add_option("--log-every", t.log_every, "Steps between progress lines")
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", t.threads, "Intra-op threads per rank")->check(CLI::PositiveNumber);

@@ -78,6 +78,7 @@ epochs = 3
 batch = 32
 lr = 0.1
 momentum = 0.5
+lr_schedule = "cosine"
 data = "/data/fmnist"
 log_every = 20
 seed = 7
@@ -106,6 +107,7 @@ ranks = { 4 = "10ms", 2 = "100mbit,20ms" }
   CHECK(c.trainer.batch == 32);
   CHECK(c.trainer.lr == doctest::Approx(0.1));
   CHECK(c.trainer.momentum == doctest::Approx(0.5));
+  CHECK(c.trainer.lr_schedule == "cosine");
   CHECK(c.trainer.data == "/data/fmnist");
   CHECK(c.trainer.log_every == 20);
   CHECK(c.trainer.seed == 7);
@@ -134,6 +136,7 @@ TEST_CASE("what a job file leaves out keeps the defaults of JobConfig and Traine
   CHECK(c.trainer.model == defaults.model);
   CHECK(c.trainer.epochs == defaults.epochs);
   CHECK(c.trainer.lr == defaults.lr);
+  CHECK(c.trainer.lr_schedule == "constant");
   CHECK(c.trainer.seed == defaults.seed);
   CHECK_FALSE(c.links.active());
 }
@@ -280,6 +283,8 @@ TEST_CASE("a value of the wrong type names the key, the value and the type expec
               {"trainer.epochs = 2.5: expected an integer"});
   check_error(job_with("[algorithm]\nname = \"allreduce\"\n[trainer]\nlr = \"fast\"\n"),
               {"trainer.lr = \"fast\": expected a number > 0"});
+  check_error(job_with("[algorithm]\nname = \"allreduce\"\n[trainer]\nlr_schedule = \"step\"\n"),
+              {"trainer.lr_schedule = \"step\"", "constant", "cosine"});
   check_error(job_with("[algorithm]\nname = \"powersgd\"\nwarm_start = 1\n"),
               {"algorithm.warm_start = 1: expected true or false"});
   check_error(job_with("[algorithm]\nname = 3\n"), {"algorithm.name = 3", "allreduce", "powersgd"});
