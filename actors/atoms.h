@@ -4,9 +4,10 @@
 
 namespace troupe::actors {
 
-/// (register_atom, rank, world_size, host, transport_address, worker): a rank joins the directory.
+/// (register_atom, rank, world_size, host, transport_address, extra, worker): a rank joins the
+/// directory; `extra` is opaque bytes handed to every rank (rank 0's NCCL unique id).
 using register_atom = caf::atom_constant<caf::atom("register")>;
-/// (table_atom, ok, error, hosts, addresses): the directory's answer to register_atom.
+/// (table_atom, ok, error, hosts, addresses, extras): the directory's answer to register_atom.
 using table_atom = caf::atom_constant<caf::atom("table")>;
 /// (peer_down_atom, rank, reason, fatal): rank `rank` is gone; fatal when it died rather than left.
 using peer_down_atom = caf::atom_constant<caf::atom("peer_down")>;
@@ -39,6 +40,9 @@ using stall_atom = caf::atom_constant<caf::atom("stall")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 /// (force_atom): the failure grace has passed; fail what is still in flight.
 using force_atom = caf::atom_constant<caf::atom("force")>;
+/// (staged_atom, step, divisor, error): a staged CUDA bucket's gradients are in its host mirror
+/// (error empty) or could not be copied there.
+using staged_atom = caf::atom_constant<caf::atom("staged")>;
 /// (setup_atom, ...): configuration after spawn.
 using setup_atom = caf::atom_constant<caf::atom("setup")>;
 

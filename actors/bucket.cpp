@@ -8,10 +8,39 @@
 #include "actors/atoms.h"
 #include "actors/execution_post.h"
 #include "comm/collectives/schedule.h"
+#ifdef TROUPE_HAVE_CUDA
+#include "actors/staging.h"
+#endif
+#ifdef TROUPE_HAVE_NCCL
+#include "comm/transport/nccl/communicator.h"
+#endif
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
 
 namespace troupe::actors {
+
+void NcclOrder::submit(int index, std::function<void()> issue) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (released_) {
+    issue();
+    return;
+  }
+  waiting_[index] = std::move(issue);
+  // Issue every bucket whose turn has come; the round starts over after the last bucket.
+  for (auto it = waiting_.find(next_); it != waiting_.end(); it = waiting_.find(next_)) {
+    auto fn = std::move(it->second);
+    waiting_.erase(it);
+    next_ = next_ + 1 == buckets_ ? 0 : next_ + 1;
+    fn();
+  }
+}
+
+void NcclOrder::release() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  released_ = true;
+  for (auto& [index, fn] : waiting_) fn();
+  waiting_.clear();
+}
 
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -71,18 +100,10 @@ void report(int index, uint32_t step, BucketStats& stats, const caf::actor& redu
                  status.peer());
 }
 
-void launch(Bucket* self, double divisor) {
+// Runs the bucket's algorithm (its stages over the transport) on plan.data: the bucket itself,
+// or a staged bucket's host mirror, which is copied back to the device before the bucket reports.
+void start_execution(Bucket* self, double divisor) {
   auto& st = self->state;
-  st.launched = true;
-  *st.stats = BucketStats{};
-  st.stats->step = st.step;
-  st.stats->ready = st.ready;
-  st.stats->ready_us = now_us();
-  if (!st.broken.empty()) {
-    report(st.plan.index, st.step, *st.stats, st.reducer,
-           comm::Status::failure(st.broken, st.broken_peer));
-    return;
-  }
   const auto& plan = st.plan;
   comm::ReduceStep step;
   step.group = comm::Group{st.transport->rank(), st.transport->world_size()};
@@ -101,14 +122,109 @@ void launch(Bucket* self, double divisor) {
       execution_post(caf::actor_cast<caf::actor>(self), *st.transport, st.inline_lock);
   auto execution = std::make_shared<comm::Execution>(st.transport, std::move(stages), post);
   // Runs on whichever thread ends the execution: touches only what it captured.
-  execution->on_done([plan, step = st.step, stats = st.stats, reducer = st.reducer,
+  execution->on_done([index = plan.index, staging = plan.staging, step = st.step, stats = st.stats,
+                      reducer = st.reducer, timeout = st.settings.device_timeout,
                       raw = execution.get()](const comm::Status& status) {
     stats->bytes_sent = raw->bytes_sent();
     stats->bytes_received = raw->bytes_received();
-    report(plan.index, step, *stats, reducer, status);
+    if (!staging || !status.ok()) {
+      report(index, step, *stats, reducer, status);
+      return;
+    }
+#ifdef TROUPE_HAVE_CUDA
+    try {
+      staging->upload(timeout, [index, step, stats, reducer](const std::string& error) {
+        report(index, step, *stats, reducer,
+               error.empty() ? comm::Status::success() : comm::Status::failure(error));
+      });
+    } catch (const std::exception& e) {
+      report(index, step, *stats, reducer,
+             comm::Status::failure("bucket " + std::to_string(index) + ": " + e.what()));
+    }
+#else
+    (void)timeout;
+#endif
   });
   st.execution = execution;
   with_execution(self, [&] { execution->start(); });
+}
+
+// A CUDA bucket with NCCL: one allreduce on the communicator's stream, in bucket order.
+void launch_nccl(Bucket* self, double divisor) {
+  auto& st = self->state;
+  const auto& plan = st.plan;
+#ifdef TROUPE_HAVE_NCCL
+  const int world = st.transport->world_size();
+  const size_t bytes = plan.count * comm::element_size(plan.type);
+  const size_t moved = world > 1 ? bytes * 2 * static_cast<size_t>(world - 1) / world : 0;
+  comm::Callback done = [index = plan.index, step = st.step, stats = st.stats,
+                         reducer = st.reducer, moved](const comm::Status& status) {
+    stats->bytes_sent = moved;  // a ring's share; NCCL does not report what it moved
+    stats->bytes_received = moved;
+    report(index, step, *stats, reducer, status);
+  };
+  const bool scaled = st.settings.average && (st.settings.divide_before || divisor != world);
+  const auto op = st.settings.average ? comm::ReduceOp::avg : comm::ReduceOp::sum;
+  plan.nccl_order->submit(plan.index, [nccl = plan.nccl, data = plan.data, count = plan.count,
+                                       type = plan.type, events = plan.ready_events, scaled, op,
+                                       divisor, index = plan.index, done]() {
+    auto communicator = nccl.lock();
+    try {
+      if (!communicator)
+        throw comm::Error("bucket " + std::to_string(index) +
+                          ": its module's NCCL communicator is gone");
+      if (scaled) communicator->allreduce_scaled(data, data, count, type, 1.0 / divisor, events, done);
+      else communicator->allreduce(data, data, count, type, op, events, done);
+    } catch (const std::exception& e) {
+      done(comm::Status::failure(e.what()));
+    }
+  });
+#else
+  (void)divisor;
+  report(plan.index, st.step, *st.stats, st.reducer,
+         comm::Status::failure("bucket " + std::to_string(plan.index) +
+                               ": an NCCL bucket in a troupe built without NCCL"));
+#endif
+}
+
+// A CUDA bucket without NCCL: copy to the host mirror, then run the execution there.
+void launch_staged(Bucket* self, double divisor) {
+  auto& st = self->state;
+#ifdef TROUPE_HAVE_CUDA
+  try {
+    st.plan.staging->download(
+        st.plan.ready_events, st.settings.device_timeout,
+        [actor = caf::actor_cast<caf::actor>(self), step = st.step,
+         divisor](const std::string& error) {
+          caf::anon_send(actor, staged_atom::value, step, divisor, error);
+        });
+  } catch (const std::exception& e) {
+    report(st.plan.index, st.step, *st.stats, st.reducer,
+           comm::Status::failure("bucket " + std::to_string(st.plan.index) + ": " + e.what()));
+  }
+#else
+  (void)divisor;
+  report(st.plan.index, st.step, *st.stats, st.reducer,
+         comm::Status::failure("bucket " + std::to_string(st.plan.index) +
+                               ": a staged CUDA bucket in a troupe built without CUDA"));
+#endif
+}
+
+void launch(Bucket* self, double divisor) {
+  auto& st = self->state;
+  st.launched = true;
+  *st.stats = BucketStats{};
+  st.stats->step = st.step;
+  st.stats->ready = st.ready;
+  st.stats->ready_us = now_us();
+  if (!st.broken.empty()) {
+    report(st.plan.index, st.step, *st.stats, st.reducer,
+           comm::Status::failure(st.broken, st.broken_peer));
+    return;
+  }
+  if (st.plan.nccl_order) launch_nccl(self, divisor);
+  else if (st.plan.staging) launch_staged(self, divisor);
+  else start_execution(self, divisor);
 }
 
 caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
@@ -133,11 +249,28 @@ caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
         if (!self->state.launched) launch(self, divisor);
       },
       [](run_atom, std::function<void()>& fn) { fn(); },
+      [self](staged_atom, uint32_t step, double divisor, const std::string& error) {
+        auto& st = self->state;
+        if (step != st.step || !st.launched) return;
+        if (!error.empty() || !st.broken.empty()) {
+          report(st.plan.index, st.step, *st.stats, st.reducer,
+                 !st.broken.empty() ? comm::Status::failure(st.broken, st.broken_peer)
+                                    : comm::Status::failure(error));
+          return;
+        }
+        start_execution(self, divisor);
+      },
       [self](abort_atom, const std::string& reason, int peer) {
         auto& st = self->state;
         if (!st.broken.empty()) return;
         st.broken = reason;
         st.broken_peer = peer;
+#ifdef TROUPE_HAVE_NCCL
+        // The NCCL reduction cannot finish without the dead rank: abort the communicator, which
+        // fails what is in flight at once, and let the buckets still waiting for their turn fail.
+        if (auto nccl = st.plan.nccl.lock()) nccl->abort(reason);
+        if (st.plan.nccl_order) st.plan.nccl_order->release();
+#endif
         if (!st.execution) return;
         bool running = false;
         with_execution(self, [&] {

@@ -4,13 +4,23 @@
 /// Autograd hooks send it one ready message per parameter whose gradient has been accumulated into
 /// the buffer; the moment it has them all it starts its reduction (the stages of its algorithm's
 /// comm::Reduction, run by an Execution that this actor drives: transport completions come back to
-/// it as messages), while backward goes on with earlier layers. When the reduction ends it records its statistics and tells the reducer.
+/// it as messages), while backward goes on with earlier layers. When the reduction ends it records
+/// its statistics and tells the reducer.
 /// Buffers are raw memory here: actors/ knows nothing of tensors.
+///
+/// A bucket of CUDA gradients is reduced one of two ways. With NCCL (`BucketPlan::nccl`): an NCCL
+/// allreduce on the communicator's stream, after the events recorded where its gradients were
+/// ready; the communicator's completion callback reports to the reducer. Without
+/// (`BucketPlan::staging`): through a pinned host mirror (actors/staging.h), the usual execution
+/// running on the mirror between a copy to the host and a copy back.
 #include <caf/fwd.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,16 +28,52 @@
 #include "comm/compression/reduction.h"
 #include "comm/transport/transport.h"
 
+namespace troupe::comm {
+class NcclCommunicator;  // comm/transport/nccl/communicator.h (built with NCCL only)
+}  // namespace troupe::comm
+
 namespace troupe::actors {
+
+class HostStaging;  // actors/staging.h (built with CUDA only)
+
+/// Issues the NCCL reductions of a module's buckets in bucket order, whatever order they fill in:
+/// NCCL matches operations by the order ranks issue them, and buckets fill in different orders on
+/// different ranks. Every bucket submits once per step.
+class NcclOrder {
+ public:
+  explicit NcclOrder(int buckets) : buckets_(buckets) {}
+  /// Runs `issue` (on this thread, or later on the thread that submits the bucket before it) once
+  /// every bucket before `index` has been issued in this round.
+  void submit(int index, std::function<void()> issue);
+  /// After a failure: runs whatever waits, and from now on everything at once (the communicator
+  /// is aborted, so the operations fail at once instead of waiting for their turn).
+  void release();
+
+ private:
+  std::mutex mutex_;
+  int buckets_;
+  int next_ = 0;
+  bool released_ = false;
+  std::map<int, std::function<void()>> waiting_;
+};
 
 /// The flat buffer a bucket reduces, and what fills it.
 struct BucketPlan {
   int index = 0;
-  void* data = nullptr;
+  void* data = nullptr;  // host memory (a CPU bucket, or a staged bucket's mirror) or device memory
   size_t count = 0;  // elements, padding included
   comm::DataType type = comm::DataType::float32;
   int parameters = 0;  // ready messages that fill the bucket
   std::vector<comm::TensorSlot> tensors;
+  /// CUDA buckets: events (cudaEvent_t) recorded where the bucket's gradients were ready and where
+  /// step() last touched the buckets; the reduction's device work waits for all of them.
+  std::vector<void*> ready_events;
+  /// CUDA buckets with NCCL: the module's communicator (data is device memory) and the order in
+  /// which its buckets issue. Weak: the module owns the communicator and destroys it.
+  std::weak_ptr<comm::NcclCommunicator> nccl;
+  std::shared_ptr<NcclOrder> nccl_order;
+  /// CUDA buckets without NCCL: the pinned mirror (data is its host memory).
+  std::shared_ptr<HostStaging> staging;
 };
 
 /// How buckets reduce.
@@ -42,6 +88,8 @@ struct ReduceSettings {
   uint32_t key_prefix = 0;
   /// After a failure, what is in flight with live peers gets this long before it is failed.
   std::chrono::milliseconds failure_grace{1000};
+  /// CUDA buckets: the deadline of each copy to or from the host mirror.
+  std::chrono::milliseconds device_timeout{60000};
 };
 
 /// What one bucket did in one step, written by the bucket before it reports to the reducer (so the

@@ -15,6 +15,7 @@ namespace {
 struct Member {
   std::string host;
   std::string address;
+  std::string extra;
   caf::actor worker;
   caf::response_promise reply;
   bool gone = false;
@@ -41,7 +42,7 @@ void fail_all(Directory* self, const std::string& why) {
   for (auto& [rank, m] : self->state.members)
     if (m.reply.pending())
       m.reply.deliver(table_atom::value, false, why, std::vector<std::string>{},
-                      std::vector<std::string>{});
+                      std::vector<std::string>{}, std::vector<std::string>{});
 }
 
 void tell_survivors(Directory* self, int rank, const std::string& why, bool fatal) {
@@ -69,10 +70,11 @@ caf::behavior directory(Directory* self, int world_size, std::chrono::millisecon
   });
   return {
       [self](register_atom, int rank, int world, const std::string& host,
-                       const std::string& address, const caf::actor& worker) -> caf::result<
-                                                                         table_atom, bool, std::string,
-                                                                         std::vector<std::string>,
-                                                                         std::vector<std::string>> {
+             const std::string& address, const std::string& extra,
+             const caf::actor& worker) -> caf::result<table_atom, bool, std::string,
+                                                      std::vector<std::string>,
+                                                      std::vector<std::string>,
+                                                      std::vector<std::string>> {
         auto& st = self->state;
         std::string why;
         if (!st.failure.empty()) {
@@ -94,27 +96,28 @@ caf::behavior directory(Directory* self, int world_size, std::chrono::millisecon
         if (!why.empty()) {
           fail_all(self, why);
           return {table_atom::value, false, why, std::vector<std::string>{},
-                  std::vector<std::string>{}};
+                  std::vector<std::string>{}, std::vector<std::string>{}};
         }
         self->monitor(worker);
-        Member m{host, address, worker, self->make_response_promise(), false};
+        Member m{host, address, extra, worker, self->make_response_promise(), false};
         st.members[rank] = std::move(m);
         if (static_cast<int>(st.members.size()) == st.world_size) {
           bool all_here = true;
           for (auto& [r, mm] : st.members) all_here = all_here && !mm.gone;
           if (all_here) {
-            std::vector<std::string> hosts, addresses;
+            std::vector<std::string> hosts, addresses, extras;
             for (auto& [r, mm] : st.members) {
               hosts.push_back(mm.host);
               addresses.push_back(mm.address);
+              extras.push_back(mm.extra);
             }
             st.complete = true;
             for (auto& [r, mm] : st.members)
-              mm.reply.deliver(table_atom::value, true, std::string{}, hosts, addresses);
+              mm.reply.deliver(table_atom::value, true, std::string{}, hosts, addresses, extras);
           }
         }
         return caf::delegated<table_atom, bool, std::string, std::vector<std::string>,
-                              std::vector<std::string>>{};
+                              std::vector<std::string>, std::vector<std::string>>{};
       },
       [self, deadline](deadline_atom) {
         auto& st = self->state;

@@ -62,13 +62,14 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
   std::string failure;
   caf::scoped_actor self{system};
   self->request(directory, wait, register_atom::value, request.rank, request.world_size,
-                request.host, request.address, worker)
+                request.host, request.address, request.extra, worker)
       .receive(
           [&](table_atom, bool ok, const std::string& error, const std::vector<std::string>& hosts,
-              const std::vector<std::string>& addresses) {
+              const std::vector<std::string>& addresses, const std::vector<std::string>& extras) {
             if (!ok) failure = error;
             table.hosts = hosts;
             table.addresses = addresses;
+            table.extras = extras;
           },
           [&](caf::error& e) {
             failure = "rendezvous at " + where(request) + " failed for rank " +

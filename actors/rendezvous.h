@@ -19,13 +19,17 @@ struct RendezvousRequest {
   int master_port = 29500;
   std::string host;     // this rank's host name, for the peer table and error messages
   std::string address;  // this rank's transport address
+  /// Opaque bytes this rank hands to every rank (rank 0's NCCL unique id, when it made one);
+  /// binary-safe, may be empty.
+  std::string extra;
   std::chrono::milliseconds timeout{30000};
 };
 
-/// The rendezvous' outcome: every rank's host and transport address, by rank.
+/// The rendezvous' outcome: every rank's host, transport address and extra bytes, by rank.
 struct PeerTable {
   std::vector<std::string> hosts;
   std::vector<std::string> addresses;
+  std::vector<std::string> extras;
   caf::actor directory;
 };
 

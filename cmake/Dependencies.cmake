@@ -34,3 +34,31 @@ if(TROUPE_WITH_CUDA)
   endif()
 endif()
 message(STATUS "troupe: CUDA ${TROUPE_HAVE_CUDA}")
+
+# NCCL (CUDA buffers' collectives, comm/transport/nccl/): with CUDA only, from the toolkit's tree
+# or NCCL_ROOT. TROUPE_HAVE_NCCL becomes a public compile definition of troupe_comm.
+set(TROUPE_HAVE_NCCL OFF)
+if(TROUPE_HAVE_CUDA)
+  get_filename_component(_troupe_cuda_root "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${_troupe_cuda_root}
+    /usr/local/cuda PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY nccl HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${_troupe_cuda_root}
+    /usr/local/cuda PATH_SUFFIXES lib64 lib)
+  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    set(TROUPE_HAVE_NCCL ON)
+  endif()
+  unset(_troupe_cuda_root)
+endif()
+message(STATUS "troupe: NCCL ${TROUPE_HAVE_NCCL}")
+
+# LibTorch's c10_cuda (the torch wheel on GPU machines; Debian's CPU libtorch has none): with it,
+# DistributedModule records gradient events on torch's current CUDA stream instead of the legacy
+# default stream.
+set(TROUPE_HAVE_C10_CUDA OFF)
+if(TROUPE_HAVE_CUDA)
+  find_library(TROUPE_C10_CUDA_LIBRARY c10_cuda HINTS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
+  if(TROUPE_C10_CUDA_LIBRARY)
+    set(TROUPE_HAVE_C10_CUDA ON)
+  endif()
+endif()
+message(STATUS "troupe: c10_cuda ${TROUPE_HAVE_C10_CUDA}")

@@ -1,5 +1,6 @@
 #pragma once
-// Internal to cuda/: how the kernels' host code checks CUDA calls. Include from .cu files only.
+// Internal to cuda/: how its sources (kernels' host code, streams, events) check CUDA calls; the
+// GPU tests use it too (tests/support/cuda_stream.h).
 #include <cuda_runtime.h>
 
 #include <stdexcept>

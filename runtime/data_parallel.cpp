@@ -69,7 +69,7 @@ void average_module(Runtime& runtime, torch::nn::Module& module) {
   for (auto& [type, tensors] : by_type) {
     std::vector<torch::Tensor> flat;
     for (auto& t : tensors) flat.push_back(t.reshape({-1}));
-    auto all = torch::cat(flat);
+    auto all = torch::cat(flat).to(torch::kCPU);  // the transport moves host memory
     runtime.comm().allreduce(all.data_ptr(), static_cast<size_t>(all.numel()),
                              comm_type(type, "a parameter or buffer"), comm::ReduceOp::avg);
     int64_t at = 0;

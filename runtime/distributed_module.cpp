@@ -14,6 +14,7 @@
 #include "actors/bucket.h"
 #include "actors/reducer.h"
 #include "runtime/bucket_layout.h"
+#include "runtime/cuda_gradients.h"
 #include "runtime/data_parallel.h"
 #include "runtime/model_check.h"
 
@@ -49,6 +50,8 @@ struct DistributedModule::Impl {
 
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
+  // CUDA parameters: their events and the path of their buckets (null for a CPU module).
+  std::unique_ptr<CudaGradients> cuda;
 
   struct Bucket {
     torch::Tensor flat;
@@ -144,11 +147,18 @@ void DistributedModule::Impl::collect_parameters() {
     params.push_back(item.value());
   }
   if (params.empty()) throw comm::Error("DistributedModule: the module has no trainable parameter");
+  const bool on_cuda = std::any_of(params.begin(), params.end(),
+                                   [](const torch::Tensor& p) { return p.is_cuda(); });
+  if (on_cuda)
+    cuda = std::make_unique<CudaGradients>(rt, params, names,
+                                           std::holds_alternative<GradientAllReduce>(algorithm),
+                                           opt.stage_through_host, opt.stall_timeout);
 }
 
 // Every rank describes its model; rank by rank, the first difference is reported by name.
 void DistributedModule::Impl::verify_same_model() {
   std::string mine = "algorithm " + comm::algorithm_name(algorithm) + "\n";
+  if (cuda) mine += cuda->path() + "\n";
   for (size_t i = 0; i < params.size(); ++i) mine += names[i] + " " + shape_of(params[i]) + "\n";
   for (auto& b : module->named_buffers(true))
     mine += "buffer " + b.key() + " " + shape_of(b.value()) + "\n";
@@ -205,6 +215,8 @@ void DistributedModule::Impl::spawn_actors() {
     if (distinct > 1 && distinct < world) settings.collectives.hosts = std::move(hosts);
   }
   settings.key_prefix = key_prefix;
+  settings.device_timeout = opt.stall_timeout;
+  const auto order = cuda ? cuda->make_order(static_cast<int>(buckets.size())) : nullptr;
   std::vector<caf::actor> handles;
   std::vector<std::vector<std::string>> bucket_names;
   std::vector<int> expected;
@@ -228,6 +240,9 @@ void DistributedModule::Impl::spawn_actors() {
       slot.rows = p.dim() >= 2 ? static_cast<size_t>(p.size(0)) : 1;
       plan.tensors.push_back(slot);
     }
+    if (cuda)  // the events to wait on, and NCCL or a host mirror (then plan.data is the mirror)
+      cuda->prepare(plan, bucket.params, plan.data,
+                    plan.count * static_cast<size_t>(bucket.flat.element_size()), order);
     comm::BucketBuffer buffer{plan.index, plan.data, plan.count, plan.type, plan.tensors};
     auto reduction = comm::make_reduction(algorithm, buffer);
     bucket.actor = actors::spawn_bucket(system, plan, settings, std::move(reduction),
@@ -267,6 +282,7 @@ void DistributedModule::Impl::on_grad_ready(int index) {
     bucket.flat.narrow(0, offset_of[static_cast<size_t>(index)], p.numel())
         .copy_(p.grad().reshape({-1}));
   }
+  if (cuda) cuda->record_gradient(index);
   if (!opt.delay_reduce)
     caf::anon_send(bucket.actor, actors::ready_atom::value, step, denominator);
 }
@@ -333,6 +349,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.denominator = m.world;
   m.collect_parameters();
   m.verify_same_model();
+  if (m.cuda) m.cuda->connect();  // collective: every rank has passed the model check
   broadcast_parameters(0);
   m.build_buckets({});
   m.spawn_actors();
@@ -404,7 +421,8 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
     }
     // Every bucket is told to launch: one that filled already has (this message comes after the
     // hooks' ready messages from this thread) and ignores it; the rest are not full because of
-    // delay_reduce or of unused parameters.
+    // delay_reduce or of unused parameters. CUDA buckets wait for what was enqueued here.
+    if (m.cuda) m.cuda->record_step();
     for (auto& bucket : m.buckets)
       caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, m.denominator);
     m.await_step();
@@ -425,6 +443,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
         auto& p = m.params[static_cast<size_t>(bucket.params[k])];
         bucket.flat.narrow(0, bucket.offsets[k], p.numel()).copy_(p.reshape({-1}));
       }
+    if (m.cuda) m.cuda->record_step();
     for (auto& bucket : m.buckets)
       caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, double(m.world));
     m.await_step();
@@ -487,7 +506,14 @@ void DistributedModule::broadcast_parameters(int root) {
   auto& m = *impl_;
   for (auto& t : m.state_tensors()) {
     auto type = comm_type(t.scalar_type(), "a parameter or buffer");
-    m.rt.comm().broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), type, root);
+    if (!t.is_cuda()) {
+      m.rt.comm().broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), type, root);
+      continue;
+    }
+    // The transport moves host memory: a CUDA tensor travels through a host copy.
+    auto host = t.to(torch::kCPU).contiguous();
+    m.rt.comm().broadcast(host.data_ptr(), static_cast<size_t>(host.numel()), type, root);
+    t.copy_(host);
   }
 }
 
@@ -500,6 +526,11 @@ std::string DistributedModule::algorithm_name() const {
 }
 
 size_t DistributedModule::bucket_count() const { return impl_->buckets.size(); }
+
+std::string DistributedModule::gradient_path() const {
+  if (!impl_->cuda) return "cpu";
+  return impl_->cuda->uses_nccl() ? "cuda via nccl" : "cuda via host staging";
+}
 
 std::vector<std::vector<std::string>> DistributedModule::bucket_parameters() const {
   std::vector<std::vector<std::string>> out;

@@ -21,6 +21,9 @@
 /// each parameter's gradient accumulator tells its bucket actor (actors/bucket.h) when the gradient
 /// is ready; a full bucket starts its allreduce at once. After step 1 the buckets are rebuilt in the
 /// gradient-ready order that rank 0 observed, the same on every rank.
+///
+/// CUDA parameters (all on one device) get CUDA buckets, reduced with NCCL where the Runtime has
+/// it, else through pinned host memory (runtime/cuda_gradients.h says which and how).
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -82,6 +85,10 @@ struct DdpOptions {
   /// ranks grouped by the host names of the rendezvous. No effect on one host, on one rank per
   /// host, or on the compressed algorithms.
   bool hierarchical = false;
+  /// CUDA parameters: reduce through pinned host memory and the job's transport even where NCCL
+  /// is available (runtime/cuda_gradients.h). Every rank must agree (the model check compares it).
+  /// Compressed algorithms always stage; CPU parameters ignore it.
+  bool stage_through_host = false;
   /// A step whose reductions are not done after this long fails with a report of which bucket
   /// waits for which ranks.
   std::chrono::milliseconds stall_timeout{60000};
@@ -146,6 +153,8 @@ class DistributedModule {
   /// The algorithm's name and main setting ("allreduce", "powersgd(rank=2)", ...).
   std::string algorithm_name() const;
   size_t bucket_count() const;
+  /// How the gradients are reduced: "cpu", "cuda via nccl" or "cuda via host staging".
+  std::string gradient_path() const;
   /// The names of the parameters of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameters() const;
   /// Writes the Chrome trace recorded so far to `path`.

@@ -13,6 +13,10 @@
 #include "actors/rendezvous.h"
 #include "actors/worker.h"
 #include "comm/transport/ucx/transport.h"
+#ifdef TROUPE_HAVE_NCCL
+#include "comm/transport/nccl/communicator.h"
+#include "cuda/reduce.h"
+#endif
 
 namespace troupe {
 
@@ -51,8 +55,16 @@ struct Runtime::Impl {
   std::map<int, std::function<void(int, const std::string&)>> listeners;
   int next_listener = 0;
   int modules = 0;
+  // NCCL: rank 0's unique id from the rendezvous (empty: none), why rank 0 made none (rank 0
+  // only), and the communicator once nccl() has created it (guarded by dead_mutex; creation is
+  // serialised by nccl_mutex).
+  std::string nccl_id;
+  std::string nccl_note;
+  std::mutex nccl_mutex;
+  std::shared_ptr<comm::NcclCommunicator> nccl;
 
   void start();
+  void publish_nccl_id(actors::RendezvousRequest& request);
   void stop();
 };
 
@@ -111,6 +123,9 @@ void Runtime::Impl::start() {
                                     death = reason;
                                     death_rank = rank;
                                     if (comm) comm->abort(reason, rank);
+#ifdef TROUPE_HAVE_NCCL
+                                    if (nccl) nccl->abort(reason);
+#endif
                                     for (auto& [id, listener] : listeners) listener(rank, reason);
                                   }
                                 });
@@ -123,6 +138,7 @@ void Runtime::Impl::start() {
   request.host = host_name(options.host);
   request.address = address;
   request.timeout = options.rendezvous_timeout;
+  if (info.rank == 0) publish_nccl_id(request);
   caf::actor local;
   if (info.rank == 0) {
     local = actors::publish_directory(*system, request);
@@ -132,6 +148,7 @@ void Runtime::Impl::start() {
   auto table = actors::rendezvous(*system, request, worker, local);
   directory = table.directory;
   hosts = table.hosts;
+  if (!table.extras.empty()) nccl_id = table.extras[0];
   actors::watch_directory(worker, directory);
 
   if (ucx) ucx->connect(table.addresses);
@@ -145,6 +162,25 @@ void Runtime::Impl::start() {
   comm->set_timeout(options.collective_timeout);
 }
 
+void Runtime::Impl::publish_nccl_id(actors::RendezvousRequest& request) {
+#ifdef TROUPE_HAVE_NCCL
+  if (!options.nccl) {
+    nccl_note = "RuntimeOptions::nccl is off on rank 0";
+  } else if (!cuda::device_available()) {
+    nccl_note = "rank 0 sees no CUDA device";
+  } else {
+    try {
+      request.extra = comm::NcclCommunicator::unique_id();
+    } catch (const comm::Error& e) {
+      nccl_note = std::string("rank 0 could not make one: ") + e.what();
+    }
+  }
+#else
+  (void)request;
+  nccl_note = "troupe was built without NCCL";
+#endif
+}
+
 void Runtime::Impl::stop() {
   if (!system) return;
   if (directory && worker && !hosts.empty()) {
@@ -153,10 +189,13 @@ void Runtime::Impl::stop() {
     self->request(directory, std::chrono::seconds(2), actors::leave_atom::value, info.rank)
         .receive([](bool) {}, [](caf::error&) {});
   }
+  std::shared_ptr<comm::NcclCommunicator> nccl_comm;
   {
     std::lock_guard<std::mutex> lock(dead_mutex);
     comm.reset();
+    nccl_comm = std::move(nccl);
   }
+  nccl_comm.reset();  // may wait for its operations in flight, up to their deadlines
   if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
   if (owns_directory && directory) {
     system->middleman().unpublish(directory);
@@ -228,6 +267,54 @@ int Runtime::next_module_id() {
   if (impl_->modules >= 15)
     throw comm::Error("a Runtime wraps at most 15 DistributedModules (tried a 16th)");
   return ++impl_->modules;
+}
+
+bool Runtime::nccl_available() const {
+#ifdef TROUPE_HAVE_NCCL
+  return impl_->nccl_id.size() == comm::NcclCommunicator::kUniqueIdBytes;
+#else
+  return false;
+#endif
+}
+
+std::shared_ptr<comm::NcclCommunicator> Runtime::nccl(int device) {
+  const std::string call = "Runtime::nccl(" + std::to_string(device) + ")";
+#ifndef TROUPE_HAVE_NCCL
+  throw comm::Error(call + ": troupe was built without NCCL (CMake found no nccl.h and libnccl; "
+                    "CUDA tensors are reduced through pinned host memory instead)");
+#else
+  auto& m = *impl_;
+  std::lock_guard<std::mutex> creating(m.nccl_mutex);
+  {
+    std::lock_guard<std::mutex> lock(m.dead_mutex);
+    if (m.nccl) {
+      if (m.nccl->device() != device)
+        throw comm::Error(call + ": this rank's NCCL communicator is on device " +
+                          std::to_string(m.nccl->device()) + " (one device per rank)");
+      return m.nccl;
+    }
+  }
+  if (!m.nccl_id.empty() && !nccl_available())
+    throw comm::Error(call + ": rank 0's NCCL unique id from the rendezvous has " +
+                      std::to_string(m.nccl_id.size()) + " bytes (expected " +
+                      std::to_string(comm::NcclCommunicator::kUniqueIdBytes) + ")");
+  if (!nccl_available())
+    throw comm::Error(call + " on rank " + std::to_string(m.info.rank) +
+                      ": rank 0 published no NCCL unique id at the rendezvous (" +
+                      (m.nccl_note.empty() ? std::string("rank 0 saw no CUDA device, had "
+                                                         "RuntimeOptions::nccl off, or could not "
+                                                         "make an id")
+                                           : m.nccl_note) +
+                      ")");
+  auto created = std::make_shared<comm::NcclCommunicator>(m.info.rank, m.info.world_size,
+                                                          m.nccl_id, device,
+                                                          m.options.rendezvous_timeout);
+  created->set_timeout(m.options.collective_timeout);
+  std::lock_guard<std::mutex> lock(m.dead_mutex);
+  m.nccl = created;
+  if (!m.death.empty()) created->abort(m.death);
+  return created;
+#endif
 }
 
 }  // namespace troupe

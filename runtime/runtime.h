@@ -29,6 +29,10 @@ class actor_system;
 class actor;
 }  // namespace caf
 
+namespace troupe::comm {
+class NcclCommunicator;  // comm/transport/nccl/communicator.h, built with NCCL only
+}  // namespace troupe::comm
+
 namespace troupe {
 
 /// How a Runtime starts. Defaults fit a process started by `troupe launch`, torchrun, mpirun or
@@ -56,6 +60,11 @@ struct RuntimeOptions {
   /// Read from TROUPE_LINK and TROUPE_LINK_RANKS (runtime/env.h) when empty; an inactive one
   /// leaves the transport as it is.
   std::optional<comm::LinkEmulation> links;
+  /// Rank 0 publishes an NCCL unique id at the rendezvous when troupe is built with NCCL, this
+  /// is on and it sees a CUDA device (it costs rank 0 one listening socket and thread of NCCL's
+  /// bootstrap); every rank then may create the job's NCCL communicator with nccl(). Rank 0's
+  /// value decides for the job.
+  bool nccl = true;
 };
 
 class Runtime {
@@ -89,6 +98,18 @@ class Runtime {
   /// A number for the next DistributedModule of this runtime (1, 2, ...): the same on every rank
   /// when every rank wraps its modules in the same order.
   int next_module_id();
+
+  /// Whether rank 0 published an NCCL unique id at the rendezvous (see RuntimeOptions::nccl): the
+  /// same answer on every rank, so every rank takes the same path for its CUDA tensors.
+  bool nccl_available() const;
+  /// This rank's member of the job's NCCL communicator (all ranks) on CUDA device `device`,
+  /// created from rank 0's unique id at the first call: collective, every rank calls it at the
+  /// same point (a DistributedModule with CUDA parameters does so at construction), and it
+  /// waits for all ranks up to the rendezvous timeout; operations then have the collective
+  /// timeout. Later calls return the same communicator and must name the same device. A rank
+  /// that dies aborts it. Throws comm::Error when troupe was built without NCCL, when rank 0
+  /// published no id, or naming the device asked for against the one in use.
+  std::shared_ptr<comm::NcclCommunicator> nccl(int device);
 
  private:
   struct Impl;

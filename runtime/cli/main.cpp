@@ -15,9 +15,11 @@
 #include "runtime/launch.h"
 #ifdef TROUPE_HAVE_CUDA
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include "cuda/reduce.h"
+#endif
+#ifdef TROUPE_HAVE_NCCL
+#include <nccl.h>
 #endif
 
 namespace {
@@ -65,9 +67,12 @@ void print_info() {
   int runtime = 0;
   cudaRuntimeGetVersion(&runtime);
   std::cout << "CUDA runtime " << runtime / 1000 << "." << (runtime % 1000) / 10
-            << ", NCCL " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH
-            << " (compiled), GPU " << (troupe::cuda::device_available() ? "available" : "not found")
-            << "\n";
+#ifdef TROUPE_HAVE_NCCL
+            << ", NCCL " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH << " (compiled)"
+#else
+            << ", NCCL not built"
+#endif
+            << ", GPU " << (troupe::cuda::device_available() ? "available" : "not found") << "\n";
 #else
   std::cout << "CUDA not built (-DTROUPE_WITH_CUDA=OFF or nvcc not found)\n";
 #endif

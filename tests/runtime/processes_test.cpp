@@ -1,5 +1,8 @@
 // The same collective checks as the thread tests, as real processes over UCX, started by the
-// launcher; and a rank killed in the middle of a large allreduce.
+// launcher; a rank killed in the middle of a large allreduce; and, where torch sees a GPU, two
+// processes sharing it through UCX with host staging.
+#include <torch/cuda.h>
+
 #include <doctest/doctest.h>
 
 #include <sstream>
@@ -74,4 +77,16 @@ TEST_CASE("a hierarchical allreduce over 4 processes pretending to be two hosts 
   INFO(log);
   CHECK(r.exit_code == 0);
   CHECK(log.find("on pretend-host-b: hierarchical allreduce correct") != std::string::npos);
+}
+
+TEST_CASE("two processes sharing one GPU train through UCX with host staging like one process") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("torch sees no CUDA device: skipping the GPU scenario");
+    return;
+  }
+  std::string log;
+  auto r = run_job(2, "cuda_staging", true, &log);
+  INFO(log);
+  CHECK(r.exit_code == 0);
+  CHECK(log.find("rank 1 (cuda via host staging): largest difference") != std::string::npos);
 }

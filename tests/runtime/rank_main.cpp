@@ -184,12 +184,68 @@ int hierarchical() {
   return 0;
 }
 
+// Every process on the one GPU of the machine, over UCX with host staging (NCCL cannot put two
+// ranks on one GPU): each trains on its shard of the batch, and must end with the parameters of
+// one process trained on the whole batch, which each rank computes on the CPU. Exit 0 then; a
+// machine without a CUDA device exits 0 at once with "skipped" (processes_test skips before).
+int cuda_staging() {
+  if (!torch::cuda::is_available()) {
+    std::cout << "no CUDA device: skipped" << std::endl;
+    return 0;
+  }
+  torch::set_num_threads(1);
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  o.nccl = false;
+  Runtime rt(o);
+  const int64_t world = rt.world_size(), rank = rt.rank(), batch = 8;
+  torch::manual_seed(11);  // the same initial weights and batches on every rank
+  auto reference = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::Tanh(),
+                                         torch::nn::Linear(64, 4));
+  auto model = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::Tanh(),
+                                     torch::nn::Linear(64, 4));
+  {
+    torch::NoGradGuard no_grad;
+    auto from = reference->parameters(), to = model->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  const torch::Device cuda(torch::kCUDA, 0);
+  model->to(cuda);
+  DdpOptions d;
+  d.bucket_bytes = 4096;  // several buckets
+  d.first_bucket_bytes = 1024;
+  d.stage_through_host = true;
+  DistributedModule ddp(rt, model.ptr(), GradientAllReduce{}, d);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    auto x = torch::randn({world * batch, 16});
+    auto y = torch::randn({world * batch, 4});
+    opt.zero_grad();
+    torch::mse_loss(model->forward(x.narrow(0, rank * batch, batch).to(cuda)),
+                    y.narrow(0, rank * batch, batch).to(cuda))
+        .backward();
+    ddp.step(opt);
+    ref_opt.zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    ref_opt.step();
+  }
+  double worst = 0;
+  auto got = model->parameters(), want = reference->parameters();
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, (got[i].detach().to(torch::kCPU) - want[i]).abs().max().item<double>());
+  std::cout << "rank " << rank << " (" << ddp.gradient_path() << "): largest difference from one "
+            << "process " << worst << std::endl;
+  if (ddp.gradient_path() != "cuda via host staging") return 2;
+  return worst < 1e-4 ? 0 : 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: troupe_test_rank collectives|kill_one|ddp_kill_one|gossip_kill_one|"
-                 "async_gossip_kill_one|hierarchical\n";
+                 "async_gossip_kill_one|hierarchical|cuda_staging\n";
     return 64;
   }
   try {
@@ -199,6 +255,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[1], "gossip_kill_one")) return gossip_kill_one(false);
     if (!std::strcmp(argv[1], "hierarchical")) return hierarchical();
     if (!std::strcmp(argv[1], "async_gossip_kill_one")) return gossip_kill_one(true);
+    if (!std::strcmp(argv[1], "cuda_staging")) return cuda_staging();
   } catch (const std::exception& e) {
     std::cerr << "troupe_test_rank " << argv[1] << ": " << e.what() << "\n";
     return 1;

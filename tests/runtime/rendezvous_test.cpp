@@ -1,5 +1,7 @@
 // Rendezvous through the directory, with ranks as threads of this process (each with its own actor
-// system and Runtime): success, and every way it fails with a clear error instead of a hang.
+// system and Runtime): success, every way it fails with a clear error instead of a hang, the
+// opaque per-rank bytes (rank 0's NCCL unique id) it hands to every rank, and what Runtime::nccl
+// says when rank 0 published no id.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -8,6 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include "actors/rendezvous.h"
 #include "runtime/launch.h"
 #include "runtime/runtime.h"
 #include "tests/support/thread_ranks.h"
@@ -146,4 +152,78 @@ TEST_CASE("a rank that leaves is reported to the others, and a wait for it ends 
   }
   // The directory's notice travelled while the allreduce waited out its deadline.
   CHECK(rt0.dead_ranks() == std::vector<int>{1});
+}
+
+TEST_CASE("every rank receives every rank's opaque bytes through the rendezvous, zero bytes included") {
+  // Each rank its own actor system, as in separate processes: the bytes cross CAF's middleman.
+  const int world = 3;
+  const int port = pick_free_port();
+  std::vector<std::string> blobs;
+  std::string id(128, '\0');  // what an NCCL unique id looks like: 128 arbitrary bytes
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>((i * 37 + 1) % 256);
+  id[5] = '\0';
+  blobs.push_back(id);
+  blobs.push_back("");  // ranks without anything to say
+  blobs.push_back(std::string("two\0parts", 9));
+  std::vector<std::future<std::vector<std::string>>> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      caf::actor_system_config config;
+      config.set("scheduler.max-threads", 1);
+      config.load<caf::io::middleman>();
+      caf::actor_system system(config);
+      auto worker = system.spawn([](caf::event_based_actor* self) -> caf::behavior {
+        self->set_default_handler(caf::drop);
+        return {[](int) {}};
+      });
+      actors::RendezvousRequest request;
+      request.rank = r;
+      request.world_size = world;
+      request.master_port = port;
+      request.host = "host-" + std::to_string(r);
+      request.extra = blobs[static_cast<size_t>(r)];
+      request.timeout = 10s;
+      caf::actor directory;
+      if (r == 0) directory = actors::publish_directory(system, request);
+      auto table = actors::rendezvous(system, request, worker, directory);
+      if (r == 0) {
+        system.middleman().unpublish(directory);
+        caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
+      }
+      caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
+      CHECK(table.hosts == std::vector<std::string>{"host-0", "host-1", "host-2"});
+      return table.extras;
+    }));
+  for (auto& rank : ranks) {
+    auto extras = rank.get();
+    REQUIRE(extras.size() == blobs.size());
+    for (size_t i = 0; i < blobs.size(); ++i) CHECK(extras[i] == blobs[i]);
+  }
+}
+
+TEST_CASE("without an NCCL unique id from rank 0, Runtime::nccl says why on every rank") {
+  auto fabric = std::make_shared<comm::InprocFabric>(2);
+  const int port = pick_free_port();
+  std::vector<RuntimeOptions> options{options_for(0, 2, port, fabric, 10s),
+                                      options_for(1, 2, port, fabric, 10s)};
+  options[0].nccl = false;  // what rank 0 decides holds for the job, GPU or not
+  auto errors = test::run_ranks(options, [](int r, Runtime& rt) {
+    CHECK_FALSE(rt.nccl_available());
+    try {
+      rt.nccl(0);
+      FAIL("Runtime::nccl returned without an id");
+    } catch (const comm::Error& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(what.find("Runtime::nccl(0)") != std::string::npos);
+#ifdef TROUPE_HAVE_NCCL
+      CHECK(what.find("rank 0 published no NCCL unique id at the rendezvous") != std::string::npos);
+      if (r == 0) CHECK(what.find("RuntimeOptions::nccl is off on rank 0") != std::string::npos);
+#else
+      (void)r;
+      CHECK(what.find("built without NCCL") != std::string::npos);
+#endif
+    }
+  });
+  for (auto& e : errors) CHECK(e == "");
 }
