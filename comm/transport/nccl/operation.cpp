@@ -101,6 +101,15 @@ std::string describe(const char* op, size_t count, DataType type) {
   return std::string(op) + " of " + std::to_string(count) + " " + to_string(type);
 }
 
+// An operation that waits on `ready` and reports to `done`; issue/after are set by the caller.
+NcclOperation named(const std::string& name, const ReadyEvents& ready, Callback done) {
+  NcclOperation operation;
+  operation.name = name;
+  operation.ready = ready;
+  operation.done = std::move(done);
+  return operation;
+}
+
 }  // namespace
 
 void NcclCommunicator::allreduce(const void* in, void* out, size_t count, DataType type,
@@ -113,10 +122,7 @@ void NcclCommunicator::allreduce(const void* in, void* out, size_t count, DataTy
   check.buffer(in, count, "input");
   check.buffer(out, count, "output");
   check.ready(ready);
-  NcclOperation operation;
-  operation.name = name;
-  operation.ready = ready;
-  operation.done = std::move(done);
+  NcclOperation operation = named(name, ready, std::move(done));
   if (count > 0) {
     // Integer averages sum, then divide truncating toward zero, as the CPU's avg does.
     const bool divide = op == ReduceOp::avg && !is_float(type);
@@ -149,10 +155,7 @@ void NcclCommunicator::allreduce_scaled(const void* in, void* out, size_t count,
   check.buffer(in, count, "input");
   check.buffer(out, count, "output");
   check.ready(ready);
-  NcclOperation operation;
-  operation.name = name;
-  operation.ready = ready;
-  operation.done = std::move(done);
+  NcclOperation operation = named(name, ready, std::move(done));
   if (count > 0) {
     auto op = std::make_shared<ncclRedOp_t>(ncclSum);
     auto created = std::make_shared<bool>(false);
@@ -184,10 +187,7 @@ void NcclCommunicator::broadcast(void* data, size_t count, DataType type, int ro
   check.peer(root, "root");
   check.buffer(data, count, "data");
   check.ready(ready);
-  NcclOperation operation;
-  operation.name = name;
-  operation.ready = ready;
-  operation.done = std::move(done);
+  NcclOperation operation = named(name, ready, std::move(done));
   if (count > 0)
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
       return ncclBroadcast(data, data, count, t, root, comm, stream);
@@ -203,10 +203,7 @@ void NcclCommunicator::allgather(const void* in, void* out, size_t count_per_ran
   check.buffer(in, count_per_rank, "input");
   check.buffer(out, count_per_rank * static_cast<size_t>(impl_->world), "output");
   check.ready(ready);
-  NcclOperation operation;
-  operation.name = name;
-  operation.ready = ready;
-  operation.done = std::move(done);
+  NcclOperation operation = named(name, ready, std::move(done));
   if (count_per_rank > 0)
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllGather(in, out, count_per_rank, t, comm, stream);
@@ -225,10 +222,7 @@ void NcclCommunicator::reduce_scatter(const void* in, void* out, size_t count_pe
   check.buffer(in, count_per_rank * static_cast<size_t>(impl_->world), "input");
   check.buffer(out, count_per_rank, "output");
   check.ready(ready);
-  NcclOperation operation;
-  operation.name = name;
-  operation.ready = ready;
-  operation.done = std::move(done);
+  NcclOperation operation = named(name, ready, std::move(done));
   if (count_per_rank > 0) {
     const bool divide = op == ReduceOp::avg && !is_float(type);
     if (divide) o = ncclSum;
@@ -255,10 +249,7 @@ void NcclCommunicator::alltoall(const void* in, void* out, size_t count_per_rank
   check.buffer(in, total, "input");
   check.buffer(out, total, "output");
   check.ready(ready);
-  NcclOperation operation;
-  operation.name = name;
-  operation.ready = ready;
-  operation.done = std::move(done);
+  NcclOperation operation = named(name, ready, std::move(done));
   if (count_per_rank > 0) {
     const int world = impl_->world;
     const size_t block = count_per_rank * element_size(type);
@@ -312,10 +303,7 @@ void NcclCommunicator::exchange(const void* send, size_t count, DataType type,
   for (size_t i = 0; i < recv_buffers.size(); ++i)
     check.buffer(recv_buffers[i], count, "receive buffer " + std::to_string(i));
   check.ready(ready);
-  NcclOperation operation;
-  operation.name = name;
-  operation.ready = ready;
-  operation.done = std::move(done);
+  NcclOperation operation = named(name, ready, std::move(done));
   if (count > 0 && (!send_to.empty() || !recv_from.empty()))
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
       ncclResult_t r = ncclGroupStart();
