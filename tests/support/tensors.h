@@ -32,4 +32,27 @@ inline std::vector<torch::Tensor> clones(const std::vector<torch::Tensor>& ts) {
   return out;
 }
 
+/// The inputs and targets of a multi-rank test run: step s holds world * batch rows, rank r's are
+/// rows [r * batch, (r + 1) * batch) (a single process trains on all of them at once).
+struct StepData {
+  std::vector<torch::Tensor> xs, ys;
+  int64_t batch = 0;
+  torch::Tensor x(int s, int r) const { return xs[s].narrow(0, r * batch, batch); }
+  torch::Tensor y(int s, int r) const { return ys[s].narrow(0, r * batch, batch); }
+};
+
+/// `steps` steps of normal inputs [world * batch, in] and targets [world * batch, out]; with
+/// `shrinking`, step s's inputs are scaled by (steps - s), so gradients shrink over time.
+inline StepData make_step_data(int world, int steps, int64_t batch, int64_t in, int64_t out,
+                               bool shrinking = false) {
+  StepData d;
+  d.batch = batch;
+  for (int s = 0; s < steps; ++s) {
+    auto x = torch::randn({world * batch, in});
+    d.xs.push_back(shrinking ? x * (steps - s) : x);
+    d.ys.push_back(torch::randn({world * batch, out}));
+  }
+  return d;
+}
+
 }  // namespace troupe::test

@@ -41,22 +41,11 @@ std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
   return out;
 }
 
-// Inputs and targets of `steps` steps, `world * batch` rows each; step s is scaled by (steps - s)
-// so that gradients shrink over time (Adam's amsgrad then keeps older, larger second moments).
-struct Data {
-  std::vector<torch::Tensor> xs, ys;
-  int64_t batch;
-  torch::Tensor x(int s, int r) const { return xs[s].narrow(0, r * batch, batch); }
-  torch::Tensor y(int s, int r) const { return ys[s].narrow(0, r * batch, batch); }
-};
-
+// Inputs and targets whose gradients shrink over time (Adam's amsgrad then keeps older, larger
+// second moments).
+using Data = test::StepData;
 Data make_data(int world, int steps, int64_t batch) {
-  Data d{{}, {}, batch};
-  for (int s = 0; s < steps; ++s) {
-    d.xs.push_back(torch::randn({world * batch, 6}) * (steps - s));
-    d.ys.push_back(torch::randn({world * batch, 3}));
-  }
-  return d;
+  return test::make_step_data(world, steps, batch, 6, 3, /*shrinking=*/true);
 }
 
 }  // namespace

@@ -47,20 +47,9 @@ torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& y) 
   return (out - y.to(out.scalar_type())).pow(2).mean();
 }
 
-struct Data {
-  std::vector<torch::Tensor> xs, ys;
-  int64_t batch;
-  torch::Tensor x(int s, int r) const { return xs[s].narrow(0, r * batch, batch); }
-  torch::Tensor y(int s, int r) const { return ys[s].narrow(0, r * batch, batch); }
-};
-
+using Data = test::StepData;
 Data make_data(int world, int steps, int64_t batch) {
-  Data d{{}, {}, batch};
-  for (int s = 0; s < steps; ++s) {
-    d.xs.push_back(torch::randn({world * batch, 6}));
-    d.ys.push_back(torch::randn({world * batch, 3}));
-  }
-  return d;
+  return test::make_step_data(world, steps, batch, 6, 3);
 }
 
 // fp32 SGD on the concatenated batch, skipping the steps in `skip`.
