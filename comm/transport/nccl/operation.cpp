@@ -110,6 +110,18 @@ NcclOperation named(const std::string& name, const ReadyEvents& ready, Callback 
   return operation;
 }
 
+// Integer averages sum, then divide truncating toward zero, as the CPU's avg does: returns the
+// operator NCCL runs and, for an integer avg, makes `operation` divide `out` afterwards.
+ncclRedOp_t with_integer_average(ReduceOp op, ncclRedOp_t o, DataType type, void* out,
+                                 size_t count, int world, NcclOperation& operation) {
+  if (op != ReduceOp::avg || is_float(type)) return o;
+  const cuda::DType ct = cuda_type(type);
+  operation.after = [=](ncclComm_t, cudaStream_t stream) {
+    cuda::divide(out, count, ct, world, stream);
+  };
+  return ncclSum;
+}
+
 }  // namespace
 
 void NcclCommunicator::allreduce(const void* in, void* out, size_t count, DataType type,
@@ -124,19 +136,10 @@ void NcclCommunicator::allreduce(const void* in, void* out, size_t count, DataTy
   check.ready(ready);
   NcclOperation operation = named(name, ready, std::move(done));
   if (count > 0) {
-    // Integer averages sum, then divide truncating toward zero, as the CPU's avg does.
-    const bool divide = op == ReduceOp::avg && !is_float(type);
-    if (divide) o = ncclSum;
+    o = with_integer_average(op, o, type, out, count, impl_->world, operation);
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(in, out, count, t, o, comm, stream);
     };
-    if (divide) {
-      const int world = impl_->world;
-      const cuda::DType ct = cuda_type(type);
-      operation.after = [=](ncclComm_t, cudaStream_t stream) {
-        cuda::divide(out, count, ct, world, stream);
-      };
-    }
   }
   impl_->submit(std::move(operation));
 }
@@ -224,18 +227,10 @@ void NcclCommunicator::reduce_scatter(const void* in, void* out, size_t count_pe
   check.ready(ready);
   NcclOperation operation = named(name, ready, std::move(done));
   if (count_per_rank > 0) {
-    const bool divide = op == ReduceOp::avg && !is_float(type);
-    if (divide) o = ncclSum;
+    o = with_integer_average(op, o, type, out, count_per_rank, impl_->world, operation);
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
       return ncclReduceScatter(in, out, count_per_rank, t, o, comm, stream);
     };
-    if (divide) {
-      const int world = impl_->world;
-      const cuda::DType ct = cuda_type(type);
-      operation.after = [=](ncclComm_t, cudaStream_t stream) {
-        cuda::divide(out, count_per_rank, ct, world, stream);
-      };
-    }
   }
   impl_->submit(std::move(operation));
 }
