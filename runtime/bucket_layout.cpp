@@ -8,7 +8,7 @@
 namespace troupe {
 
 BucketLayout plan_buckets(const std::vector<ParameterShape>& params, const std::vector<int>& order,
-                          const DdpOptions& options) {
+                          const DdpOptions& options, const std::vector<int64_t>& ready_us) {
   std::vector<int> sequence = order;
   if (sequence.empty())
     for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) sequence.push_back(i);
@@ -16,6 +16,14 @@ BucketLayout plan_buckets(const std::vector<ParameterShape>& params, const std::
   layout.bucket_of.assign(params.size(), -1);
   layout.offset_of.assign(params.size(), 0);
   std::map<c10::ScalarType, int> open;  // the bucket being filled, per dtype
+  const int64_t gap_us = options.bucket_split_gap.count();
+  auto ready = [&](int i) { return ready_us.empty() ? -1 : ready_us[static_cast<size_t>(i)]; };
+  // A gap in readiness between the open bucket's last gradient and gradient i.
+  auto gap_before = [&](const BucketLayout::Bucket& b, int i) {
+    if (gap_us <= 0 || b.params.empty()) return false;
+    const int64_t last = ready(b.params.back()), next = ready(i);
+    return last >= 0 && next >= 0 && next - last > gap_us;
+  };
   for (int i : sequence) {
     const auto& p = params[static_cast<size_t>(i)];
     const auto elem = static_cast<int64_t>(c10::elementSize(p.type));
@@ -27,7 +35,9 @@ BucketLayout plan_buckets(const std::vector<ParameterShape>& params, const std::
       const auto& b = layout.buckets[static_cast<size_t>(it->second)];
       const size_t limit = it->second == 0 ? options.first_bucket_bytes : options.bucket_bytes;
       const auto bytes = static_cast<size_t>((aligned(b.elements) + p.numel) * elem);
-      need_new = !b.params.empty() && bytes > limit;
+      const auto held = static_cast<size_t>(b.elements * elem);
+      need_new = (!b.params.empty() && bytes > limit) ||
+                 (held >= options.first_bucket_bytes && gap_before(b, i));
     }
     if (need_new) {
       BucketLayout::Bucket b;

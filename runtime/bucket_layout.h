@@ -7,6 +7,12 @@
 /// very first bucket, `bucket_bytes` after). Every parameter starts at a multiple of
 /// `align_bytes`. Aggregation::layer gives each parameter its own bucket, Aggregation::model one
 /// bucket per dtype. A parameter larger than the limit gets a bucket to itself.
+///
+/// With the gradient-ready times of an observed step, a bucket that already holds
+/// `first_bucket_bytes` is also closed before a gradient that became ready more than
+/// `bucket_split_gap` after the bucket's previous one: backward computes a layer between the
+/// two, and the closed bucket reduces meanwhile instead of waiting for it (a 25 MiB bucket that
+/// ends with the first layer's bias would otherwise start only when backward ends).
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -35,7 +41,9 @@ struct BucketLayout {
 };
 
 /// Plans the buckets of `params` taken in `order` (empty: reverse definition order).
+/// `ready_us`, if not empty, holds each parameter's gradient-ready time in microseconds (any
+/// origin; negative: not observed, never split before).
 BucketLayout plan_buckets(const std::vector<ParameterShape>& params, const std::vector<int>& order,
-                          const DdpOptions& options);
+                          const DdpOptions& options, const std::vector<int64_t>& ready_us = {});
 
 }  // namespace troupe

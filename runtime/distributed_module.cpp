@@ -77,6 +77,7 @@ struct DistributedModule::Impl {
   uint32_t step = 0;
   std::vector<char> ready;
   std::vector<int> order;
+  std::vector<int64_t> order_us;  // when each gradient of `order` became ready
   bool sync = true;
   double denominator = 0;
   int64_t first_hook_us = 0;
@@ -91,7 +92,8 @@ struct DistributedModule::Impl {
   void check_options();
   void collect_parameters();
   void verify_same_model();
-  void build_buckets(const std::vector<int>& order_hint);
+  BucketLayout plan(const std::vector<int>& order_hint, const std::vector<int64_t>& ready_us = {});
+  void build_buckets(const BucketLayout& layout);
   void spawn_actors();
   void stop_actors();
   void on_grad_ready(int index);
@@ -127,6 +129,9 @@ void DistributedModule::Impl::check_options() {
   if (opt.align_bytes == 0 || (opt.align_bytes & (opt.align_bytes - 1)) != 0)
     throw comm::Error("DdpOptions.align_bytes=" + std::to_string(opt.align_bytes) +
                       " (expected a power of two)");
+  if (opt.bucket_split_gap.count() < 0)
+    throw comm::Error("DdpOptions.bucket_split_gap=" + std::to_string(opt.bucket_split_gap.count()) +
+                      "us (expected >= 0)");
   comm::validate(algorithm);
   if (!std::holds_alternative<GradientAllReduce>(algorithm) && !opt.agg_grad)
     throw comm::Error(comm::algorithm_name(algorithm) +
@@ -165,10 +170,14 @@ void DistributedModule::Impl::verify_same_model() {
   check_same_on_every_rank(rt.comm(), mine);
 }
 
-void DistributedModule::Impl::build_buckets(const std::vector<int>& order_hint) {
+BucketLayout DistributedModule::Impl::plan(const std::vector<int>& order_hint,
+                                           const std::vector<int64_t>& ready_us) {
   std::vector<ParameterShape> shapes;
   for (auto& p : params) shapes.push_back(ParameterShape{p.numel(), p.scalar_type()});
-  auto layout = plan_buckets(shapes, order_hint, opt);
+  return plan_buckets(shapes, order_hint, opt, ready_us);
+}
+
+void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
   buckets.clear();
   bucket_of = layout.bucket_of;
   offset_of = layout.offset_of;
@@ -273,6 +282,7 @@ void DistributedModule::Impl::on_grad_ready(int index) {
   if (ready[static_cast<size_t>(index)]) return;
   ready[static_cast<size_t>(index)] = 1;
   order.push_back(index);
+  order_us.push_back(now);
   if (!opt.agg_grad) return;
   const int b = bucket_of[static_cast<size_t>(index)];
   auto& bucket = buckets[static_cast<size_t>(b)];
@@ -306,26 +316,33 @@ void DistributedModule::Impl::await_step() {
 }
 
 void DistributedModule::Impl::rebuild_from_observed_order() {
-  // Rank 0's order, completed with parameters that had no gradient, becomes everyone's.
-  std::vector<int64_t> seen(params.size(), -1);
+  // Rank 0's order, completed with parameters that had no gradient, becomes everyone's, and so
+  // do its ready times (microseconds after its first gradient; -1 for none), which split buckets
+  // where backward paused between two gradients.
+  const size_t n = params.size();
+  std::vector<int64_t> seen(2 * n, -1);
   if (rank == 0) {
     size_t k = 0;
-    std::vector<char> used(params.size(), 0);
-    for (int i : order) {
+    std::vector<char> used(n, 0);
+    for (size_t j = 0; j < order.size(); ++j) {
+      const int i = order[j];
       seen[k++] = i;
+      seen[n + static_cast<size_t>(i)] = order_us[j] - order_us.front();
       used[static_cast<size_t>(i)] = 1;
     }
-    for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i)
+    for (int i = static_cast<int>(n) - 1; i >= 0; --i)
       if (!used[static_cast<size_t>(i)]) seen[k++] = i;
   }
   rt.comm().broadcast(seen.data(), seen.size(), comm::DataType::int64, 0);
-  std::vector<int> new_order(seen.begin(), seen.end());
-  std::vector<int> current;
-  for (auto& b : buckets)
-    for (int p : b.params) current.push_back(p);
-  if (new_order == current) return;
+  std::vector<int> new_order(seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(n));
+  std::vector<int64_t> ready_us(seen.begin() + static_cast<std::ptrdiff_t>(n), seen.end());
+  auto planned = plan(new_order, ready_us);
+  bool same = planned.buckets.size() == buckets.size();
+  for (size_t b = 0; same && b < buckets.size(); ++b)
+    same = planned.buckets[b].params == buckets[b].params;
+  if (same) return;
   stop_actors();
-  build_buckets(new_order);
+  build_buckets(planned);
   spawn_actors();
 }
 
@@ -351,7 +368,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.verify_same_model();
   if (m.cuda) m.cuda->connect();  // collective: every rank has passed the model check
   broadcast_parameters(0);
-  m.build_buckets({});
+  m.build_buckets(m.plan({}));
   m.spawn_actors();
   m.ready.assign(m.params.size(), 0);
   m.hook_target = std::make_shared<std::atomic<Impl*>>(impl_.get());
@@ -487,6 +504,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
     m.rebuild_from_observed_order();
   std::fill(m.ready.begin(), m.ready.end(), 0);
   m.order.clear();
+  m.order_us.clear();
   m.denominator = m.world;
 }
 

@@ -20,7 +20,8 @@
 /// order backward produces them), one dtype each; gradients are views into them. A post-hook on
 /// each parameter's gradient accumulator tells its bucket actor (actors/bucket.h) when the gradient
 /// is ready; a full bucket starts its allreduce at once. After step 1 the buckets are rebuilt in the
-/// gradient-ready order that rank 0 observed, the same on every rank.
+/// gradient-ready order that rank 0 observed, the same on every rank, and split where backward
+/// paused between two gradients (`bucket_split_gap`).
 ///
 /// CUDA parameters (all on one device) get CUDA buckets, reduced with NCCL where the Runtime has
 /// it, else through pinned host memory (runtime/cuda_gradients.h says which and how).
@@ -80,6 +81,11 @@ struct DdpOptions {
   bool gradient_as_bucket_view = true;
   /// After step 1, rebuild buckets in the observed gradient-ready order.
   bool rebuild_buckets = true;
+  /// With the rebuild, a bucket holding at least first_bucket_bytes also closes before a
+  /// gradient that became ready (in step 1) more than this after the bucket's previous one, so
+  /// it reduces while backward computes the layers in between (runtime/bucket_layout.h).
+  /// Zero: sizes alone decide.
+  std::chrono::microseconds bucket_split_gap{1000};
   /// Multi-host jobs: GradientAllReduce buckets reduce inside each host to a leader, allreduce
   /// across the leaders, and broadcast inside the host (comm/collectives/collectives.h), with the
   /// ranks grouped by the host names of the rendezvous. No effect on one host, on one rank per

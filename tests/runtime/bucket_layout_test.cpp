@@ -1,5 +1,5 @@
 // The bucket layout: limits, alignment, order, dtypes, and the aggregation modes.
-#include <doctest/doctest.h>
+#include "tests/support/torch_doctest.h"
 
 #include "runtime/bucket_layout.h"
 #include "runtime/distributed_module.h"
@@ -49,7 +49,7 @@ TEST_CASE("each dtype has its own buckets; by layer one per tensor, by model one
   std::vector<ParameterShape> p = {{10, kFloat}, {10, kHalf}, {10, kFloat}, {10, kHalf}};
   auto layout = plan_buckets(p, {}, small_limits());
   for (auto& b : layout.buckets)
-    for (int i : b.params) CHECK(p[static_cast<size_t>(i)].type == b.type);
+    for (int i : b.params) CHECK((p[static_cast<size_t>(i)].type == b.type));
   CHECK(layout.buckets.size() == 2);
 
   auto by_layer_options = small_limits();
@@ -62,6 +62,32 @@ TEST_CASE("each dtype has its own buckets; by layer one per tensor, by model one
   big.push_back({7, kHalf});
   auto by_model = plan_buckets(big, {}, by_model_options);
   REQUIRE(by_model.buckets.size() == 2);
-  CHECK(by_model.buckets[0].type == kHalf);  // reverse order: the half tensor comes first
+  CHECK((by_model.buckets[0].type == kHalf));  // reverse order: the half tensor comes first
   CHECK(by_model.buckets[1].params.size() == 8);
+}
+
+TEST_CASE("observed ready times split a bucket at a pause in backward once it holds the first bucket's size") {
+  // Reverse order 5..0; first bucket 5, 4 as before. Then 3, 2 (88 bytes), 1 (136 bytes), 0.
+  std::vector<ParameterShape> p(6, ParameterShape{10, kFloat});
+  // A pause before 1, while the open bucket holds 88 bytes (< 100): no split. A pause before 0,
+  // while it holds 136 bytes: split.
+  std::vector<int64_t> ready = {11000, 5000, 0, 0, 0, 0};  // pauses of 5 and 6 ms
+  auto layout = plan_buckets(p, {}, small_limits(), ready);
+  REQUIRE(layout.buckets.size() == 3);
+  CHECK((layout.buckets[0].params == std::vector<int>{5, 4}));
+  CHECK((layout.buckets[1].params == std::vector<int>{3, 2, 1}));
+  CHECK((layout.buckets[2].params == std::vector<int>{0}));
+  CHECK(layout.offset_of[0] == 0);
+
+  // Pauses shorter than the gap, a gap of zero, or an unobserved parameter: sizes alone.
+  auto longer_gap = small_limits();
+  longer_gap.bucket_split_gap = std::chrono::microseconds(5999);
+  CHECK(plan_buckets(p, {}, longer_gap, ready).buckets.size() == 3);
+  longer_gap.bucket_split_gap = std::chrono::microseconds(6000);
+  CHECK(plan_buckets(p, {}, longer_gap, ready).buckets.size() == 2);
+  auto no_gap = small_limits();
+  no_gap.bucket_split_gap = std::chrono::microseconds(0);
+  CHECK(plan_buckets(p, {}, no_gap, ready).buckets.size() == 2);
+  std::vector<int64_t> unobserved = {-1, 5000, 0, 0, 0, 0};
+  CHECK(plan_buckets(p, {}, small_limits(), unobserved).buckets.size() == 2);
 }

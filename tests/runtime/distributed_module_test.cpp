@@ -238,6 +238,54 @@ TEST_CASE("a full bucket starts its reduction before backward ends") {
   }
 }
 
+TEST_CASE("the rebuild after step 1 splits a bucket where backward paused, so it reduces during the pause") {
+  // fc1 (4 MiB) and fc2 (1 MiB) fit one 25 MiB bucket, but fc1's gradients come a whole matrix
+  // product (2048 x 512 x 256) after fc2's: with the split, fc2.weight's bucket reduces while
+  // backward computes fc1's.
+  torch::set_num_threads(1);
+  torch::manual_seed(5);
+  for (int64_t gap_us : {1000, 0}) {
+    CAPTURE(gap_us);
+    std::vector<std::shared_ptr<Mlp>> replicas = {std::make_shared<Mlp>(2048, 512, 10),
+                                                  std::make_shared<Mlp>(2048, 512, 10)};
+    std::vector<std::vector<std::vector<std::string>>> layouts(2);
+    std::vector<StepMetrics> seen(2);
+    auto errors = run_threads(2, [&](int r, Runtime& rt) {
+      auto model = replicas[static_cast<size_t>(r)];
+      DdpOptions o;
+      o.first_bucket_bytes = 64 << 10;
+      o.bucket_split_gap = std::chrono::microseconds(gap_us);
+      torch::optim::SGD opt(model->parameters(), 0.01);
+      DistributedModule ddp(rt, model, GradientAllReduce{}, o);
+      for (int s = 0; s < 3; ++s) {
+        opt.zero_grad();
+        model->forward(torch::randn({256, 2048})).pow(2).mean().backward();
+        ddp.step(opt);
+      }
+      layouts[static_cast<size_t>(r)] = ddp.bucket_parameters();
+      seen[static_cast<size_t>(r)] = ddp.last_step();
+    });
+    for (auto& e : errors) CHECK(e == "");
+    CHECK(layouts[0] == layouts[1]);  // rank 0's observation is everyone's layout
+    auto bucket_of = [&](const std::string& name) {
+      for (size_t b = 0; b < layouts[0].size(); ++b)
+        if (std::count(layouts[0][b].begin(), layouts[0][b].end(), name)) return static_cast<int>(b);
+      return -1;
+    };
+    REQUIRE(bucket_of("fc2.weight") >= 0);
+    if (gap_us == 0) {
+      CHECK(bucket_of("fc2.weight") == bucket_of("fc1.weight"));
+      continue;
+    }
+    CHECK(bucket_of("fc2.weight") != bucket_of("fc1.weight"));
+    CHECK(bucket_of("fc1.bias") == bucket_of("fc1.weight"));  // one node, no pause between them
+    for (auto& m : seen) {
+      REQUIRE(m.bucket_start_us.size() == layouts[0].size());
+      CHECK(m.bucket_start_us[static_cast<size_t>(bucket_of("fc2.weight"))] < m.backward_end_us);
+    }
+  }
+}
+
 TEST_CASE("ranks that wrap different models get an error naming the first difference") {
   auto errors = run_threads(2, [&](int r, Runtime& rt) {
     auto model = std::make_shared<Mlp>(6, r == 0 ? 8 : 9, 3);
@@ -347,6 +395,10 @@ TEST_CASE("bad options are rejected naming the option and the value") {
     o.align_bytes = 48;
     CHECK_THROWS_WITH(DistributedModule(rt, model, GradientAllReduce{}, o),
                       doctest::Contains("align_bytes=48 (expected a power of two)"));
+    o.align_bytes = 64;
+    o.bucket_split_gap = std::chrono::microseconds(-5);
+    CHECK_THROWS_WITH(DistributedModule(rt, model, GradientAllReduce{}, o),
+                      doctest::Contains("bucket_split_gap=-5us (expected >= 0)"));
     DistributedModule ddp(rt, model);
     CHECK_THROWS_WITH(ddp.set_denominator(0), doctest::Contains("set_denominator(0"));
     CHECK_THROWS_WITH(DistributedModule(rt, nullptr), doctest::Contains("module is null"));
