@@ -243,8 +243,13 @@ struct UcxTransport::Impl {
         std::lock_guard<std::mutex> lock(mutex_);
         sleeping_ = false;
       }
-      uint64_t count = 0;
-      while (::read(wake_fd_, &count, sizeof count) > 0) {
+      // Reading the eventfd resets it; a read with nothing to read (most wake-ups are UCX's or
+      // the timeout) cost a fifth of this thread's time in the training benchmark.
+      for (int k = 0; k < woken; ++k) {
+        if (events[k].data.fd != wake_fd_) continue;
+        uint64_t count = 0;
+        while (::read(wake_fd_, &count, sizeof count) < 0 && errno == EINTR) {
+        }
       }
       if (woken > 0) last_event = Clock::now();
     }
