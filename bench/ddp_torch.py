@@ -10,6 +10,9 @@ nll_loss(log_softmax(output)), one intra-op thread per rank.
               step alone -- the compute-only baseline that overheads are measured against.
   --world N   N processes on 127.0.0.1 (gloo), the model wrapped in
               torch.nn.parallel.DistributedDataParallel (default bucket_cap_mb 25).
+  --compute-only  with --world N: N processes on 127.0.0.1 each train the plain model at once,
+              with no DistributedDataParallel (gloo only to report the slowest rank): the
+              baseline that leaves only the cost of DDP in a world-N figure.
   --hook H    a DDP communication hook (world > 1): none (plain allreduce), fp16
               (default_hooks.fp16_compress_hook), or powersgd (powerSGD_hook.powerSGD_hook,
               matrix_approximation_rank --rank, start_powerSGD_iter 2, warm start and error
@@ -89,12 +92,14 @@ def train_and_time(torch, model, batch, steps, rank):
 def report(args, step_sec, rank0_sec, params):
     if args.json:
         print(json.dumps({"impl": "torch_ddp", "hook": args.hook, "world": args.world,
+                          "compute_only": args.world == 1 or args.compute_only,
                           "model": args.model,
                           "batch": args.batch, "steps": args.steps, "step_sec": step_sec}),
               flush=True)
         return
     import torch
     mode = ("compute alone (no DDP, no process group)" if args.world == 1
+            else "compute alone on every rank (no DDP)" if args.compute_only
             else f"DistributedDataParallel, gloo, loopback, hook {args.hook}")
     print(f"torch {torch.__version__} {mode}: world {args.world}, model {args.model} "
           f"({params / 1e6:.1f}M params), batch {args.batch}, {args.steps} steps "
@@ -131,8 +136,10 @@ def run_rank(rank, args, port):
 
     with gloo_group(rank, args.world, port) as dist:
         torch.manual_seed(SEED + rank)  # DDP broadcasts rank 0's parameters at construction
-        model = torch.nn.parallel.DistributedDataParallel(build_mlp(torch))
-        register_hook(torch, model, args)
+        model = build_mlp(torch)
+        if not args.compute_only:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            register_hook(torch, model, args)
         params = sum(p.numel() for p in model.parameters())
         median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank))
         slowest = torch.tensor([median], dtype=torch.float64)
@@ -153,6 +160,8 @@ def main():
     parser.add_argument("--steps", type=positive_int, default=50,
                         help=f"timed steps (after {WARMUP_STEPS} warm-up steps)")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    parser.add_argument("--compute-only", action="store_true",
+                        help="with --world N: every rank trains alone, no DDP (the baseline)")
     parser.add_argument("--hook", default="none", choices=("none", "fp16", "powersgd"),
                         help="DDP communication hook (world > 1)")
     parser.add_argument("--rank", type=positive_int, default=2,

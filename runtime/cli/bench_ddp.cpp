@@ -100,13 +100,14 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
 }
 
 void print(const DdpBench& bench, const Timing& t) {
+  const bool alone = bench.world == 1 || bench.compute_only;
   if (bench.json)
-    std::printf("{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, \"model\": "
-                "\"%s\", \"batch\": %d, \"steps\": %d, \"step_sec\": %.6g, \"comm_wait_sec\": "
+    std::printf("{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, \"compute_only\": "
+                "%s, \"model\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_sec\": %.6g, \"comm_wait_sec\": "
                 "%.6g, \"bytes_sent_per_step\": %.0f, \"forward_sec\": %.6g, \"backward_sec\": "
                 "%.6g, \"update_sec\": %.6g, \"helper_cpu_sec\": %.6g}\n",
-                bench.algorithm.c_str(), bench.world, bench.model.c_str(), bench.batch,
-                bench.steps, t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec, t.backward_sec,
+                bench.algorithm.c_str(), bench.world, alone ? "true" : "false",
+                bench.model.c_str(), bench.batch, bench.steps, t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec, t.backward_sec,
                 t.update_sec, t.helper_cpu_sec);
   else
     std::printf("troupe ddp (%s): world %d, %s, batch %d per rank, %d steps: median step %.2f ms, "
@@ -115,7 +116,7 @@ void print(const DdpBench& bench, const Timing& t) {
                 "CPU %.2f ms per step\n",
                 bench.algorithm.c_str(), bench.world, bench.model.c_str(), bench.batch,
                 bench.steps, t.step_sec * 1e3, t.wait_sec * 1e3, t.bytes_sent / 1e6,
-                bench.world == 1 ? " (compute alone)" : "", t.forward_sec * 1e3,
+                alone ? " (compute alone)" : "", t.forward_sec * 1e3,
                 t.backward_sec * 1e3, t.update_sec * 1e3, t.helper_cpu_sec * 1e3);
   std::fflush(stdout);
 }
@@ -136,7 +137,7 @@ int run_ddp_bench_rank(const DdpBench& bench) {
   RuntimeOptions options;
   options.scheduler_threads = 1;
   Runtime rt(options);
-  Timing t = train(bench, &rt, rt.rank());
+  Timing t = train(bench, bench.compute_only ? nullptr : &rt, rt.rank());
   // The job's step time is the slowest rank's; so is each phase's.
   double slowest[6] = {t.step_sec,     t.wait_sec,   t.forward_sec,
                        t.backward_sec, t.update_sec, t.helper_cpu_sec};
@@ -162,6 +163,7 @@ int run_ddp_bench(const DdpBench& bench, const std::string& self_exe) {
                             std::to_string(bench.batch), "--steps", std::to_string(bench.steps)};
   if (bench.json) launch_options.command.push_back("--json");
   if (bench.delay_reduce) launch_options.command.push_back("--delay-reduce");
+  if (bench.compute_only) launch_options.command.push_back("--compute-only");
   launch_options.command.push_back("--algorithm");
   launch_options.command.push_back(bench.algorithm);
   auto result = launch(launch_options);

@@ -11,12 +11,17 @@ struct DdpBench {
   int steps = 50;
   bool json = false;
   bool delay_reduce = false;
+  /// Every rank trains alone (no DistributedModule, no reduction) while the others do the same:
+  /// the baseline that leaves only the cost of data parallelism in a world > 1 figure, since
+  /// `world` processes computing at once on shared cores and caches are slower than one.
+  bool compute_only = false;
   /// The bucket algorithm, as comm::parse_compression reads it ("allreduce", "powersgd:rank=2").
   std::string algorithm = "allreduce";
 };
 
 /// world 1: compute alone (no DistributedModule); world > 1: launches `world` copies of
-/// `self_exe` over UCX. Returns the exit code.
+/// `self_exe` over UCX (with compute_only, they only meet to report the slowest rank). Returns the
+/// exit code.
 int run_ddp_bench(const DdpBench& bench, const std::string& self_exe);
 /// One rank of the job (the environment says which); rank 0 prints the result.
 int run_ddp_bench_rank(const DdpBench& bench);
