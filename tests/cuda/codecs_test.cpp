@@ -459,14 +459,7 @@ TEST_CASE("bad codec arguments are rejected before any CUDA work, naming the val
   alignas(16) float x[4] = {};
   alignas(16) uint32_t idx[4] = {};
   uint8_t bytes[16] = {};
-  auto message = [](auto&& call) {
-    try {
-      call();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no exception");
-  };
+  auto message = [](auto&& call) { return troupe::test::invalid_argument_message(call); };
   auto says = [](const std::string& text, const char* part) {
     INFO(text);
     return text.find(part) != std::string::npos;

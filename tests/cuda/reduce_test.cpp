@@ -281,14 +281,7 @@ TEST_CASE("bad arguments are rejected before any CUDA work, naming the value") {
   // Host pointers stand in for device ones: each call must throw before it touches them.
   float x = 0;
   void* p = &x;
-  auto message = [](auto&& call) {
-    try {
-      call();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no exception");
-  };
+  auto message = [](auto&& call) { return troupe::test::invalid_argument_message(call); };
   CHECK(message([&] { troupe::cuda::reduce(p, p, p, 1, static_cast<DType>(42), Op::sum, nullptr); })
             .find("dtype 42") != std::string::npos);
   CHECK(message([&] {

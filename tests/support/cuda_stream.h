@@ -1,7 +1,10 @@
 #pragma once
-// Test support for the GPU tests: CHECK_CUDA (cuda/check.h's check) and a stream that is
-// destroyed on scope exit.
+// Test support for the GPU tests: CHECK_CUDA (cuda/check.h's check), a stream that is
+// destroyed on scope exit, and the message of a rejected argument.
 #include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
 
 #include "cuda/check.h"
 
@@ -22,5 +25,16 @@ class Stream {
  private:
   cudaStream_t stream_ = nullptr;
 };
+
+/// What `call()` threw as std::invalid_argument, or "no exception".
+template <typename Call>
+std::string invalid_argument_message(Call&& call) {
+  try {
+    call();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "no exception";
+}
 
 }  // namespace troupe::test
