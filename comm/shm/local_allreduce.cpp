@@ -1,0 +1,370 @@
+#include "comm/shm/local_allreduce.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <new>
+#include <random>
+#include <thread>
+
+#include "comm/collectives/communicator.h"
+#include "comm/reduce.h"
+#include "comm/shm/segment.h"
+
+namespace troupe::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Flag = std::atomic<uint32_t>;
+static_assert(Flag::is_always_lock_free, "flags in shared memory must be lock-free atomics");
+
+constexpr uint64_t kMagic = 0x7472'6f75'7065'6c61ULL;  // "troupela"
+constexpr size_t kLine = 64;
+constexpr size_t kPage = 4096;
+// A share is reduced in blocks of this many bytes (they stay in L1 between the passes).
+constexpr size_t kBlockBytes = 16384;
+// The longest a worker sleeps before it looks at its deadlines again.
+constexpr auto kWakeSlice = std::chrono::milliseconds(50);
+
+// The start of every rank's segment. Flags count generations: ready[s] = g once this rank's
+// contribution to the g-th reduction of slot s is in place; done[s] = g once this rank has
+// written its share of it into every rank's buffer. `bell` is rung (incremented, futex-woken)
+// whenever anyone publishes a flag this rank may be waiting for.
+struct Control {
+  uint64_t magic;
+  uint32_t rank;
+  uint32_t world;
+  uint64_t data_bytes;
+  alignas(kLine) Flag bell;
+  alignas(kLine) Flag ready[LocalAllreduce::kMaxSlots];
+  alignas(kLine) Flag done[LocalAllreduce::kMaxSlots];
+};
+
+constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+constexpr size_t kControlBytes = round_up(sizeof(Control), kPage);
+
+void futex_wake_all(Flag* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Sleeps while *word == seen, at most `limit`.
+void futex_wait(Flag* word, uint32_t seen, std::chrono::nanoseconds limit) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(limit.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(limit.count() % 1000000000);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void ring(Control* c) {
+  c->bell.fetch_add(1, std::memory_order_release);
+  futex_wake_all(&c->bell);
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+struct Pending {
+  int slot = 0;
+  uint32_t generation = 0;
+  size_t offset = 0;
+  size_t count = 0;
+  DataType type = DataType::float32;
+  LocalReduce how;
+  Callback done;
+  Clock::time_point deadline;
+  bool reduced = false;  // this rank's share is written (done[slot] published)
+};
+
+}  // namespace
+
+struct LocalAllreduce::Impl {
+  int rank = 0;
+  int world = 1;
+  size_t data_bytes = 0;
+  std::chrono::milliseconds timeout{0};
+  std::shared_ptr<SharedSegment> own;
+  std::vector<std::shared_ptr<SharedSegment>> segments;  // by rank, own included
+  std::vector<Control*> control;                         // by rank
+  std::vector<char*> data;                               // by rank
+
+  mutable std::mutex mutex;
+  std::vector<uint32_t> generation = std::vector<uint32_t>(kMaxSlots, 0);  // submitted per slot
+  std::list<Pending> pending;  // submission order (a list: `work` below survives erasing others)
+  Status broken;           // set once: every pending and later operation fails with it
+  bool stop = false;
+  std::vector<char> scratch;  // the worker's: two blocks
+  std::thread worker;
+
+  Control* mine() const { return control[static_cast<size_t>(rank)]; }
+  void ring_all() {
+    for (auto* c : control) ring(c);
+  }
+  void run();
+  std::vector<int> missing(bool done_flags, int slot, uint32_t g) const {
+    std::vector<int> out;
+    for (int k = 0; k < world; ++k) {
+      const Control* c = control[static_cast<size_t>(k)];
+      const Flag& f = done_flags ? c->done[slot] : c->ready[slot];
+      if (static_cast<int32_t>(f.load(std::memory_order_acquire) - g) < 0) out.push_back(k);
+    }
+    return out;
+  }
+  void reduce_share(const Pending& op);
+};
+
+void LocalAllreduce::Impl::reduce_share(const Pending& op) {
+  const size_t elem = element_size(op.type);
+  // Shares are cut at cache lines, so that no two ranks write the same line.
+  const size_t per_line = std::max<size_t>(1, kLine / elem);
+  const size_t share = round_up((op.count + static_cast<size_t>(world) - 1) / static_cast<size_t>(world), per_line);
+  const size_t lo = std::min(op.count, share * static_cast<size_t>(rank));
+  const size_t hi = std::min(op.count, lo + share);
+  const size_t block = kBlockBytes / elem;
+  char* acc = scratch.data();
+  char* tmp = scratch.data() + kBlockBytes;
+  const bool scaled = op.how.op == ReduceOp::sum && op.how.scale != 1.0;
+  for (size_t i = lo; i < hi; i += block) {
+    const size_t n = std::min(block, hi - i);
+    const size_t at = op.offset + i * elem;
+    if (scaled && op.how.scale_before) {
+      std::memcpy(acc, data[0] + at, n * elem);
+      scale(acc, n, op.type, op.how.scale);
+      for (int k = 1; k < world; ++k) {
+        std::memcpy(tmp, data[static_cast<size_t>(k)] + at, n * elem);
+        scale(tmp, n, op.type, op.how.scale);
+        comm::reduce(acc, acc, tmp, n, op.type, ReduceOp::sum);
+      }
+    } else {
+      comm::reduce(acc, data[0] + at, data[1] + at, n, op.type, op.how.op);
+      for (int k = 2; k < world; ++k)
+        comm::reduce(acc, acc, data[static_cast<size_t>(k)] + at, n, op.type, op.how.op);
+      if (op.how.op == ReduceOp::avg) divide(acc, n, op.type, world);
+      else if (scaled) scale(acc, n, op.type, op.how.scale);
+    }
+    for (int k = 0; k < world; ++k) std::memcpy(data[static_cast<size_t>(k)] + at, acc, n * elem);
+  }
+}
+
+void LocalAllreduce::Impl::run() {
+  for (;;) {
+    const uint32_t seen = mine()->bell.load(std::memory_order_acquire);
+    std::vector<std::pair<Callback, Status>> finished;
+    Pending* work = nullptr;
+    Clock::time_point next_deadline = Clock::now() + kWakeSlice;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stop && broken.ok()) broken = Status::failure("LocalAllreduce: shut down");
+      const auto now = Clock::now();
+      for (auto it = pending.begin(); it != pending.end();) {
+        Pending& op = *it;
+        if (broken.ok() && now >= op.deadline) {
+          const auto waiting = missing(op.reduced, op.slot, op.generation);
+          broken = Status::failure(
+              "LocalAllreduce slot " + std::to_string(op.slot) + " (generation " +
+                  std::to_string(op.generation) + "): ranks " + ranks_text(waiting) +
+                  (op.reduced ? " did not finish their shares" : " did not contribute") +
+                  " within " + std::to_string(timeout.count()) + " ms",
+              waiting.empty() ? -1 : waiting.front());
+        }
+        if (!broken.ok()) {
+          finished.emplace_back(std::move(op.done), broken);
+          it = pending.erase(it);
+          continue;
+        }
+        if (op.reduced && missing(true, op.slot, op.generation).empty()) {
+          finished.emplace_back(std::move(op.done), Status::success());
+          it = pending.erase(it);
+          continue;
+        }
+        if (!op.reduced && !work && missing(false, op.slot, op.generation).empty()) work = &op;
+        next_deadline = std::min(next_deadline, op.deadline);
+        ++it;
+      }
+      if (stop && pending.empty() && finished.empty()) return;
+    }
+    for (auto& f : finished) f.first(f.second);
+    if (work) {
+      // Safe without the lock: only this thread erases from `pending`, and list elements stay
+      // where they are while others are added or erased.
+      reduce_share(*work);
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        work->reduced = true;
+        mine()->done[work->slot].store(work->generation, std::memory_order_release);
+      }
+      ring_all();
+      continue;
+    }
+    if (!finished.empty()) continue;
+    const auto wait = std::max(next_deadline - Clock::now(), Clock::duration(std::chrono::microseconds(100)));
+    futex_wait(&mine()->bell, seen, std::chrono::duration_cast<std::chrono::nanoseconds>(wait));
+  }
+}
+
+std::shared_ptr<LocalAllreduce> LocalAllreduce::connect(Communicator& comm, size_t data_bytes,
+                                                        std::chrono::milliseconds timeout) {
+  if (data_bytes == 0) throw Error("LocalAllreduce: data_bytes 0 (expected > 0)");
+  if (timeout.count() <= 0)
+    throw Error("LocalAllreduce: timeout " + std::to_string(timeout.count()) + " ms (expected > 0)");
+  auto impl = std::make_unique<Impl>();
+  impl->rank = comm.rank();
+  impl->world = comm.world_size();
+  impl->data_bytes = round_up(data_bytes, kPage);
+  impl->timeout = timeout;
+  const size_t bytes = kControlBytes + impl->data_bytes;
+
+  // Rank 0's random token names this job's segments: "/troupe-<token>-<rank>".
+  int64_t token = 0;
+  if (impl->rank == 0) {
+    std::random_device device;
+    token = static_cast<int64_t>((static_cast<uint64_t>(device()) << 32 | device()) >> 1);
+  }
+  comm.broadcast(&token, 1, DataType::int64, 0);
+  auto name_of = [token](int k) {
+    char text[64];
+    std::snprintf(text, sizeof text, "/troupe-%016llx-%d", static_cast<unsigned long long>(token), k);
+    return std::string(text);
+  };
+  // Every rank learns whether all succeeded (a rank that failed alone would leave the others
+  // waiting for its segment); then the first error is the one thrown.
+  auto agree = [&comm](const std::string& error, const std::string& what) {
+    int32_t failed = error.empty() ? 0 : 1;
+    comm.allreduce(&failed, 1, DataType::int32, ReduceOp::max);
+    if (!error.empty()) throw Error(error);
+    if (failed) throw Error("LocalAllreduce: another rank could not " + what);
+  };
+
+  std::string error;
+  try {
+    impl->own = SharedSegment::create(name_of(impl->rank), bytes);
+    auto* c = new (impl->own->data()) Control();
+    c->magic = kMagic;
+    c->rank = static_cast<uint32_t>(impl->rank);
+    c->world = static_cast<uint32_t>(impl->world);
+    c->data_bytes = impl->data_bytes;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error, "create its shared segment");
+  try {
+    for (int k = 0; k < impl->world; ++k) {
+      auto segment = k == impl->rank ? impl->own : SharedSegment::open(name_of(k), bytes);
+      auto* c = reinterpret_cast<Control*>(segment->data());
+      if (c->magic != kMagic || c->rank != static_cast<uint32_t>(k) ||
+          c->world != static_cast<uint32_t>(impl->world) || c->data_bytes != impl->data_bytes)
+        throw Error("shared segment '" + segment->name() + "' holds rank " +
+                    std::to_string(c->rank) + " of world " + std::to_string(c->world) + " with " +
+                    std::to_string(c->data_bytes) + " data bytes (expected rank " +
+                    std::to_string(k) + " of world " + std::to_string(impl->world) + " with " +
+                    std::to_string(impl->data_bytes) + ")");
+      impl->segments.push_back(segment);
+      impl->control.push_back(c);
+      impl->data.push_back(segment->data() + kControlBytes);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error, "map the other ranks' shared segments");
+  impl->own->unlink();  // every rank has mapped it
+  impl->scratch.resize(2 * kBlockBytes);
+  auto* raw = impl.get();
+  impl->worker = std::thread([raw] { raw->run(); });
+  return std::shared_ptr<LocalAllreduce>(new LocalAllreduce(std::move(impl)));
+}
+
+LocalAllreduce::LocalAllreduce(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+LocalAllreduce::~LocalAllreduce() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stop = true;
+  }
+  ring(impl_->mine());
+  impl_->worker.join();
+}
+
+int LocalAllreduce::rank() const { return impl_->rank; }
+int LocalAllreduce::world_size() const { return impl_->world; }
+char* LocalAllreduce::data() const { return impl_->data[static_cast<size_t>(impl_->rank)]; }
+size_t LocalAllreduce::data_bytes() const { return impl_->data_bytes; }
+
+void LocalAllreduce::allreduce(int slot, size_t offset, size_t count, DataType type,
+                               const LocalReduce& how, Callback done) {
+  const std::string call = "LocalAllreduce::allreduce(slot " + std::to_string(slot) + ")";
+  if (slot < 0 || slot >= kMaxSlots)
+    throw Error(call + ": slot outside 0.." + std::to_string(kMaxSlots - 1));
+  const size_t elem = element_size(type);
+  if (offset % elem != 0)
+    throw Error(call + ": offset " + std::to_string(offset) + " is not a multiple of the " +
+                to_string(type) + " element size " + std::to_string(elem));
+  if (offset > impl_->data_bytes || count > (impl_->data_bytes - offset) / elem)
+    throw Error(call + ": " + std::to_string(count) + " " + to_string(type) + " elements at byte " +
+                std::to_string(offset) + " end past the data region of " +
+                std::to_string(impl_->data_bytes) + " bytes");
+  if (how.scale != 1.0 && how.op != ReduceOp::sum)
+    throw Error(call + ": scale " + number_text(how.scale) + " with op " + to_string(how.op) +
+                " (expected op sum)");
+  if (!done) throw Error(call + ": no callback");
+  Pending op;
+  op.slot = slot;
+  op.offset = offset;
+  op.count = count;
+  op.type = type;
+  op.how = how;
+  op.done = std::move(done);
+  op.deadline = Clock::now() + impl_->timeout;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    op.generation = ++impl_->generation[static_cast<size_t>(slot)];
+    if (impl_->world == 1 || count == 0) {
+      // Nothing to combine, but the flags still count the generation for the other ranks.
+      op.reduced = true;
+      impl_->mine()->done[slot].store(op.generation, std::memory_order_release);
+    }
+    impl_->mine()->ready[slot].store(op.generation, std::memory_order_release);
+    impl_->pending.push_back(std::move(op));
+  }
+  impl_->ring_all();
+}
+
+void LocalAllreduce::abort(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->broken.ok())
+      impl_->broken = why.ok() ? Status::failure("LocalAllreduce: aborted") : why;
+  }
+  ring(impl_->mine());
+}
+
+std::vector<int> LocalAllreduce::waiting_on(int slot) const {
+  if (slot < 0 || slot >= kMaxSlots) return {};
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (auto it = impl_->pending.rbegin(); it != impl_->pending.rend(); ++it)
+    if (it->slot == slot) return impl_->missing(it->reduced, slot, it->generation);
+  return {};
+}
+
+size_t LocalAllreduce::peer_bytes(size_t count, DataType type) const {
+  const size_t elem = element_size(type);
+  const size_t per_line = std::max<size_t>(1, kLine / elem);
+  const size_t w = static_cast<size_t>(impl_->world);
+  const size_t share = round_up((count + w - 1) / w, per_line);
+  const size_t lo = std::min(count, share * static_cast<size_t>(impl_->rank));
+  const size_t hi = std::min(count, lo + share);
+  return (hi - lo) * elem * (w - 1);
+}
+
+}  // namespace troupe::comm

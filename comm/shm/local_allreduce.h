@@ -1,0 +1,100 @@
+#pragma once
+/// LocalAllreduce: allreduce of buffers that the ranks of one host keep in shared memory, with
+/// no transport and no copies in between.
+///
+/// Every rank owns a SharedSegment: a control block (flags) and a data region in which it keeps
+/// the buffers to reduce (a DistributedModule's buckets), at the same offset on every rank; every
+/// rank maps every other rank's segment. A reduction of slot s (a buffer) then goes:
+///   1. allreduce() publishes "slot s ready, generation g" in this rank's control block (the
+///      buffer holds this rank's contribution and stays untouched until the reduction ends);
+///   2. this rank's worker thread waits until every rank has published generation g of slot s,
+///      then reduces its share of the buffer (block `rank` of world_size blocks, cut at 64-byte
+///      lines) straight from every rank's memory, and writes the result into every rank's buffer;
+///   3. it publishes "slot s done, generation g"; the reduction ends, and its callback runs, once
+///      every rank has published that.
+/// Each rank reads every buffer's share once and writes it once per rank: a ring allreduce over
+/// a shared-memory transport copies each byte into and out of the transport's queues as well.
+/// All ranks end with the same bits: each share is summed in rank order by one rank.
+///
+/// Slots are independent: a rank may submit them in any order (buckets fill in different orders
+/// on different ranks); every rank must submit each slot the same number of times. Waiting never
+/// spins: a rank that publishes a flag rings its peers' doorbells (a futex in shared memory).
+///
+/// Failures: an operation that has not ended `timeout` after it was submitted fails, naming the
+/// slot and the ranks it waits for, and so does everything after it; abort() (a rank died) fails
+/// what is pending and everything later at once. Callbacks run on the worker thread: they must be
+/// short and must not block.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport/transport.h"
+#include "comm/types.h"
+
+namespace troupe::comm {
+
+class Communicator;
+class SharedSegment;
+
+/// How a LocalAllreduce combines the ranks' buffers.
+struct LocalReduce {
+  /// sum, avg (sum, then divide by the world size as comm::divide does), min or max.
+  ReduceOp op = ReduceOp::sum;
+  /// With op sum: the result times `scale` (an average by any denominator).
+  double scale = 1.0;
+  /// Multiply each rank's values by `scale` before summing, not the sum after (against overflow
+  /// in narrow types; DdpOptions::divide_before).
+  bool scale_before = false;
+};
+
+class LocalAllreduce {
+ public:
+  /// Slots are 0 .. kMaxSlots-1.
+  static constexpr int kMaxSlots = 4096;
+
+  /// Collective over `comm`, whose ranks must all be on this host: rank 0 draws a name, every
+  /// rank creates its segment with `data_bytes` of data, maps every other rank's, and unlinks its
+  /// own name once all have mapped it (nothing stays in /dev/shm, even if a process dies later).
+  /// `timeout` is each operation's deadline. Throws comm::Error naming the segment and the cause.
+  static std::shared_ptr<LocalAllreduce> connect(Communicator& comm, size_t data_bytes,
+                                                 std::chrono::milliseconds timeout);
+  /// Fails what is still pending ("shut down") and stops the worker.
+  ~LocalAllreduce();
+  LocalAllreduce(const LocalAllreduce&) = delete;
+  LocalAllreduce& operator=(const LocalAllreduce&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  /// This rank's data region: data_bytes() bytes, 4096-byte aligned, zero at first.
+  char* data() const;
+  size_t data_bytes() const;
+
+  /// Reduces in place, on every rank, `count` elements of `type` at byte `offset` of the data
+  /// region, as slot `slot`; `done` runs when every rank's buffer holds the result (or with a
+  /// failure). Throws comm::Error for a slot outside 0..kMaxSlots-1, a range outside the region,
+  /// an offset not aligned to the element, or a scale with an op other than sum; nothing is
+  /// queued then.
+  void allreduce(int slot, size_t offset, size_t count, DataType type, const LocalReduce& how,
+                 Callback done);
+
+  /// Fails every pending and later operation with `why` (from any thread; returns at once).
+  void abort(const Status& why);
+
+  /// The ranks whose flags the latest operation of `slot` still waits for (empty when none is
+  /// pending).
+  std::vector<int> waiting_on(int slot) const;
+
+  /// Bytes this rank writes into (and reads from) other ranks' memory reducing `count` elements of
+  /// `type`: its share times world_size - 1.
+  size_t peer_bytes(size_t count, DataType type) const;
+
+  struct Impl;
+
+ private:
+  explicit LocalAllreduce(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::comm

@@ -1,0 +1,301 @@
+// LocalAllreduce (ranks as threads, each with its own shared segment): results against a
+// single-process reference, slots submitted in different orders on different ranks, several
+// generations; a rank that never contributes, abort, and bad arguments.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "comm/collectives/communicator.h"
+#include "comm/shm/local_allreduce.h"
+#include "comm/shm/segment.h"
+#include "comm/transport/inproc/transport.h"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Runs fn(communicator) on `world` threads over one fabric; returns what each threw ("" if none).
+std::vector<std::string> run_ranks(int world, const std::function<void(comm::Communicator&)>& fn) {
+  comm::InprocFabric fabric(world);
+  std::vector<std::future<std::string>> results;
+  for (int r = 0; r < world; ++r)
+    results.push_back(std::async(std::launch::async, [&, r] {
+      comm::Communicator c(fabric.transport(r), {}, 30s);
+      try {
+        fn(c);
+        return std::string();
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    }));
+  std::vector<std::string> out;
+  for (auto& f : results) out.push_back(f.get());
+  return out;
+}
+
+// One buffer of the test: its slot, place, type and how it is reduced.
+struct Case {
+  int slot;
+  size_t offset;
+  size_t count;
+  comm::DataType type;
+  comm::LocalReduce how;
+};
+
+// Rank r's value i of slot s in generation g: small integers (exact in every type), some negative.
+double value(int rank, int generation, int slot, size_t i) {
+  return static_cast<double>(static_cast<int64_t>((i * 7 + static_cast<size_t>(slot) * 13 +
+                                                   static_cast<size_t>(rank) * 31 +
+                                                   static_cast<size_t>(generation) * 5) %
+                                                  97) -
+                             40) *
+         (rank + 1) * 0.25;
+}
+
+template <typename T>
+void fill(char* at, const Case& c, int rank, int generation) {
+  auto* p = reinterpret_cast<T*>(at + c.offset);
+  for (size_t i = 0; i < c.count; ++i) p[i] = static_cast<T>(value(rank, generation, c.slot, i));
+}
+
+// The reference: the same arithmetic, in rank order, on one thread.
+template <typename T>
+T expected(const Case& c, int world, int generation, size_t i) {
+  auto x = [&](int k) { return static_cast<T>(value(k, generation, c.slot, i)); };
+  const auto op = c.how.op;
+  if (op == comm::ReduceOp::min || op == comm::ReduceOp::max) {
+    T m = x(0);
+    for (int k = 1; k < world; ++k) m = op == comm::ReduceOp::min ? std::min(m, x(k)) : std::max(m, x(k));
+    return m;
+  }
+  using Factor = std::conditional_t<std::is_same<T, float>::value, float, double>;
+  const auto f = static_cast<Factor>(c.how.scale);
+  const bool scaled = op == comm::ReduceOp::sum && c.how.scale != 1.0;
+  if (scaled && c.how.scale_before) {
+    T s = static_cast<T>(x(0) * f);
+    for (int k = 1; k < world; ++k) s = static_cast<T>(s + static_cast<T>(x(k) * f));
+    return s;
+  }
+  T s = x(0);
+  for (int k = 1; k < world; ++k) s = static_cast<T>(s + x(k));
+  if (op == comm::ReduceOp::avg) return static_cast<T>(s / static_cast<T>(world));
+  if (scaled) return static_cast<T>(s * f);
+  return s;
+}
+
+template <typename T>
+size_t mismatches(const char* at, const Case& c, int world, int generation) {
+  const auto* p = reinterpret_cast<const T*>(at + c.offset);
+  size_t bad = 0;
+  for (size_t i = 0; i < c.count; ++i) bad += p[i] != expected<T>(c, world, generation, i);
+  return bad;
+}
+
+void fill_case(char* at, const Case& c, int rank, int generation) {
+  switch (c.type) {
+    case comm::DataType::float32: return fill<float>(at, c, rank, generation);
+    case comm::DataType::float64: return fill<double>(at, c, rank, generation);
+    case comm::DataType::int32: return fill<int32_t>(at, c, rank, generation);
+    default: return fill<int64_t>(at, c, rank, generation);
+  }
+}
+
+size_t check_case(const char* at, const Case& c, int world, int generation) {
+  switch (c.type) {
+    case comm::DataType::float32: return mismatches<float>(at, c, world, generation);
+    case comm::DataType::float64: return mismatches<double>(at, c, world, generation);
+    case comm::DataType::int32: return mismatches<int32_t>(at, c, world, generation);
+    default: return mismatches<int64_t>(at, c, world, generation);
+  }
+}
+
+std::vector<Case> cases() {
+  using comm::DataType;
+  using comm::ReduceOp;
+  std::vector<Case> out = {
+      {0, 0, 20011, DataType::float32, {ReduceOp::avg, 1.0, false}},
+      {1, 0, 1, DataType::float32, {ReduceOp::sum, 1.0, false}},
+      {2, 0, 4099, DataType::float32, {ReduceOp::sum, 0.125, false}},
+      {3, 0, 333, DataType::float32, {ReduceOp::sum, 0.3, true}},
+      {4, 0, 7000, DataType::float64, {ReduceOp::avg, 1.0, false}},
+      {5, 0, 515, DataType::int32, {ReduceOp::avg, 1.0, false}},
+      {6, 0, 100, DataType::int64, {ReduceOp::max, 1.0, false}},
+      {7, 0, 17, DataType::float32, {ReduceOp::min, 1.0, false}},
+      {4095, 0, 0, DataType::float32, {ReduceOp::sum, 1.0, false}},
+  };
+  size_t at = 0;
+  for (auto& c : out) {  // packed back to back, 8-byte aligned: shares cross lines and pages
+    c.offset = at;
+    at += (c.count * comm::element_size(c.type) + 7) / 8 * 8;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("LocalAllreduce matches a single-process reference, slots in any order, 3 generations") {
+  for (int world : {2, 3, 4}) {
+    CAPTURE(world);
+    const auto all = cases();
+    std::vector<std::vector<std::string>> failures(static_cast<size_t>(world));
+    auto errors = run_ranks(world, [&](comm::Communicator& c) {
+      const int rank = c.rank();
+      auto local = comm::LocalAllreduce::connect(c, 200000, 10s);
+      REQUIRE(local->world_size() == world);
+      REQUIRE(local->data_bytes() >= 200000);
+      for (int g = 1; g <= 3; ++g) {
+        for (auto& k : all) fill_case(local->data(), k, rank, g);
+        std::vector<std::promise<comm::Status>> done(all.size());
+        // Each rank submits the slots in its own rotation of the list.
+        for (size_t j = 0; j < all.size(); ++j) {
+          const size_t k = (j + static_cast<size_t>(rank) * 3) % all.size();
+          const auto& b = all[k];
+          local->allreduce(b.slot, b.offset, b.count, b.type, b.how,
+                           [&done, k](const comm::Status& s) { done[k].set_value(s); });
+        }
+        for (size_t k = 0; k < all.size(); ++k) {
+          auto f = done[k].get_future();
+          if (f.wait_for(10s) != std::future_status::ready) {
+            failures[static_cast<size_t>(rank)].push_back("slot " + std::to_string(all[k].slot) + " never ended");
+            return;
+          }
+          const auto s = f.get();
+          if (!s.ok()) failures[static_cast<size_t>(rank)].push_back(s.message());
+          const size_t bad = check_case(local->data(), all[k], world, g);
+          if (bad)
+            failures[static_cast<size_t>(rank)].push_back(
+                "generation " + std::to_string(g) + " slot " + std::to_string(all[k].slot) + ": " +
+                std::to_string(bad) + " of " + std::to_string(all[k].count) + " wrong");
+        }
+        if (g % 2 == 0) c.barrier();  // odd generations: refill as soon as this rank is done
+      }
+    });
+    for (int r = 0; r < world; ++r) {
+      CHECK_MESSAGE(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
+      for (auto& f : failures[static_cast<size_t>(r)]) FAIL_CHECK("rank " << r << ": " << f);
+    }
+  }
+}
+
+TEST_CASE("LocalAllreduce: a rank that never contributes fails the operation at its deadline") {
+  std::promise<void> rank0_done;
+  auto rank0_finished = rank0_done.get_future().share();
+  comm::Status status;
+  std::vector<int> waiting;
+  std::string later;
+  auto errors = run_ranks(2, [&](comm::Communicator& c) {
+    auto local = comm::LocalAllreduce::connect(c, 4096, 300ms);
+    if (c.rank() == 1) {  // alive, mapped, but silent
+      rank0_finished.wait();
+      return;
+    }
+    std::promise<comm::Status> done;
+    local->allreduce(5, 0, 10, comm::DataType::float32, {},
+                     [&done](const comm::Status& s) { done.set_value(s); });
+    waiting = local->waiting_on(5);
+    auto f = done.get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    status = f.get();
+    // The LocalAllreduce is broken from now on: a later operation fails at once.
+    std::promise<comm::Status> again;
+    local->allreduce(6, 0, 10, comm::DataType::float32, {},
+                     [&again](const comm::Status& s) { again.set_value(s); });
+    auto g = again.get_future();
+    REQUIRE(g.wait_for(10s) == std::future_status::ready);
+    later = g.get().message();
+    rank0_done.set_value();
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(waiting == std::vector<int>{1});
+  CHECK_FALSE(status.ok());
+  CHECK(status.peer() == 1);
+  CHECK(status.message() == "LocalAllreduce slot 5 (generation 1): ranks 1 did not contribute within 300 ms");
+  CHECK(later == status.message());
+}
+
+TEST_CASE("LocalAllreduce: abort fails what is pending with the reason given") {
+  std::promise<void> rank0_done;
+  auto rank0_finished = rank0_done.get_future().share();
+  comm::Status status;
+  auto errors = run_ranks(2, [&](comm::Communicator& c) {
+    auto local = comm::LocalAllreduce::connect(c, 4096, 60s);
+    if (c.rank() == 1) {
+      rank0_finished.wait();
+      return;
+    }
+    std::promise<comm::Status> done;
+    local->allreduce(0, 64, 3, comm::DataType::float64, {},
+                     [&done](const comm::Status& s) { done.set_value(s); });
+    local->abort(comm::Status::failure("rank 1 died", 1));
+    auto f = done.get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    status = f.get();
+    rank0_done.set_value();
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(status.message() == "rank 1 died");
+  CHECK(status.peer() == 1);
+}
+
+TEST_CASE("LocalAllreduce and SharedSegment refuse bad arguments with named errors") {
+  auto errors = run_ranks(1, [](comm::Communicator& c) {
+    CHECK_THROWS_WITH(comm::LocalAllreduce::connect(c, 0, 1s), "LocalAllreduce: data_bytes 0 (expected > 0)");
+    auto local = comm::LocalAllreduce::connect(c, 1000, 1s);
+    CHECK(local->data_bytes() == 4096);
+    auto none = [](const comm::Status&) {};
+    const comm::LocalReduce sum;
+    CHECK_THROWS_WITH(local->allreduce(-1, 0, 1, comm::DataType::float32, sum, none),
+                      "LocalAllreduce::allreduce(slot -1): slot outside 0..4095");
+    CHECK_THROWS_WITH(local->allreduce(4096, 0, 1, comm::DataType::float32, sum, none),
+                      "LocalAllreduce::allreduce(slot 4096): slot outside 0..4095");
+    CHECK_THROWS_WITH(local->allreduce(0, 2, 1, comm::DataType::float32, sum, none),
+                      "LocalAllreduce::allreduce(slot 0): offset 2 is not a multiple of the float32 "
+                      "element size 4");
+    CHECK_THROWS_WITH(local->allreduce(0, 4000, 25, comm::DataType::float32, sum, none),
+                      "LocalAllreduce::allreduce(slot 0): 25 float32 elements at byte 4000 end past "
+                      "the data region of 4096 bytes");
+    CHECK_THROWS_WITH(
+        local->allreduce(0, 0, 1, comm::DataType::float32, {comm::ReduceOp::avg, 0.5, false}, none),
+        "LocalAllreduce::allreduce(slot 0): scale 0.5 with op avg (expected op sum)");
+    CHECK_THROWS_WITH(local->allreduce(0, 0, 1, comm::DataType::float32, sum, nullptr),
+                      "LocalAllreduce::allreduce(slot 0): no callback");
+    // World 1: the buffer is the result.
+    reinterpret_cast<float*>(local->data())[0] = 2.5f;
+    std::promise<comm::Status> done;
+    local->allreduce(0, 0, 1, comm::DataType::float32, {comm::ReduceOp::avg, 1.0, false},
+                     [&done](const comm::Status& s) { done.set_value(s); });
+    auto f = done.get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    CHECK(f.get().ok());
+    CHECK(reinterpret_cast<float*>(local->data())[0] == 2.5f);
+  });
+  CHECK(errors == std::vector<std::string>{""});
+
+  CHECK_THROWS_WITH(comm::SharedSegment::create("no-slash", 10),
+                    "shared segment name 'no-slash': expected '/' then 1 to 200 letters, digits, "
+                    "'-', '_' or '.'");
+  CHECK_THROWS_WITH(comm::SharedSegment::create("/a/b", 10),
+                    doctest::Contains("shared segment name '/a/b'"));
+  const std::string name = "/troupe-test-" + std::to_string(::getpid());
+  CHECK_THROWS_WITH(comm::SharedSegment::open(name, 10),
+                    ("shared segment '" + name + "': shm_open failed: No such file or directory").c_str());
+  auto made = comm::SharedSegment::create(name, 8192);
+  CHECK(made->size() == 8192);
+  CHECK_THROWS_WITH(comm::SharedSegment::create(name, 8192),
+                    ("shared segment '" + name + "': shm_open(O_CREAT|O_EXCL) failed: File exists").c_str());
+  CHECK_THROWS_WITH(comm::SharedSegment::open(name, 4096),
+                    ("shared segment '" + name + "' is 8192 bytes (expected 4096)").c_str());
+  auto mapped = comm::SharedSegment::open(name, 8192);
+  made->data()[100] = 42;
+  CHECK(mapped->data()[100] == 42);  // one memory, two mappings
+  made->unlink();
+  CHECK_THROWS_WITH(comm::SharedSegment::open(name, 8192), doctest::Contains("No such file"));
+  CHECK(mapped->data()[100] == 42);  // still mapped after the name is gone
+}
