@@ -7,6 +7,7 @@
 
 #include "actors/atoms.h"
 #include "actors/execution_post.h"
+#include "comm/shm/local_allreduce.h"
 #include "comm/collectives/schedule.h"
 #ifdef TROUPE_HAVE_CUDA
 #include "actors/staging.h"
@@ -187,6 +188,35 @@ void launch_nccl(Bucket* self, double divisor) {
 #endif
 }
 
+// A CPU bucket of a single-host job: through the ranks' shared memory.
+void launch_local(Bucket* self, double divisor) {
+  auto& st = self->state;
+  const auto& plan = st.plan;
+  const int world = plan.local->world_size();
+  comm::LocalReduce how;
+  if (st.settings.average) {
+    if (divisor == world && !st.settings.divide_before) {
+      how.op = comm::ReduceOp::avg;
+    } else {
+      how.scale = 1.0 / divisor;
+      how.scale_before = st.settings.divide_before;
+    }
+  }
+  const size_t moved = plan.local->peer_bytes(plan.count, plan.type);
+  try {
+    plan.local->allreduce(plan.index, plan.local_offset, plan.count, plan.type, how,
+                          [index = plan.index, step = st.step, stats = st.stats,
+                           reducer = st.reducer, moved](const comm::Status& status) {
+                            stats->bytes_sent = moved;  // written into other ranks' memory
+                            stats->bytes_received = moved;  // read from it
+                            report(index, step, *stats, reducer, status);
+                          });
+  } catch (const std::exception& e) {
+    report(plan.index, st.step, *st.stats, st.reducer,
+           comm::Status::failure("bucket " + std::to_string(plan.index) + ": " + e.what()));
+  }
+}
+
 // A CUDA bucket without NCCL: copy to the host mirror, then run the execution there.
 void launch_staged(Bucket* self, double divisor) {
   auto& st = self->state;
@@ -223,6 +253,7 @@ void launch(Bucket* self, double divisor) {
     return;
   }
   if (st.plan.nccl_order) launch_nccl(self, divisor);
+  else if (st.plan.local) launch_local(self, divisor);
   else if (st.plan.staging) launch_staged(self, divisor);
   else start_execution(self, divisor);
 }
@@ -271,6 +302,7 @@ caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
         if (auto nccl = st.plan.nccl.lock()) nccl->abort(reason);
         if (st.plan.nccl_order) st.plan.nccl_order->release();
 #endif
+        if (st.plan.local) st.plan.local->abort(comm::Status::failure(reason, peer));
         if (!st.execution) return;
         bool running = false;
         with_execution(self, [&] {
@@ -291,6 +323,7 @@ caf::behavior bucket(Bucket* self, BucketPlan plan, ReduceSettings settings,
       [self](status_atom) {
         auto& st = self->state;
         std::vector<int> waiting;
+        if (st.plan.local && st.launched) waiting = st.plan.local->waiting_on(st.plan.index);
         if (st.execution)
           with_execution(self, [&] {
             if (!st.execution->done()) waiting = st.execution->waiting_on();

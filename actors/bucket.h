@@ -13,6 +13,9 @@
 /// ready; the communicator's completion callback reports to the reducer. Without
 /// (`BucketPlan::staging`): through a pinned host mirror (actors/staging.h), the usual execution
 /// running on the mirror between a copy to the host and a copy back.
+///
+/// A CPU bucket of a job whose ranks all share one host (`BucketPlan::local`) is reduced by the
+/// module's comm::LocalAllreduce: straight from and into every rank's shared memory.
 #include <caf/fwd.hpp>
 
 #include <chrono>
@@ -30,6 +33,7 @@
 
 namespace troupe::comm {
 class NcclCommunicator;  // comm/transport/nccl/communicator.h (built with NCCL only)
+class LocalAllreduce;    // comm/shm/local_allreduce.h
 }  // namespace troupe::comm
 
 namespace troupe::actors {
@@ -74,6 +78,11 @@ struct BucketPlan {
   std::shared_ptr<NcclOrder> nccl_order;
   /// CUDA buckets without NCCL: the pinned mirror (data is its host memory).
   std::shared_ptr<HostStaging> staging;
+  /// CPU buckets of a job whose ranks share one host: the module's LocalAllreduce, whose shared
+  /// region holds data at byte `local_offset` (the same on every rank). The bucket's index is its
+  /// slot. The bucket is then reduced through shared memory; its Reduction is not used.
+  std::shared_ptr<comm::LocalAllreduce> local;
+  size_t local_offset = 0;
 };
 
 /// How buckets reduce.

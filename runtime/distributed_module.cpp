@@ -13,6 +13,7 @@
 #include "actors/atoms.h"
 #include "actors/bucket.h"
 #include "actors/reducer.h"
+#include "comm/shm/local_allreduce.h"
 #include "runtime/bucket_layout.h"
 #include "runtime/cuda_gradients.h"
 #include "runtime/data_parallel.h"
@@ -52,6 +53,12 @@ struct DistributedModule::Impl {
   std::vector<torch::Tensor> params;
   // CUDA parameters: their events and the path of their buckets (null for a CPU module).
   std::unique_ptr<CudaGradients> cuda;
+  // CPU buckets of a single-host job: the shared memory they live in (null: the transport's
+  // path). Its data region has two halves; each build of the buckets takes the other one, so a
+  // rebuild can copy the gradients over from the old buckets.
+  std::shared_ptr<comm::LocalAllreduce> local;
+  size_t local_half_bytes = 0;
+  int local_half = 0;
 
   struct Bucket {
     torch::Tensor flat;
@@ -60,6 +67,7 @@ struct DistributedModule::Impl {
     comm::DataType type = comm::DataType::float32;
     caf::actor actor;
     std::shared_ptr<actors::BucketStats> stats;
+    size_t local_offset = 0;  // in the shared region, when there is one
   };
   std::vector<Bucket> buckets;
   std::vector<int> bucket_of;
@@ -92,6 +100,7 @@ struct DistributedModule::Impl {
   void check_options();
   void collect_parameters();
   void verify_same_model();
+  void connect_local();
   BucketLayout plan(const std::vector<int>& order_hint, const std::vector<int64_t>& ready_us = {});
   void build_buckets(const BucketLayout& layout);
   void spawn_actors();
@@ -164,10 +173,27 @@ void DistributedModule::Impl::collect_parameters() {
 void DistributedModule::Impl::verify_same_model() {
   std::string mine = "algorithm " + comm::algorithm_name(algorithm) + "\n";
   if (cuda) mine += cuda->path() + "\n";
+  mine += std::string("shared_memory ") + (opt.shared_memory ? "on" : "off") + "\n";
   for (size_t i = 0; i < params.size(); ++i) mine += names[i] + " " + shape_of(params[i]) + "\n";
   for (auto& b : module->named_buffers(true))
     mine += "buffer " + b.key() + " " + shape_of(b.value()) + "\n";
   check_same_on_every_rank(rt.comm(), mine);
+}
+
+void DistributedModule::Impl::connect_local() {
+  if (!opt.shared_memory || world < 2 || cuda || !std::holds_alternative<GradientAllReduce>(algorithm))
+    return;
+  const auto& hosts = rt.hosts();
+  if (std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; }))
+    return;
+  // Room for any layout: every parameter padded to align_bytes, every bucket to a 64-byte line.
+  const size_t align = std::max<size_t>(opt.align_bytes, 64);
+  size_t bytes = 0;
+  for (auto& p : params)
+    bytes += (static_cast<size_t>(p.numel()) * p.element_size() + 2 * align - 1) / align * align;
+  local_half_bytes = (bytes + align + 4095) / 4096 * 4096;
+  local = comm::LocalAllreduce::connect(rt.comm(), 2 * local_half_bytes,
+                                        opt.stall_timeout + std::chrono::seconds(10));
 }
 
 BucketLayout DistributedModule::Impl::plan(const std::vector<int>& order_hint,
@@ -191,10 +217,31 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
     fill.push_back(planned.elements);
   }
   torch::NoGradGuard no_grad;
+  const size_t align = std::max<size_t>(opt.align_bytes, 64);
+  size_t cursor = static_cast<size_t>(local_half) * local_half_bytes;
+  const size_t half_end = cursor + local_half_bytes;
+  local_half ^= 1;
   for (size_t b = 0; b < buckets.size(); ++b) {
     auto& bucket = buckets[b];
     const auto& first = params[static_cast<size_t>(bucket.params[0])];
-    bucket.flat = torch::zeros({std::max<int64_t>(fill[b], 1)}, first.options().requires_grad(false));
+    const auto options = first.options().requires_grad(false);
+    const int64_t elements = std::max<int64_t>(fill[b], 1);
+    if (local) {  // in this rank's shared region, at the same place on every rank
+      cursor = (cursor + align - 1) / align * align;
+      const size_t bytes = static_cast<size_t>(elements) * first.element_size();
+      if (cursor + bytes > half_end)
+        throw comm::Error("DistributedModule: bucket " + std::to_string(b) + " (" +
+                          std::to_string(bytes) + " bytes at " + std::to_string(cursor) +
+                          ") does not fit the shared region's half ending at " +
+                          std::to_string(half_end));
+      bucket.local_offset = cursor;
+      bucket.flat = torch::from_blob(local->data() + cursor, {elements}, [keep = local](void*) {},
+                                     options);
+      bucket.flat.zero_();
+      cursor += bytes;
+    } else {
+      bucket.flat = torch::zeros({elements}, options);
+    }
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       auto& p = params[static_cast<size_t>(bucket.params[k])];
       if (!opt.agg_grad) continue;
@@ -252,6 +299,8 @@ void DistributedModule::Impl::spawn_actors() {
     if (cuda)  // the events to wait on, and NCCL or a host mirror (then plan.data is the mirror)
       cuda->prepare(plan, bucket.params, plan.data,
                     plan.count * static_cast<size_t>(bucket.flat.element_size()), order);
+    plan.local = local;
+    plan.local_offset = bucket.local_offset;
     comm::BucketBuffer buffer{plan.index, plan.data, plan.count, plan.type, plan.tensors};
     auto reduction = comm::make_reduction(algorithm, buffer);
     bucket.actor = actors::spawn_bucket(system, plan, settings, std::move(reduction),
@@ -367,6 +416,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.collect_parameters();
   m.verify_same_model();
   if (m.cuda) m.cuda->connect();  // collective: every rank has passed the model check
+  m.connect_local();              // collective too
   broadcast_parameters(0);
   m.build_buckets(m.plan({}));
   m.spawn_actors();
@@ -546,7 +596,7 @@ std::string DistributedModule::algorithm_name() const {
 size_t DistributedModule::bucket_count() const { return impl_->buckets.size(); }
 
 std::string DistributedModule::gradient_path() const {
-  if (!impl_->cuda) return "cpu";
+  if (!impl_->cuda) return impl_->local ? "cpu via shared memory" : "cpu";
   return impl_->cuda->uses_nccl() ? "cuda via nccl" : "cuda via host staging";
 }
 

@@ -95,6 +95,12 @@ struct DdpOptions {
   /// is available (runtime/cuda_gradients.h). Every rank must agree (the model check compares it).
   /// Compressed algorithms always stage; CPU parameters ignore it.
   bool stage_through_host = false;
+  /// CPU buckets of a job whose ranks are all on one host are reduced through shared memory
+  /// (comm/shm/local_allreduce.h: the buckets live in a segment every rank maps; each rank sums
+  /// its share of a bucket straight from the others' memory and writes the result into all of
+  /// them) instead of through the transport, which copies every byte into and out of its queues
+  /// as well. Only for GradientAllReduce. Every rank must agree (the model check compares it).
+  bool shared_memory = true;
   /// A step whose reductions are not done after this long fails with a report of which bucket
   /// waits for which ranks.
   std::chrono::milliseconds stall_timeout{60000};
@@ -159,7 +165,8 @@ class DistributedModule {
   /// The algorithm's name and main setting ("allreduce", "powersgd(rank=2)", ...).
   std::string algorithm_name() const;
   size_t bucket_count() const;
-  /// How the gradients are reduced: "cpu", "cuda via nccl" or "cuda via host staging".
+  /// How the gradients are reduced: "cpu" (through the transport), "cpu via shared memory"
+  /// (DdpOptions::shared_memory), "cuda via nccl" or "cuda via host staging".
   std::string gradient_path() const;
   /// The names of the parameters of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameters() const;

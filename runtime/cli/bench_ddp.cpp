@@ -57,6 +57,7 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
   if (rt) {
     DdpOptions o;
     o.delay_reduce = bench.delay_reduce;
+    o.shared_memory = !bench.no_shared_memory;
     ddp.emplace(*rt, model.ptr(), comm::parse_compression(bench.algorithm), o);
   }
   auto x = torch::randn({bench.batch, 784});
@@ -103,11 +104,11 @@ void print(const DdpBench& bench, const Timing& t) {
   const bool alone = bench.world == 1 || bench.compute_only;
   if (bench.json)
     std::printf("{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, \"compute_only\": "
-                "%s, \"model\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_sec\": %.6g, \"comm_wait_sec\": "
+                "%s, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_sec\": %.6g, \"comm_wait_sec\": "
                 "%.6g, \"bytes_sent_per_step\": %.0f, \"forward_sec\": %.6g, \"backward_sec\": "
                 "%.6g, \"update_sec\": %.6g, \"helper_cpu_sec\": %.6g}\n",
                 bench.algorithm.c_str(), bench.world, alone ? "true" : "false",
-                bench.model.c_str(), bench.batch, bench.steps, t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec, t.backward_sec,
+                bench.no_shared_memory ? "false" : "true", bench.model.c_str(), bench.batch, bench.steps, t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec, t.backward_sec,
                 t.update_sec, t.helper_cpu_sec);
   else
     std::printf("troupe ddp (%s): world %d, %s, batch %d per rank, %d steps: median step %.2f ms, "
@@ -164,6 +165,7 @@ int run_ddp_bench(const DdpBench& bench, const std::string& self_exe) {
   if (bench.json) launch_options.command.push_back("--json");
   if (bench.delay_reduce) launch_options.command.push_back("--delay-reduce");
   if (bench.compute_only) launch_options.command.push_back("--compute-only");
+  if (bench.no_shared_memory) launch_options.command.push_back("--no-shared-memory");
   launch_options.command.push_back("--algorithm");
   launch_options.command.push_back(bench.algorithm);
   auto result = launch(launch_options);

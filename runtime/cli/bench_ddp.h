@@ -15,6 +15,9 @@ struct DdpBench {
   /// the baseline that leaves only the cost of data parallelism in a world > 1 figure, since
   /// `world` processes computing at once on shared cores and caches are slower than one.
   bool compute_only = false;
+  /// Reduce over the transport even where all ranks share this host (DdpOptions::shared_memory
+  /// off), to compare the two paths.
+  bool no_shared_memory = false;
   /// The bucket algorithm, as comm::parse_compression reads it ("allreduce", "powersgd:rank=2").
   std::string algorithm = "allreduce";
 };

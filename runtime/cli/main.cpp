@@ -152,6 +152,8 @@ int main(int argc, char** argv) {
   bench_ddp->add_flag("--delay-reduce", ddp.delay_reduce, "Reduce after backward (no overlap)");
   bench_ddp->add_flag("--compute-only", ddp.compute_only,
                       "Every rank trains alone, no reduction (the baseline for --world > 1)");
+  bench_ddp->add_flag("--no-shared-memory", ddp.no_shared_memory,
+                      "Reduce over the transport even on one host (DdpOptions::shared_memory off)");
   bench_ddp->add_option("--algorithm", ddp.algorithm,
                         "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk "
                         "or powersgd, with settings: powersgd:rank=2,start_iter=10");

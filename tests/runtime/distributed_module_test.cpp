@@ -174,10 +174,14 @@ TEST_CASE("N ranks on their own shards end with the parameters of one process on
     c.name = "sum instead of average";
     cases.push_back(c);
   }
-  for (auto& c : cases) {
-    CAPTURE(c.name);
-    CHECK(max_difference(c, 3) < 2e-5);
-  }
+  // Every case through shared memory (ranks on one host: the default) and the transport.
+  for (auto& c : cases)
+    for (bool shared : {true, false}) {
+      c.options.shared_memory = shared;
+      CAPTURE(c.name);
+      CAPTURE(shared);
+      CHECK(max_difference(c, 3) < 2e-5);
+    }
 }
 
 TEST_CASE("the equivalence check fails when the ranks do not reduce") {
@@ -236,6 +240,57 @@ TEST_CASE("a full bucket starts its reduction before backward ends") {
     CHECK(m.bucket_start_us[0] < m.backward_end_us);
     CHECK(m.bytes_sent > 0);
   }
+}
+
+TEST_CASE("on one host CPU buckets reduce through shared memory, each rank writing its share into the other") {
+  torch::set_num_threads(1);
+  for (bool shared : {true, false}) {
+    CAPTURE(shared);
+    std::vector<size_t> sent(2);
+    std::vector<std::string> path(2);
+    std::vector<torch::Tensor> grads(2);
+    auto errors = run_threads(2, [&](int r, Runtime& rt) {
+      auto model = std::make_shared<Mlp>(6, 8, 3);  // 155 floats in 6 tensors
+      torch::optim::SGD opt(model->parameters(), 0.1);
+      DdpOptions o;
+      o.aggregation = Aggregation::model;  // one bucket
+      o.shared_memory = shared;
+      DistributedModule ddp(rt, model, GradientAllReduce{}, o);
+      torch::manual_seed(50 + r);
+      torch::mse_loss(model->forward(torch::randn({4, 6})), torch::randn({4, 3})).backward();
+      ddp.step(opt);
+      sent[static_cast<size_t>(r)] = ddp.last_step().bytes_sent;
+      path[static_cast<size_t>(r)] = ddp.gradient_path();
+      grads[static_cast<size_t>(r)] = model->parameters()[0].grad().clone();
+    });
+    for (auto& e : errors) CHECK(e == "");
+    CHECK(torch::equal(grads[0], grads[1]));  // the same bits on both ranks
+    const std::string want = shared ? "cpu via shared memory" : "cpu";
+    CHECK(path == std::vector<std::string>{want, want});
+    if (shared) {
+      // Each rank writes its share (cut at 64-byte lines) into the other's bucket once: together,
+      // the bucket's bytes (155 floats, each tensor padded to 64 bytes at most).
+      CHECK(sent[0] + sent[1] >= 155 * 4);
+      CHECK(sent[0] + sent[1] <= 155 * 4 + 6 * 64);
+      CHECK(sent[0] % 64 == 0);
+    } else {
+      CHECK(sent[0] >= 155 * 4);  // a ring or recursive doubling sends the whole bucket at least
+    }
+  }
+  // Ranks on different hosts take the transport; ranks that disagree get the model check's error.
+  auto errors = run_threads(2, [](int, Runtime& rt) {
+    auto model = std::make_shared<Mlp>(6, 8, 3);
+    DistributedModule ddp(rt, model);
+    CHECK(ddp.gradient_path() == "cpu");
+  }, {"host-a", "host-b"});
+  for (auto& e : errors) CHECK(e == "");
+  errors = run_threads(2, [](int r, Runtime& rt) {
+    DdpOptions o;
+    o.shared_memory = r == 0;
+    DistributedModule ddp(rt, std::make_shared<Mlp>(6, 8, 3), GradientAllReduce{}, o);
+  });
+  for (auto& e : errors) CHECK(e.find("model mismatch between rank 0 and rank 1") != std::string::npos);
+  CHECK(errors[0].find("shared_memory on") != std::string::npos);
 }
 
 TEST_CASE("the rebuild after step 1 splits a bucket where backward paused, so it reduces during the pause") {
@@ -497,6 +552,7 @@ TEST_CASE("compressed algorithms run in the bucket flow and leave every rank the
       DdpOptions o;
       o.bucket_bytes = 8192;
       o.first_bucket_bytes = 1024;
+      o.shared_memory = false;  // every algorithm's bytes over the transport, to compare them
       DistributedModule ddp(rt, model, algorithm, o);
       torch::manual_seed(100 + r);
       for (int s = 0; s < 3; ++s) {
