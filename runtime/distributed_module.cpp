@@ -192,8 +192,16 @@ void DistributedModule::Impl::connect_local() {
   for (auto& p : params)
     bytes += (static_cast<size_t>(p.numel()) * p.element_size() + 2 * align - 1) / align * align;
   local_half_bytes = (bytes + align + 4095) / 4096 * 4096;
-  local = comm::LocalAllreduce::connect(rt.comm(), 2 * local_half_bytes,
-                                        opt.stall_timeout + std::chrono::seconds(10));
+  try {
+    local = comm::LocalAllreduce::connect(rt.comm(), 2 * local_half_bytes,
+                                          opt.stall_timeout + std::chrono::seconds(10));
+  } catch (const comm::Error& e) {  // every rank throws (connect agrees on failures)
+    throw comm::Error("DistributedModule: shared memory for the buckets (" +
+                      std::to_string(2 * local_half_bytes) + " bytes per rank): " + e.what() +
+                      " (enlarge /dev/shm, or set DdpOptions::shared_memory = false to reduce "
+                      "through the transport)",
+                      e.peer());
+  }
 }
 
 BucketLayout DistributedModule::Impl::plan(const std::vector<int>& order_hint,
