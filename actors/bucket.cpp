@@ -101,6 +101,11 @@ void report(int index, uint32_t step, BucketStats& stats, const caf::actor& redu
                  status.peer());
 }
 
+// What the step multiplies the sum by: 1 / the denominator when averaging.
+double step_scale(const ReduceSettings& settings, double divisor) {
+  return settings.average ? 1.0 / divisor : 1.0;
+}
+
 // Runs the bucket's algorithm (its stages over the transport) on plan.data: the bucket itself,
 // or a staged bucket's host mirror, which is copied back to the device before the bucket reports.
 void start_execution(Bucket* self, double divisor) {
@@ -109,7 +114,7 @@ void start_execution(Bucket* self, double divisor) {
   comm::ReduceStep step;
   step.group = comm::Group{st.transport->rank(), st.transport->world_size()};
   step.step = st.step;
-  step.scale = st.settings.average ? 1.0 / divisor : 1.0;
+  step.scale = step_scale(st.settings, divisor);
   step.divide_before = st.settings.divide_before;
   step.collectives = st.settings.collectives;
   auto builders = st.reduction->stages(step);
@@ -192,16 +197,9 @@ void launch_nccl(Bucket* self, double divisor) {
 void launch_local(Bucket* self, double divisor) {
   auto& st = self->state;
   const auto& plan = st.plan;
-  const int world = plan.local->world_size();
-  comm::LocalReduce how;
-  if (st.settings.average) {
-    if (divisor == world && !st.settings.divide_before) {
-      how.op = comm::ReduceOp::avg;
-    } else {
-      how.scale = 1.0 / divisor;
-      how.scale_before = st.settings.divide_before;
-    }
-  }
+  // The same choice as the transport's reductions make from the step's scale.
+  const auto how = comm::LocalReduce::scaled(step_scale(st.settings, divisor),
+                                             st.settings.divide_before, plan.local->world_size());
   const size_t moved = plan.local->peer_bytes(plan.count, plan.type);
   try {
     plan.local->allreduce(plan.index, plan.local_offset, plan.count, plan.type, how,

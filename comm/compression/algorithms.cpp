@@ -8,6 +8,7 @@
 
 #include "comm/compression/reductions.h"
 #include "comm/reduce.h"
+#include "comm/shm/local_allreduce.h"
 #include "comm/status.h"
 
 namespace troupe::comm {
@@ -241,18 +242,11 @@ void zero_padding(const BucketBuffer& bucket) {
 }
 
 Schedule scaled_allreduce(const ReduceStep& step, void* data, size_t count, DataType type) {
-  const int world = step.group.world_size;
-  if (step.scale == 1.0)
-    return allreduce_schedule(step.group, data, count, type, ReduceOp::sum, step.collectives);
-  if (step.divide_before) {
-    scale(data, count, type, step.scale);
-    return allreduce_schedule(step.group, data, count, type, ReduceOp::sum, step.collectives);
-  }
-  if (std::abs(step.scale * world - 1.0) < 1e-12)
-    return allreduce_schedule(step.group, data, count, type, ReduceOp::avg, step.collectives);
-  auto schedule =
-      allreduce_schedule(step.group, data, count, type, ReduceOp::sum, step.collectives);
-  schedule.finally = [data, count, type, factor = step.scale] { scale(data, count, type, factor); };
+  const auto how = LocalReduce::scaled(step.scale, step.divide_before, step.group.world_size);
+  if (how.scale_before) scale(data, count, type, how.scale);
+  auto schedule = allreduce_schedule(step.group, data, count, type, how.op, step.collectives);
+  if (how.scale != 1.0 && !how.scale_before)
+    schedule.finally = [data, count, type, factor = how.scale] { scale(data, count, type, factor); };
   return schedule;
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -88,7 +89,28 @@ struct Pending {
   bool reduced = false;  // this rank's share is written (done[slot] published)
 };
 
+// The elements [lo, hi) of a count-element buffer that `rank` of `world` reduces: equal shares
+// cut at cache lines, so that no two ranks write the same line.
+struct Share {
+  size_t lo;
+  size_t hi;
+};
+Share share_of(size_t count, DataType type, int rank, int world) {
+  const size_t per_line = std::max<size_t>(1, kLine / element_size(type));
+  const size_t w = static_cast<size_t>(world);
+  const size_t share = round_up((count + w - 1) / w, per_line);
+  const size_t lo = std::min(count, share * static_cast<size_t>(rank));
+  return Share{lo, std::min(count, lo + share)};
+}
+
 }  // namespace
+
+LocalReduce LocalReduce::scaled(double scale, bool before, int world) {
+  if (scale == 1.0) return LocalReduce{};
+  if (before) return LocalReduce{ReduceOp::sum, scale, true};
+  if (std::abs(scale * world - 1.0) < 1e-12) return LocalReduce{ReduceOp::avg, 1.0, false};
+  return LocalReduce{ReduceOp::sum, scale, false};
+}
 
 struct LocalAllreduce::Impl {
   int rank = 0;
@@ -127,11 +149,7 @@ struct LocalAllreduce::Impl {
 
 void LocalAllreduce::Impl::reduce_share(const Pending& op) {
   const size_t elem = element_size(op.type);
-  // Shares are cut at cache lines, so that no two ranks write the same line.
-  const size_t per_line = std::max<size_t>(1, kLine / elem);
-  const size_t share = round_up((op.count + static_cast<size_t>(world) - 1) / static_cast<size_t>(world), per_line);
-  const size_t lo = std::min(op.count, share * static_cast<size_t>(rank));
-  const size_t hi = std::min(op.count, lo + share);
+  const auto [lo, hi] = share_of(op.count, op.type, rank, world);
   const size_t block = kBlockBytes / elem;
   char* acc = scratch.data();
   char* tmp = scratch.data() + kBlockBytes;
@@ -318,14 +336,7 @@ void LocalAllreduce::allreduce(int slot, size_t offset, size_t count, DataType t
     throw Error(call + ": scale " + number_text(how.scale) + " with op " + to_string(how.op) +
                 " (expected op sum)");
   if (!done) throw Error(call + ": no callback");
-  Pending op;
-  op.slot = slot;
-  op.offset = offset;
-  op.count = count;
-  op.type = type;
-  op.how = how;
-  op.done = std::move(done);
-  op.deadline = Clock::now() + impl_->timeout;
+  Pending op{slot, 0, offset, count, type, how, std::move(done), Clock::now() + impl_->timeout};
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     op.generation = ++impl_->generation[static_cast<size_t>(slot)];
@@ -358,13 +369,8 @@ std::vector<int> LocalAllreduce::waiting_on(int slot) const {
 }
 
 size_t LocalAllreduce::peer_bytes(size_t count, DataType type) const {
-  const size_t elem = element_size(type);
-  const size_t per_line = std::max<size_t>(1, kLine / elem);
-  const size_t w = static_cast<size_t>(impl_->world);
-  const size_t share = round_up((count + w - 1) / w, per_line);
-  const size_t lo = std::min(count, share * static_cast<size_t>(impl_->rank));
-  const size_t hi = std::min(count, lo + share);
-  return (hi - lo) * elem * (w - 1);
+  const auto [lo, hi] = share_of(count, type, impl_->rank, impl_->world);
+  return (hi - lo) * element_size(type) * static_cast<size_t>(impl_->world - 1);
 }
 
 }  // namespace troupe::comm

@@ -47,6 +47,11 @@ struct LocalReduce {
   /// Multiply each rank's values by `scale` before summing, not the sum after (against overflow
   /// in narrow types; DdpOptions::divide_before).
   bool scale_before = false;
+
+  /// A sum times `scale` over `world` ranks, as the reductions of comm/compression do it: a plain
+  /// sum for scale 1, the scale before the sum with `before`, avg where scale is 1 / world, else
+  /// the scale after the sum.
+  static LocalReduce scaled(double scale, bool before, int world);
 };
 
 class LocalAllreduce {
