@@ -67,7 +67,6 @@ struct DistributedModule::Impl {
     comm::DataType type = comm::DataType::float32;
     caf::actor actor;
     std::shared_ptr<actors::BucketStats> stats;
-    size_t local_offset = 0;  // in the shared region, when there is one
   };
   std::vector<Bucket> buckets;
   std::vector<int> bucket_of;
@@ -242,7 +241,6 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
                           std::to_string(bytes) + " bytes at " + std::to_string(cursor) +
                           ") does not fit the shared region's half ending at " +
                           std::to_string(half_end));
-      bucket.local_offset = cursor;
       bucket.flat = torch::from_blob(local->data() + cursor, {elements}, [keep = local](void*) {},
                                      options);
       bucket.flat.zero_();
@@ -308,7 +306,8 @@ void DistributedModule::Impl::spawn_actors() {
       cuda->prepare(plan, bucket.params, plan.data,
                     plan.count * static_cast<size_t>(bucket.flat.element_size()), order);
     plan.local = local;
-    plan.local_offset = bucket.local_offset;
+    if (local)  // the bucket lies in the shared region
+      plan.local_offset = static_cast<size_t>(static_cast<char*>(plan.data) - local->data());
     comm::BucketBuffer buffer{plan.index, plan.data, plan.count, plan.type, plan.tensors};
     auto reduction = comm::make_reduction(algorithm, buffer);
     bucket.actor = actors::spawn_bucket(system, plan, settings, std::move(reduction),
