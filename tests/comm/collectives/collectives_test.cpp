@@ -11,29 +11,23 @@
 #include "comm/collectives/communicator.h"
 #include "comm/transport/inproc/transport.h"
 #include "tests/support/collective_checks.h"
+#include "tests/support/thread_communicators.h"
 
 using namespace troupe;
 using namespace std::chrono_literals;
 
 namespace {
 
-// Runs fn(rank, communicator) on `world` threads over one fabric; returns each rank's failures.
+// Runs fn(communicator) on `world` threads over one fabric; returns each rank's failures.
 std::vector<std::vector<std::string>> run_ranks(
     int world, comm::CollectiveOptions options,
     const std::function<std::vector<std::string>(comm::Communicator&)>& fn) {
-  comm::InprocFabric fabric(world);
-  std::vector<std::future<std::vector<std::string>>> results;
-  for (int r = 0; r < world; ++r)
-    results.push_back(std::async(std::launch::async, [&, r] {
-      comm::Communicator c(fabric.transport(r), options, 30s);
-      try {
-        return fn(c);
-      } catch (const std::exception& e) {
-        return std::vector<std::string>{std::string("threw: ") + e.what()};
-      }
-    }));
-  std::vector<std::vector<std::string>> out;
-  for (auto& f : results) out.push_back(f.get());
+  std::vector<std::vector<std::string>> out(static_cast<size_t>(world));
+  auto threw = test::run_communicators(world, options, [&](comm::Communicator& c) {
+    out[static_cast<size_t>(c.rank())] = fn(c);
+  });
+  for (size_t r = 0; r < threw.size(); ++r)
+    if (!threw[r].empty()) out[r] = {"threw: " + threw[r]};
   return out;
 }
 

@@ -14,30 +14,15 @@
 #include "comm/collectives/communicator.h"
 #include "comm/shm/local_allreduce.h"
 #include "comm/shm/segment.h"
-#include "comm/transport/inproc/transport.h"
+#include "tests/support/thread_communicators.h"
 
 using namespace troupe;
 using namespace std::chrono_literals;
 
 namespace {
 
-// Runs fn(communicator) on `world` threads over one fabric; returns what each threw ("" if none).
 std::vector<std::string> run_ranks(int world, const std::function<void(comm::Communicator&)>& fn) {
-  comm::InprocFabric fabric(world);
-  std::vector<std::future<std::string>> results;
-  for (int r = 0; r < world; ++r)
-    results.push_back(std::async(std::launch::async, [&, r] {
-      comm::Communicator c(fabric.transport(r), {}, 30s);
-      try {
-        fn(c);
-        return std::string();
-      } catch (const std::exception& e) {
-        return std::string(e.what());
-      }
-    }));
-  std::vector<std::string> out;
-  for (auto& f : results) out.push_back(f.get());
-  return out;
+  return test::run_communicators(world, {}, fn);
 }
 
 // One buffer of the test: its slot, place, type and how it is reduced.
