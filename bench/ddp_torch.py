@@ -18,6 +18,16 @@ nll_loss(log_softmax(output)), one intra-op thread per rank.
               matrix_approximation_rank --rank, start_powerSGD_iter 2, warm start and error
               feedback on: its defaults).
 
+  --interleave  with --world N: every iteration runs, each after a barrier and in an order that
+              rotates with the iteration, a DDP step; a compute step (every rank under
+              model.no_sync(), then its optimizer step: all ranks computing at once, nothing
+              reduced); and an alone step (rank 0 as in a compute step while the others wait at
+              the next barrier). Each iteration's figure is the slowest rank's (the alone step's
+              is rank 0's); overheads are the medians over iterations of the paired ratios, as
+              `troupe bench ddp --interleave` reports them. JSON adds compute_step_sec,
+              alone_step_sec, overhead_vs_alone, overhead_vs_compute, backward_sec and
+              compute_backward_sec.
+
 A step is zero_grad, forward, loss, backward, optimizer step, timed with time.perf_counter in a
 loop with no barriers. The first 5 steps are warm-up and not counted. Each rank takes the median
 of its S step times; step_sec is the largest of those medians over ranks (rank 0's own median is
@@ -89,6 +99,77 @@ def train_and_time(torch, model, batch, steps, rank):
     return times
 
 
+def interleaved(torch, dist, model, args, rank):
+    """Per-iteration seconds of the three interleaved kinds of step, the slowest rank's."""
+    import contextlib
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(SEED + rank)
+    inputs = torch.randn(args.batch, IN_FEATURES, generator=generator, dtype=torch.float32)
+    labels = torch.randint(0, CLASSES, (args.batch,), generator=generator)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    kinds = ("dp", "compute", "alone")
+
+    def run(kind):
+        dist.barrier()
+        if kind == "alone" and rank != 0:
+            return 0.0, 0.0  # waits at the next barrier
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        with (model.no_sync() if kind != "dp" else contextlib.nullcontext()):
+            loss = F.nll_loss(F.log_softmax(model(inputs), dim=1), labels)
+            backward_start = time.perf_counter()
+            loss.backward()
+            backward_sec = time.perf_counter() - backward_start
+        optimizer.step()
+        return time.perf_counter() - start, backward_sec
+
+    seconds = {kind: [] for kind in kinds}
+    backward = {kind: [] for kind in kinds}
+    for i in range(WARMUP_STEPS + args.steps):
+        for k in range(3):
+            kind = kinds[(i + k) % 3]
+            sec, back = run(kind)
+            if i >= WARMUP_STEPS:
+                seconds[kind].append(sec)
+                backward[kind].append(back)
+    flat = [x for kind in kinds for x in seconds[kind]] + backward["dp"] + backward["compute"]
+    slowest = torch.tensor(flat, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    values = slowest.tolist()
+    n = args.steps
+    out = {kind: values[j * n:(j + 1) * n] for j, kind in enumerate(kinds)}
+    out["dp_backward"] = values[3 * n:4 * n]
+    out["compute_backward"] = values[4 * n:5 * n]
+    return out
+
+
+def report_interleaved(args, runs):
+    med = statistics.median
+
+    def paired(a, b):
+        return med(x / y - 1 for x, y in zip(runs[a], runs[b]))
+
+    record = {"impl": "torch_ddp", "hook": args.hook, "world": args.world, "interleave": True,
+              "model": args.model, "batch": args.batch, "steps": args.steps,
+              "step_sec": med(runs["dp"]), "compute_step_sec": med(runs["compute"]),
+              "alone_step_sec": med(runs["alone"]),
+              "overhead_vs_alone": paired("dp", "alone"),
+              "overhead_vs_compute": paired("dp", "compute"),
+              "backward_sec": med(runs["dp_backward"]),
+              "compute_backward_sec": med(runs["compute_backward"])}
+    if args.json:
+        print(json.dumps(record), flush=True)
+        return
+    print(f"torch DDP (gloo, hook {args.hook}), interleaved: world {args.world}, model "
+          f"{args.model}, batch {args.batch}, {args.steps} iterations: median step "
+          f"{record['step_sec'] * 1e3:.2f} ms DDP, {record['compute_step_sec'] * 1e3:.2f} ms "
+          f"every rank computing alone, {record['alone_step_sec'] * 1e3:.2f} ms rank 0 alone; "
+          f"paired per iteration, DDP costs {record['overhead_vs_alone'] * 100:+.1f}% over rank 0 "
+          f"alone and {record['overhead_vs_compute'] * 100:+.1f}% over every rank computing "
+          "alone", flush=True)
+
+
 def report(args, step_sec, rank0_sec, params):
     if args.json:
         print(json.dumps({"impl": "torch_ddp", "hook": args.hook, "world": args.world,
@@ -140,6 +221,11 @@ def run_rank(rank, args, port):
         if not args.compute_only:
             model = torch.nn.parallel.DistributedDataParallel(model)
             register_hook(torch, model, args)
+        if args.interleave:
+            runs = interleaved(torch, dist, model, args, rank)
+            if rank == 0:
+                report_interleaved(args, runs)
+            return
         params = sum(p.numel() for p in model.parameters())
         median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank))
         slowest = torch.tensor([median], dtype=torch.float64)
@@ -162,6 +248,9 @@ def main():
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     parser.add_argument("--compute-only", action="store_true",
                         help="with --world N: every rank trains alone, no DDP (the baseline)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="with --world N: alternate DDP, compute-only and rank-0-alone steps "
+                             "in one job and pair them per iteration")
     parser.add_argument("--hook", default="none", choices=("none", "fp16", "powersgd"),
                         help="DDP communication hook (world > 1)")
     parser.add_argument("--rank", type=positive_int, default=2,
@@ -171,6 +260,9 @@ def main():
         parser.error(f"--model '{args.model}': unknown model; expected one of: "
                      f"{', '.join(MODELS)}")
 
+    if args.interleave and (args.world < 2 or args.compute_only):
+        parser.error(f"--interleave needs --world >= 2 and no --compute-only (got --world "
+                     f"{args.world}{' with --compute-only' if args.compute_only else ''})")
     if args.world == 1:
         run_alone(args)
         return 0

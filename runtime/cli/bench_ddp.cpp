@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <vector>
 
 #include <time.h>
 
@@ -47,6 +48,14 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+DdpOptions ddp_options(const DdpBench& bench) {
+  DdpOptions o;
+  o.delay_reduce = bench.delay_reduce;
+  o.shared_memory = !bench.no_shared_memory;
+  o.trace_path = bench.trace_path;
+  return o;
+}
+
 // Median seconds per step on this rank; with a runtime, through a DistributedModule.
 Timing train(const DdpBench& bench, Runtime* rt, int rank) {
   torch::set_num_threads(1);
@@ -54,12 +63,8 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
   auto model = make_mlp();
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   std::optional<DistributedModule> ddp;
-  if (rt) {
-    DdpOptions o;
-    o.delay_reduce = bench.delay_reduce;
-    o.shared_memory = !bench.no_shared_memory;
-    ddp.emplace(*rt, model.ptr(), comm::parse_compression(bench.algorithm), o);
-  }
+  if (rt)
+    ddp.emplace(*rt, model.ptr(), comm::parse_compression(bench.algorithm), ddp_options(bench));
   auto x = torch::randn({bench.batch, 784});
   auto y = torch::randint(0, 10, {bench.batch}, torch::kLong);
   const int warmup = 5;
@@ -100,16 +105,146 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
                 helpers / bench.steps};
 }
 
+// --interleave: what each kind of step took in each iteration, the slowest rank's.
+struct Interleaved {
+  std::vector<double> dp;       // data-parallel step
+  std::vector<double> compute;  // every rank training alone at once
+  std::vector<double> alone;    // rank 0 training while the others wait
+  std::vector<double> wait;     // the data-parallel step's wait after backward
+  std::vector<double> dp_backward, compute_backward;  // loss.backward() alone
+  double dp_helper_cpu = 0;     // other threads' CPU per data-parallel step
+  double compute_helper_cpu = 0;
+  double bytes_sent = 0;
+};
+
+Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
+  torch::set_num_threads(1);
+  torch::manual_seed(1234 + rt.rank());
+  auto model = make_mlp();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  DistributedModule ddp(rt, model.ptr(), comm::parse_compression(bench.algorithm),
+                        ddp_options(bench));
+  auto x = torch::randn({bench.batch, 784});
+  auto y = torch::randint(0, 10, {bench.batch}, torch::kLong);
+
+  enum Kind { kDp, kCompute, kAlone };
+  struct Measured {
+    double sec = 0, backward = 0, helper_cpu = 0;
+  };
+  auto run = [&](Kind kind) {
+    rt.comm().barrier();
+    // In an alone step the other ranks go on to the next barrier and wait there.
+    if (kind == kAlone && rt.rank() != 0) return Measured{};
+    const double process0 = cpu_sec(CLOCK_PROCESS_CPUTIME_ID);
+    const double thread0 = cpu_sec(CLOCK_THREAD_CPUTIME_ID);
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    std::chrono::steady_clock::time_point t1, t2;
+    {
+      std::optional<DistributedModule::NoSync> local;
+      if (kind != kDp) local.emplace(ddp.no_sync());
+      auto loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
+      t1 = std::chrono::steady_clock::now();
+      loss.backward();
+      t2 = std::chrono::steady_clock::now();
+    }
+    if (kind == kDp) ddp.step(opt);
+    else opt.step();
+    const auto t3 = std::chrono::steady_clock::now();
+    auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    return Measured{sec(t0, t3), sec(t1, t2),
+                    (cpu_sec(CLOCK_PROCESS_CPUTIME_ID) - process0) -
+                        (cpu_sec(CLOCK_THREAD_CPUTIME_ID) - thread0)};
+  };
+
+  const int warmup = 5;  // iterations; the first data-parallel step rebuilds the buckets
+  Interleaved r;
+  for (int i = 0; i < warmup + bench.steps; ++i) {
+    for (int k = 0; k < 3; ++k) {
+      const auto kind = static_cast<Kind>((i + k) % 3);
+      const Measured m = run(kind);
+      if (i < warmup) continue;
+      if (kind == kDp) {
+        r.dp.push_back(m.sec);
+        r.wait.push_back(ddp.last_step().comm_wait_sec);
+        r.dp_backward.push_back(m.backward);
+        r.dp_helper_cpu += m.helper_cpu / bench.steps;
+        r.bytes_sent = static_cast<double>(ddp.last_step().bytes_sent);
+      } else if (kind == kCompute) {
+        r.compute.push_back(m.sec);
+        r.compute_backward.push_back(m.backward);
+        r.compute_helper_cpu += m.helper_cpu / bench.steps;
+      } else {
+        r.alone.push_back(m.sec);
+      }
+    }
+  }
+  // Each iteration's figures become the slowest rank's (the alone step's are rank 0's: the
+  // others report 0).
+  const auto series = {&r.dp, &r.compute, &r.alone, &r.wait, &r.dp_backward, &r.compute_backward};
+  std::vector<double> all;
+  for (auto* v : series) all.insert(all.end(), v->begin(), v->end());
+  all.push_back(r.dp_helper_cpu);
+  all.push_back(r.compute_helper_cpu);
+  rt.comm().allreduce(all.data(), all.size(), comm::DataType::float64, comm::ReduceOp::max);
+  size_t at = 0;
+  for (auto* v : series)
+    for (auto& value : *v) value = all[at++];
+  r.dp_helper_cpu = all[at++];
+  r.compute_helper_cpu = all[at];
+  return r;
+}
+
+// The median over iterations of a / b - 1.
+double paired_overhead(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < a.size(); ++i) ratios.push_back(a[i] / b[i] - 1);
+  return median(ratios);
+}
+
+void print_interleaved(const DdpBench& bench, const Interleaved& r) {
+  const double dp = median(r.dp), compute = median(r.compute), alone = median(r.alone);
+  const double vs_alone = paired_overhead(r.dp, r.alone);
+  const double vs_compute = paired_overhead(r.dp, r.compute);
+  if (bench.json)
+    std::printf("{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, "
+                "\"interleave\": true, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, "
+                "\"steps\": %d, \"step_sec\": %.6g, \"compute_step_sec\": %.6g, "
+                "\"alone_step_sec\": %.6g, \"overhead_vs_alone\": %.6g, "
+                "\"overhead_vs_compute\": %.6g, \"comm_wait_sec\": %.6g, "
+                "\"bytes_sent_per_step\": %.0f, \"helper_cpu_sec\": %.6g, "
+                "\"compute_helper_cpu_sec\": %.6g, \"backward_sec\": %.6g, "
+                "\"compute_backward_sec\": %.6g}\n",
+                bench.algorithm.c_str(), bench.world, bench.no_shared_memory ? "false" : "true",
+                bench.model.c_str(), bench.batch, bench.steps, dp, compute, alone, vs_alone,
+                vs_compute, median(r.wait), r.bytes_sent, r.dp_helper_cpu,
+                r.compute_helper_cpu, median(r.dp_backward), median(r.compute_backward));
+  else
+    std::printf("troupe ddp (%s), interleaved: world %d, %s, batch %d per rank, %d iterations: "
+                "median step %.2f ms data-parallel, %.2f ms every rank computing alone, %.2f ms "
+                "rank 0 alone; paired per iteration, data parallelism costs %+.1f%% over rank 0 "
+                "alone and %+.1f%% over every rank computing alone; median wait after backward "
+                "%.2f ms, %.2f MB sent per step, other threads' CPU %.2f ms per data-parallel "
+                "step (%.2f ms per compute step)\n",
+                bench.algorithm.c_str(), bench.world, bench.model.c_str(), bench.batch,
+                bench.steps, dp * 1e3, compute * 1e3, alone * 1e3, vs_alone * 100,
+                vs_compute * 100, median(r.wait) * 1e3, r.bytes_sent / 1e6,
+                r.dp_helper_cpu * 1e3, r.compute_helper_cpu * 1e3);
+  std::fflush(stdout);
+}
+
 void print(const DdpBench& bench, const Timing& t) {
   const bool alone = bench.world == 1 || bench.compute_only;
   if (bench.json)
     std::printf("{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, \"compute_only\": "
-                "%s, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_sec\": %.6g, \"comm_wait_sec\": "
+                "%s, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, \"steps\": %d, "
+                "\"step_sec\": %.6g, \"comm_wait_sec\": "
                 "%.6g, \"bytes_sent_per_step\": %.0f, \"forward_sec\": %.6g, \"backward_sec\": "
                 "%.6g, \"update_sec\": %.6g, \"helper_cpu_sec\": %.6g}\n",
                 bench.algorithm.c_str(), bench.world, alone ? "true" : "false",
-                bench.no_shared_memory ? "false" : "true", bench.model.c_str(), bench.batch, bench.steps, t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec, t.backward_sec,
-                t.update_sec, t.helper_cpu_sec);
+                bench.no_shared_memory ? "false" : "true", bench.model.c_str(), bench.batch,
+                bench.steps, t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec,
+                t.backward_sec, t.update_sec, t.helper_cpu_sec);
   else
     std::printf("troupe ddp (%s): world %d, %s, batch %d per rank, %d steps: median step %.2f ms, "
                 "median wait for reductions after backward %.2f ms, %.2f MB sent per step%s; "
@@ -129,6 +264,10 @@ void check(const DdpBench& bench) {
     throw comm::Error("--world, --batch and --steps must be >= 1 (got " +
                       std::to_string(bench.world) + ", " + std::to_string(bench.batch) + ", " +
                       std::to_string(bench.steps) + ")");
+  if (bench.interleave && (bench.world < 2 || bench.compute_only))
+    throw comm::Error("--interleave needs --world >= 2 and no --compute-only (got --world " +
+                      std::to_string(bench.world) +
+                      (bench.compute_only ? " with --compute-only)" : ")"));
 }
 
 }  // namespace
@@ -138,6 +277,11 @@ int run_ddp_bench_rank(const DdpBench& bench) {
   RuntimeOptions options;
   options.scheduler_threads = 1;
   Runtime rt(options);
+  if (bench.interleave) {
+    const Interleaved r = train_interleaved(bench, rt);
+    if (rt.rank() == 0) print_interleaved(bench, r);
+    return 0;
+  }
   Timing t = train(bench, bench.compute_only ? nullptr : &rt, rt.rank());
   // The job's step time is the slowest rank's; so is each phase's.
   double slowest[6] = {t.step_sec,     t.wait_sec,   t.forward_sec,
@@ -166,6 +310,11 @@ int run_ddp_bench(const DdpBench& bench, const std::string& self_exe) {
   if (bench.delay_reduce) launch_options.command.push_back("--delay-reduce");
   if (bench.compute_only) launch_options.command.push_back("--compute-only");
   if (bench.no_shared_memory) launch_options.command.push_back("--no-shared-memory");
+  if (bench.interleave) launch_options.command.push_back("--interleave");
+  if (!bench.trace_path.empty()) {
+    launch_options.command.push_back("--trace");
+    launch_options.command.push_back(bench.trace_path);
+  }
   launch_options.command.push_back("--algorithm");
   launch_options.command.push_back(bench.algorithm);
   auto result = launch(launch_options);

@@ -18,6 +18,15 @@ struct DdpBench {
   /// Reduce over the transport even where all ranks share this host (DdpOptions::shared_memory
   /// off), to compare the two paths.
   bool no_shared_memory = false;
+  /// In one job (world > 1), every iteration runs three kinds of step, each after a barrier and
+  /// in an order that rotates with the iteration: a data-parallel step; a compute step, every rank
+  /// training alone at once (no_sync, then the optimizer); and an alone step, rank 0 training
+  /// while the others wait at the next barrier. The overheads are paired per iteration, so the
+  /// machine's speed drifting over minutes cancels out of them.
+  bool interleave = false;
+  /// When set, every rank writes its Chrome trace here (DdpOptions::trace_path; "{rank}" is
+  /// replaced by the rank).
+  std::string trace_path;
   /// The bucket algorithm, as comm::parse_compression reads it ("allreduce", "powersgd:rank=2").
   std::string algorithm = "allreduce";
 };

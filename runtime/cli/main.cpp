@@ -154,6 +154,11 @@ int main(int argc, char** argv) {
                       "Every rank trains alone, no reduction (the baseline for --world > 1)");
   bench_ddp->add_flag("--no-shared-memory", ddp.no_shared_memory,
                       "Reduce over the transport even on one host (DdpOptions::shared_memory off)");
+  bench_ddp->add_flag("--interleave", ddp.interleave,
+                      "Alternate data-parallel, compute-only and rank-0-alone steps in one job "
+                      "and pair them per iteration (--world > 1)");
+  bench_ddp->add_option("--trace", ddp.trace_path,
+                        "Write each rank's Chrome trace (Perfetto) here; {rank} is the rank");
   bench_ddp->add_option("--algorithm", ddp.algorithm,
                         "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk "
                         "or powersgd, with settings: powersgd:rank=2,start_iter=10");

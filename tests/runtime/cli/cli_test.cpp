@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -176,4 +177,45 @@ TEST_CASE("troupe run refuses SGD momentum on top of a compressor's momentum cor
   CHECK(out.text.find("momentum 0.5 given, expected 0") != std::string::npos);
   CHECK(out.text.find("epoch 1") == std::string::npos);  // refused before training
   std::remove(path.c_str());
+}
+
+TEST_CASE("troupe bench ddp --interleave runs the three kinds of step in one job") {
+  const std::string trace = "/tmp/troupe_cli_test_" + std::to_string(getpid()) + "_{rank}.json";
+  auto out = run(std::string(TROUPE_BIN) +
+                 " bench ddp --world 2 --interleave --batch 8 --steps 2 --json --trace " + trace);
+  INFO(out.text);
+  REQUIRE(out.status == 0);
+  auto rows = json_lines(out.text);
+  REQUIRE(rows.size() == 1);
+  auto& row = rows[0];
+  CHECK(row["interleave"] == true);
+  CHECK(row["world"] == 2);
+  CHECK(row["steps"] == 2);
+  for (const char* key : {"step_sec", "compute_step_sec", "alone_step_sec", "backward_sec",
+                          "compute_backward_sec"})
+    CHECK_MESSAGE(row[key].get<double>() > 0, key);
+  // Through shared memory each rank writes its half of every bucket into the other's memory:
+  // half of the MLP's 7,912,458 float32 gradients, padded per bucket by at most 64 bytes.
+  const double half = 7912458 * 4 / 2.0;
+  CHECK(row["bytes_sent_per_step"].get<double>() >= half);
+  CHECK(row["bytes_sent_per_step"].get<double>() <= half + 4 * 64);
+  // Only the data-parallel steps reduce: 5 warm-up iterations and 2 measured ones, one each,
+  // while the compute and alone steps run under no_sync() and leave no wait in the trace.
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    const std::string path = "/tmp/troupe_cli_test_" + std::to_string(getpid()) + "_" +
+                             std::to_string(rank) + ".json";
+    std::ifstream in(path);
+    REQUIRE(in.good());
+    auto events = nlohmann::json::parse(in)["traceEvents"];
+    int waits = 0;
+    for (auto& e : events) waits += e["name"] == "wait for reductions";
+    CHECK(waits == 7);
+    std::remove(path.c_str());
+  }
+
+  auto alone = run(std::string(TROUPE_BIN) + " bench ddp --world 1 --interleave --steps 1");
+  CHECK(alone.status != 0);
+  CHECK(alone.text.find("--interleave needs --world >= 2") != std::string::npos);
+  CHECK(alone.text.find("got --world 1") != std::string::npos);
 }
