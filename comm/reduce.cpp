@@ -136,6 +136,20 @@ __attribute__((target("avx2,fma,f16c"))) void reduce_avx2(void* dst, const void*
   reduce_all<true>(dst, a, b, n, t, op);
 }
 
+// x / 2^k and x * 2^-k are the same real number, rounded alike, for every x (subnormal results,
+// infinities and NaN included): a power-of-two world divides with a multiply, several times
+// faster than a divide, bit for bit the same.
+template <class T>
+void divide_float(T* p, size_t n, int divisor) {
+  if ((divisor & (divisor - 1)) == 0) {
+    const T reciprocal = T(1) / static_cast<T>(divisor);
+    for (size_t i = 0; i < n; ++i) p[i] *= reciprocal;
+  } else {
+    const T d = static_cast<T>(divisor);
+    for (size_t i = 0; i < n; ++i) p[i] /= d;
+  }
+}
+
 bool have_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
                           __builtin_cpu_supports("fma");
@@ -205,18 +219,8 @@ void divide(void* data, size_t count, DataType type, int divisor) {
   if (divisor < 1) throw Error("divide: divisor " + std::to_string(divisor) + " is not >= 1");
   if (divisor == 1 || count == 0) return;
   switch (type) {
-    case DataType::float32: {
-      auto* p = static_cast<float*>(data);
-      const float d = static_cast<float>(divisor);
-      for (size_t i = 0; i < count; ++i) p[i] /= d;
-      break;
-    }
-    case DataType::float64: {
-      auto* p = static_cast<double*>(data);
-      const double d = divisor;
-      for (size_t i = 0; i < count; ++i) p[i] /= d;
-      break;
-    }
+    case DataType::float32: divide_float(static_cast<float*>(data), count, divisor); break;
+    case DataType::float64: divide_float(static_cast<double*>(data), count, divisor); break;
     case DataType::int32: {
       auto* p = static_cast<int32_t*>(data);
       for (size_t i = 0; i < count; ++i) p[i] /= divisor;

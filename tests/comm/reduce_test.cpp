@@ -104,3 +104,31 @@ TEST_CASE("divide truncates integers toward zero and rejects a divisor below 1")
   CHECK_THROWS_WITH(divide(f.data(), 1, DataType::float32, 0),
                     doctest::Contains("divisor 0 is not >= 1"));
 }
+
+TEST_CASE("divide by a power of two matches the quotient bit for bit, subnormals and NaN included") {
+  std::vector<float> f = {1.0f, 3.0f, -7.5f, 1e-38f, 3e-45f, 1.1754942e-38f, 3.4028235e38f, 0.1f,
+                          -0.0f, std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()};
+  std::vector<double> d = {1.0, 3.0, -7.5, 1e-308, 5e-324, 0.1, 1.7976931348623157e308};
+  for (uint32_t bits = 1; bits < 0x7f800000u; bits += 0x00731234u) {  // a spread of floats
+    float x;
+    std::memcpy(&x, &bits, 4);
+    f.push_back(x);
+    f.push_back(-x);
+  }
+  for (int divisor : {2, 3, 4, 8, 64, 1024, 6}) {
+    CAPTURE(divisor);
+    auto fs = f;
+    divide(fs.data(), fs.size(), DataType::float32, divisor);
+    for (size_t i = 0; i < f.size(); ++i) {
+      const float expected = f[i] / static_cast<float>(divisor);
+      CHECK(std::memcmp(&fs[i], &expected, 4) == 0);
+    }
+    auto ds = d;
+    divide(ds.data(), ds.size(), DataType::float64, divisor);
+    for (size_t i = 0; i < d.size(); ++i) {
+      const double expected = d[i] / static_cast<double>(divisor);
+      CHECK(std::memcmp(&ds[i], &expected, 8) == 0);
+    }
+  }
+}
