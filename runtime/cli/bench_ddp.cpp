@@ -43,6 +43,18 @@ double cpu_sec(clockid_t clock) {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
 
+// CPU seconds of the process's threads other than the calling (trainer) thread, so far.
+double other_threads_cpu() {
+  return cpu_sec(CLOCK_PROCESS_CPUTIME_ID) - cpu_sec(CLOCK_THREAD_CPUTIME_ID);
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+constexpr int kWarmup = 5;  // steps (iterations with --interleave) not measured
+
 double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
@@ -56,40 +68,47 @@ DdpOptions ddp_options(const DdpBench& bench) {
   return o;
 }
 
-// Median seconds per step on this rank; with a runtime, through a DistributedModule.
-Timing train(const DdpBench& bench, Runtime* rt, int rank) {
+torch::nn::Sequential seeded_mlp(int rank) {
   torch::set_num_threads(1);
   torch::manual_seed(1234 + rank);
-  auto model = make_mlp();
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  return make_mlp();
+}
+
+// One rank's training: the MLP (one intra-op thread), SGD with momentum, one fixed random batch.
+struct Workload {
+  explicit Workload(const DdpBench& bench, int rank)
+      : model(seeded_mlp(rank)),
+        opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)),
+        x(torch::randn({bench.batch, 784})),
+        y(torch::randint(0, 10, {bench.batch}, torch::kLong)) {}
+  torch::Tensor loss() { return torch::nll_loss(torch::log_softmax(model->forward(x), 1), y); }
+
+  torch::nn::Sequential model;
+  torch::optim::SGD opt;
+  torch::Tensor x, y;
+};
+
+// Median seconds per step on this rank; with a runtime, through a DistributedModule.
+Timing train(const DdpBench& bench, Runtime* rt, int rank) {
+  Workload w(bench, rank);
   std::optional<DistributedModule> ddp;
   if (rt)
-    ddp.emplace(*rt, model.ptr(), comm::parse_compression(bench.algorithm), ddp_options(bench));
-  auto x = torch::randn({bench.batch, 784});
-  auto y = torch::randint(0, 10, {bench.batch}, torch::kLong);
-  const int warmup = 5;
+    ddp.emplace(*rt, w.model.ptr(), comm::parse_compression(bench.algorithm), ddp_options(bench));
   std::vector<double> times, waits, forwards, backwards, updates;
   double bytes = 0;
-  using Clock = std::chrono::steady_clock;
-  auto seconds = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-  };
-  double process_cpu0 = 0, thread_cpu0 = 0;
-  for (int s = 0; s < warmup + bench.steps; ++s) {
-    if (s == warmup) {
-      process_cpu0 = cpu_sec(CLOCK_PROCESS_CPUTIME_ID);
-      thread_cpu0 = cpu_sec(CLOCK_THREAD_CPUTIME_ID);
-    }
+  double helpers0 = 0;
+  for (int s = 0; s < kWarmup + bench.steps; ++s) {
+    if (s == kWarmup) helpers0 = other_threads_cpu();
     auto t0 = Clock::now();
-    opt.zero_grad();
-    auto loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
+    w.opt.zero_grad();
+    auto loss = w.loss();
     auto t1 = Clock::now();
     loss.backward();
     auto t2 = Clock::now();
-    if (ddp) ddp->step(opt);
-    else opt.step();
+    if (ddp) ddp->step(w.opt);
+    else w.opt.step();
     auto t3 = Clock::now();
-    if (s >= warmup) {
+    if (s >= kWarmup) {
       times.push_back(seconds(t0, t3));
       forwards.push_back(seconds(t0, t1));
       backwards.push_back(seconds(t1, t2));
@@ -98,11 +117,9 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
       bytes = ddp ? static_cast<double>(ddp->last_step().bytes_sent) : 0.0;
     }
   }
-  const double helpers = (cpu_sec(CLOCK_PROCESS_CPUTIME_ID) - process_cpu0) -
-                         (cpu_sec(CLOCK_THREAD_CPUTIME_ID) - thread_cpu0);
   return Timing{median(times),     median(waits),     bytes,
                 median(forwards),  median(backwards), median(updates),
-                helpers / bench.steps};
+                (other_threads_cpu() - helpers0) / bench.steps};
 }
 
 // --interleave: what each kind of step took in each iteration, the slowest rank's.
@@ -118,14 +135,9 @@ struct Interleaved {
 };
 
 Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
-  torch::set_num_threads(1);
-  torch::manual_seed(1234 + rt.rank());
-  auto model = make_mlp();
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  DistributedModule ddp(rt, model.ptr(), comm::parse_compression(bench.algorithm),
+  Workload w(bench, rt.rank());
+  DistributedModule ddp(rt, w.model.ptr(), comm::parse_compression(bench.algorithm),
                         ddp_options(bench));
-  auto x = torch::randn({bench.batch, 784});
-  auto y = torch::randint(0, 10, {bench.batch}, torch::kLong);
 
   enum Kind { kDp, kCompute, kAlone };
   struct Measured {
@@ -135,35 +147,30 @@ Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
     rt.comm().barrier();
     // In an alone step the other ranks go on to the next barrier and wait there.
     if (kind == kAlone && rt.rank() != 0) return Measured{};
-    const double process0 = cpu_sec(CLOCK_PROCESS_CPUTIME_ID);
-    const double thread0 = cpu_sec(CLOCK_THREAD_CPUTIME_ID);
-    const auto t0 = std::chrono::steady_clock::now();
-    opt.zero_grad();
-    std::chrono::steady_clock::time_point t1, t2;
+    const double helpers0 = other_threads_cpu();
+    const auto t0 = Clock::now();
+    w.opt.zero_grad();
+    Clock::time_point t1, t2;
     {
       std::optional<DistributedModule::NoSync> local;
       if (kind != kDp) local.emplace(ddp.no_sync());
-      auto loss = torch::nll_loss(torch::log_softmax(model->forward(x), 1), y);
-      t1 = std::chrono::steady_clock::now();
+      auto loss = w.loss();
+      t1 = Clock::now();
       loss.backward();
-      t2 = std::chrono::steady_clock::now();
+      t2 = Clock::now();
     }
-    if (kind == kDp) ddp.step(opt);
-    else opt.step();
-    const auto t3 = std::chrono::steady_clock::now();
-    auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-    return Measured{sec(t0, t3), sec(t1, t2),
-                    (cpu_sec(CLOCK_PROCESS_CPUTIME_ID) - process0) -
-                        (cpu_sec(CLOCK_THREAD_CPUTIME_ID) - thread0)};
+    if (kind == kDp) ddp.step(w.opt);
+    else w.opt.step();
+    const auto t3 = Clock::now();
+    return Measured{seconds(t0, t3), seconds(t1, t2), other_threads_cpu() - helpers0};
   };
 
-  const int warmup = 5;  // iterations; the first data-parallel step rebuilds the buckets
-  Interleaved r;
-  for (int i = 0; i < warmup + bench.steps; ++i) {
+  Interleaved r;  // the first data-parallel step (warm-up) rebuilds the buckets
+  for (int i = 0; i < kWarmup + bench.steps; ++i) {
     for (int k = 0; k < 3; ++k) {
       const auto kind = static_cast<Kind>((i + k) % 3);
       const Measured m = run(kind);
-      if (i < warmup) continue;
+      if (i < kWarmup) continue;
       if (kind == kDp) {
         r.dp.push_back(m.sec);
         r.wait.push_back(ddp.last_step().comm_wait_sec);
