@@ -74,19 +74,24 @@ def build_mlp(torch):
     )
 
 
-def train_and_time(torch, model, batch, steps, rank):
-    """Per-step seconds of `steps` timed steps (after WARMUP_STEPS untimed ones)."""
+def workload(torch, model, batch, rank):
+    """The optimizer (SGD, momentum) and a function returning the loss on one fixed random batch."""
     import torch.nn.functional as F
 
     generator = torch.Generator().manual_seed(SEED + rank)
     inputs = torch.randn(batch, IN_FEATURES, generator=generator, dtype=torch.float32)
     labels = torch.randint(0, CLASSES, (batch,), generator=generator)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return optimizer, lambda: F.nll_loss(F.log_softmax(model(inputs), dim=1), labels)
+
+
+def train_and_time(torch, model, batch, steps, rank):
+    """Per-step seconds of `steps` timed steps (after WARMUP_STEPS untimed ones)."""
+    optimizer, loss_of_batch = workload(torch, model, batch, rank)
 
     def step():
         optimizer.zero_grad()
-        loss = F.nll_loss(F.log_softmax(model(inputs), dim=1), labels)
-        loss.backward()
+        loss_of_batch().backward()
         optimizer.step()
 
     for _ in range(WARMUP_STEPS):
@@ -102,12 +107,8 @@ def train_and_time(torch, model, batch, steps, rank):
 def interleaved(torch, dist, model, args, rank):
     """Per-iteration seconds of the three interleaved kinds of step, the slowest rank's."""
     import contextlib
-    import torch.nn.functional as F
 
-    generator = torch.Generator().manual_seed(SEED + rank)
-    inputs = torch.randn(args.batch, IN_FEATURES, generator=generator, dtype=torch.float32)
-    labels = torch.randint(0, CLASSES, (args.batch,), generator=generator)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer, loss_of_batch = workload(torch, model, args.batch, rank)
     kinds = ("dp", "compute", "alone")
 
     def run(kind):
@@ -117,7 +118,7 @@ def interleaved(torch, dist, model, args, rank):
         start = time.perf_counter()
         optimizer.zero_grad()
         with (model.no_sync() if kind != "dp" else contextlib.nullcontext()):
-            loss = F.nll_loss(F.log_softmax(model(inputs), dim=1), labels)
+            loss = loss_of_batch()
             backward_start = time.perf_counter()
             loss.backward()
             backward_sec = time.perf_counter() - backward_start
