@@ -15,9 +15,12 @@ steps="${2:-30}"
 troupe="${TROUPE_BIN:-$root/build/bin/troupe}"
 repeats="${REPEATS:-2}"
 python=/usr/bin/python3
-die() { echo "ddp_compression_vs_torch: $*" >&2; exit 1; }
-[[ -x "$troupe" ]] || die "troupe binary '$troupe' not found; build it or set TROUPE_BIN"
-"$python" -c 'import torch.distributed' 2>/dev/null || die "$python needs torch (python3-torch)"
+script=ddp_compression_vs_torch
+source "$root/bench/common.sh"
+need_positive_int steps "$steps"
+need_positive_int REPEATS "$repeats"
+need_troupe "$troupe"
+need_torch "$python"
 mkdir -p "$results"
 out="$results/ddp_compression.jsonl"
 : > "$out"

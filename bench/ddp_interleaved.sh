@@ -25,14 +25,14 @@ world="${3:-2}"
 troupe="${TROUPE_BIN:-$root/build/bin/troupe}"
 python=/usr/bin/python3
 
-die() { echo "ddp_interleaved: $*" >&2; exit 1; }
-for v in "$rounds" "$iterations" "$world"; do
-  [[ "$v" =~ ^[1-9][0-9]*$ ]] || die "'$v': expected a positive integer (rounds, iterations, world)"
-done
+script=ddp_interleaved
+source "$root/bench/common.sh"
+need_positive_int rounds "$rounds"
+need_positive_int iterations "$iterations"
+need_positive_int world "$world"
 (( world >= 2 )) || die "world '$world': expected >= 2 (the baselines run inside the job)"
-[[ -x "$troupe" ]] || die "troupe binary '$troupe' not found; build it first or set TROUPE_BIN"
-"$python" -c 'import torch.distributed' 2>/dev/null ||
-  die "$python needs torch (apt-get install -y python3-torch)"
+need_troupe "$troupe"
+need_torch "$python"
 
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT

@@ -22,11 +22,12 @@ steps="${2:-20}"
 world="${3:-2}"
 troupe="${TROUPE_BIN:-$root/build/bin/troupe}"
 
-die() { echo "ddp_shared_memory: $*" >&2; exit 1; }
-for v in "$rounds" "$steps" "$world"; do
-  [[ "$v" =~ ^[1-9][0-9]*$ ]] || die "'$v': expected a positive integer (rounds, steps, world)"
-done
-[[ -x "$troupe" ]] || die "troupe binary '$troupe' not found; build it first or set TROUPE_BIN"
+script=ddp_shared_memory
+source "$root/bench/common.sh"
+need_positive_int rounds "$rounds"
+need_positive_int steps "$steps"
+need_positive_int world "$world"
+need_troupe "$troupe"
 
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT

@@ -34,23 +34,12 @@ model=mlp
 batch=64
 configs=(w1 w2c w2)
 
-die() { echo "ddp_vs_torch: $*" >&2; exit 1; }
-
-[[ "$steps" =~ ^[1-9][0-9]*$ ]] || die "steps '$steps': expected a positive integer"
-[[ "$repeats" =~ ^[1-9][0-9]*$ ]] || die "REPEATS '$repeats': expected a positive integer"
-if [[ ! -x "$troupe" ]]; then
-  die "troupe binary '$troupe' not found or not executable;" \
-      "build it first (cmake --build build) or set TROUPE_BIN"
-fi
-# CLI11 lists subcommands under "Subcommands:" in `bench --help`; an unknown one would only
-# fail later, after minutes of torch runs.
-if ! "$troupe" bench --help 2>&1 | grep -Eq '^[[:space:]]+ddp([[:space:]]|$)'; then
-  die "'$troupe bench' has no 'ddp' subcommand (see '$troupe bench --help');" \
-      "build a troupe that has it or set TROUPE_BIN"
-fi
-if ! "$python" -c 'import torch.distributed' 2>/dev/null; then
-  die "$python needs torch (apt-get install -y python3-torch)"
-fi
+script=ddp_vs_torch
+source "$root/bench/common.sh"
+need_positive_int steps "$steps"
+need_positive_int REPEATS "$repeats"
+need_troupe "$troupe"
+need_torch "$python"
 
 mkdir -p "$results"
 rm -f "$results"/ddp_troupe_w*_r*.json "$results"/ddp_torch_ddp_w*_r*.json
