@@ -1,6 +1,7 @@
 #include "runtime/cuda_gradients.h"
 
 #include "comm/status.h"
+#include "runtime/torch_stream.h"
 
 #ifdef TROUPE_HAVE_CUDA
 #include "actors/staging.h"
@@ -9,25 +10,10 @@
 #ifdef TROUPE_HAVE_NCCL
 #include "comm/transport/nccl/communicator.h"
 #endif
-#ifdef TROUPE_HAVE_C10_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace troupe {
 
 namespace {
-
-#ifdef TROUPE_HAVE_CUDA
-// torch's current stream on `device`: where autograd and the optimizer enqueue their kernels.
-void* current_stream(int device) {
-#ifdef TROUPE_HAVE_C10_CUDA
-  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-#else
-  (void)device;
-  return nullptr;  // the legacy default stream, which torch uses unless told otherwise
-#endif
-}
-#endif
 
 std::string device_text(const torch::Tensor& t) { return t.device().str(); }
 
@@ -86,7 +72,7 @@ void CudaGradients::connect() {
 void CudaGradients::record_gradient(int index) {
 #ifdef TROUPE_HAVE_CUDA
   cuda::DeviceGuard guard(device_);
-  cuda::record_event(events_.at(static_cast<size_t>(index)), current_stream(device_));
+  cuda::record_event(events_.at(static_cast<size_t>(index)), torch_current_stream(device_));
 #else
   (void)index;
 #endif
@@ -95,7 +81,7 @@ void CudaGradients::record_gradient(int index) {
 void CudaGradients::record_step() {
 #ifdef TROUPE_HAVE_CUDA
   cuda::DeviceGuard guard(device_);
-  cuda::record_event(step_event_, current_stream(device_));
+  cuda::record_event(step_event_, torch_current_stream(device_));
 #endif
 }
 
