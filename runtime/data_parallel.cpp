@@ -84,7 +84,8 @@ double consensus_distance(Runtime& runtime, torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> flat;
   for (auto& p : module.parameters())
-    if (p.is_floating_point()) flat.push_back(p.detach().to(torch::kFloat64).reshape({-1}));
+    if (p.is_floating_point())  // on the host: the transport moves host memory
+      flat.push_back(p.detach().to(torch::kCPU, torch::kFloat64).reshape({-1}));
   if (flat.empty()) return 0;
   auto x = torch::cat(flat).contiguous();
   auto mean = x.clone();
