@@ -43,15 +43,19 @@ struct AsynchronousModule::Impl {
     actors::ModelAccess a;
     a.count = flat.count();
     gossip::FlatModel* model = &flat;
+    // A CUDA model is staged through its host mirror (FlatModel::pull and push).
     a.snapshot = [model](float* dst) {
       std::lock_guard<std::mutex> lock(model->mutex());
-      std::memcpy(dst, model->data(), model->count() * sizeof(float));
+      model->pull();
+      std::memcpy(dst, model->host(), model->count() * sizeof(float));
     };
     a.apply = [model](const float* target, const float* snapshot, float weight) {
       std::lock_guard<std::mutex> lock(model->mutex());
-      float* x = model->data();
+      model->pull();
+      float* x = model->host();
       const size_t n = model->count();
       for (size_t i = 0; i < n; ++i) x[i] += weight * (target[i] - snapshot[i]);
+      model->push();
     };
     return a;
   }
@@ -204,6 +208,10 @@ void AsynchronousModule::finish() {
 }
 
 std::string AsynchronousModule::algorithm_name() const { return impl_->name(); }
+
+std::string AsynchronousModule::gossip_path() const {
+  return impl_->flat.on_cuda() ? "cuda via host staging" : "cpu";
+}
 
 CommStats AsynchronousModule::stats() const {
   auto& m = *impl_;

@@ -12,6 +12,8 @@
 #include "comm/codecs/minmax8.h"
 #include "comm/gossip/exchange.h"
 #include "runtime/gossip/flat_model.h"
+#include "runtime/gossip/nccl_gossip.h"
+#include "runtime/model_check.h"
 
 namespace troupe {
 
@@ -38,7 +40,11 @@ struct DecentralizedModule::Impl {
   uint64_t rounds = 0;  // gossip rounds started
   bool finished = false;
 
-  // The round in flight (overlap mode) or being run.
+  // "cpu", "cuda via nccl" or "cuda via host staging"; on the NCCL path, the rounds.
+  std::string path;
+  std::unique_ptr<gossip::NcclGossip> nccl;
+
+  // The round in flight (overlap mode) or being run, over the transport.
   std::shared_ptr<comm::NeighborExchange> exchange;
   comm::RoundPeers peers;
   uint64_t round_index = 0;
@@ -64,7 +70,18 @@ struct DecentralizedModule::Impl {
         flat(runtime, std::move(module), what, opts.broadcast_parameters),
         transport(runtime.transport()),
         key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),
-        rank(runtime.rank()) {}
+        rank(runtime.rank()) {
+    const bool dpsgd = std::holds_alternative<Decentralized>(algorithm);
+    if (!flat.on_cuda()) {
+      path = "cpu";
+      return;
+    }
+    const bool over_nccl = dpsgd && runtime.nccl_available() && !options.stage_through_host;
+    path = over_nccl ? "cuda via nccl" : "cuda via host staging";
+    // Every rank must take the same path: NCCL's rounds and the transport's never meet.
+    check_same_on_every_rank(runtime.comm(), what + " gossips on " + path + "\n");
+    if (over_nccl) nccl = std::make_unique<gossip::NcclGossip>(runtime, flat.device(), options.timeout);
+  }
 
   std::string name() const {
     if (auto* d = std::get_if<Decentralized>(&algorithm))
@@ -94,15 +111,28 @@ struct DecentralizedModule::Impl {
   void mark_dead(int peer, const std::string& reason) {
     std::lock_guard<std::mutex> lock(stats_mutex);
     if (!dead.insert(peer).second || !is_peer(peer)) return;
+    if (nccl) {  // NCCL cannot drop a peer: the rounds fail instead of waiting for their deadline
+      nccl->abort("rank " + std::to_string(peer) + " died: " + reason);
+      return;
+    }
     totals.dropped_peers.push_back(peer);
     std::cerr << "troupe: " << name() << " on rank " << rank << " dropped rank " << peer << ": "
               << reason << "\n";
   }
 
-  // Posts round `index` with `bytes` of send_buffer.
-  void start_round(size_t bytes) {
+  std::string round_name() const { return name() + " round " + std::to_string(round_index); }
+
+  // The next round's index and peers (without the dead ones).
+  void next_round() {
     round_index = rounds++;
     peers = topology.round(rank, round_index, dead_ranks());
+  }
+
+  bool round_in_flight() const { return exchange || (nccl && nccl->in_flight()); }
+
+  // Posts the next round over the transport with `bytes` of send_buffer.
+  void start_round(size_t bytes) {
+    next_round();
     recv_buffers.resize(peers.recv_from.size());
     std::vector<void*> targets;
     for (auto& b : recv_buffers) {
@@ -125,17 +155,9 @@ struct DecentralizedModule::Impl {
   };
   Mixing finish_round() {
     auto started = std::chrono::steady_clock::now();
-    auto outcome = exchange->wait(started + options.timeout,
-                                  name() + " round " + std::to_string(round_index));
+    auto outcome = exchange->wait(started + options.timeout, round_name());
     exchange.reset();
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex);
-      totals.bytes_sent += outcome.bytes_sent;
-      totals.last_step_bytes_sent += outcome.bytes_sent;
-      totals.bytes_received += outcome.bytes_received;
-      totals.comm_wait_sec +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    }
+    count_round(started, outcome.bytes_sent, outcome.bytes_received);
     for (auto& [peer, reason] : outcome.failed) mark_dead(peer, reason);
     auto live = topology.round(rank, round_index, dead_ranks());
     Mixing m;
@@ -150,19 +172,69 @@ struct DecentralizedModule::Impl {
     return m;
   }
 
-  void copy_weights_to_send_buffer() {
-    const size_t bytes = flat.count() * sizeof(float);
-    send_buffer.resize(bytes);
-    std::memcpy(send_buffer.data(), flat.data(), bytes);
+  void count_round(std::chrono::steady_clock::time_point started, size_t sent, size_t received) {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    totals.bytes_sent += sent;
+    totals.last_step_bytes_sent += sent;
+    totals.bytes_received += received;
+    totals.comm_wait_sec +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
 
-  // x := sum_j W_ij x_j with the round's buffers (this rank's own is send_buffer).
-  void mix_into_model(const Mixing& m) {
+  // D-PSGD: posts the next round with this rank's weights as they are now.
+  void send_weights() {
+    if (nccl) {
+      next_round();
+      nccl->start(flat.tensor(), peers.send_to, peers.recv_from, round_name());
+      return;
+    }
+    const size_t bytes = flat.count() * sizeof(float);
+    send_buffer.resize(bytes);
+    flat.pull();
+    std::memcpy(send_buffer.data(), flat.host(), bytes);
+    start_round(bytes);
+  }
+
+  // D-PSGD: waits for the round in flight, then x := sum_j W_ij x_j with the weights it brought
+  // (this rank's own as it sent them).
+  void mix_received() {
+    if (nccl) {
+      mix_on_device();
+      return;
+    }
+    const Mixing m = finish_round();
     std::vector<const float*> others;
     for (const char* b : m.buffers) others.push_back(reinterpret_cast<const float*>(b));
     std::lock_guard<std::mutex> lock(flat.mutex());
-    comm::mix(flat.data(), reinterpret_cast<const float*>(send_buffer.data()), m.self_weight,
+    comm::mix(flat.host(), reinterpret_cast<const float*>(send_buffer.data()), m.self_weight,
               others, m.weights, flat.count());
+    flat.push();
+  }
+
+  void wait_nccl_round() {
+    const auto started = std::chrono::steady_clock::now();
+    const auto outcome = nccl->wait(started + options.timeout);
+    count_round(started, outcome.bytes_sent, outcome.bytes_received);
+  }
+
+  // The NCCL path's mix, on the device (torch's current stream, after the round has completed).
+  void mix_on_device() {
+    wait_nccl_round();
+    torch::NoGradGuard no_grad;
+    std::lock_guard<std::mutex> lock(flat.mutex());
+    torch::Tensor x = flat.tensor();  // a handle on the model's weights
+    x.copy_(nccl->sent()).mul_(static_cast<float>(peers.self_weight));
+    for (size_t i = 0; i < peers.recv_from.size(); ++i)
+      x.add_(nccl->received(i), static_cast<float>(peers.recv_weights[i]));
+  }
+
+  // Waits for the round in flight without using what it brought (finish()).
+  void drain_round() {
+    if (nccl) {
+      wait_nccl_round();
+    } else {
+      finish_round();
+    }
   }
 
   void locked_step(torch::optim::Optimizer& optimizer) {
@@ -179,19 +251,16 @@ struct DecentralizedModule::Impl {
     if (d.exchange == Decentralized::Exchange::overlap) {
       // The weights of this step left after the previous one; mix them, then apply the gradient
       // computed at this rank's own weights.
-      if (communicate && exchange) mix_into_model(finish_round());
+      if (communicate && round_in_flight()) mix_received();
       locked_step(optimizer);
       ++steps;
-      if (!finished && steps % static_cast<uint64_t>(d.communication_interval) == 0) {
-        copy_weights_to_send_buffer();
-        start_round(send_buffer.size());
-      }
+      if (!finished && steps % static_cast<uint64_t>(d.communication_interval) == 0)
+        send_weights();
     } else {
       locked_step(optimizer);
       if (communicate) {
-        copy_weights_to_send_buffer();
-        start_round(send_buffer.size());
-        mix_into_model(finish_round());
+        send_weights();
+        mix_received();
       }
       ++steps;
     }
@@ -206,7 +275,8 @@ struct DecentralizedModule::Impl {
     ++steps;
     if (finished) return;
     const size_t n = flat.count(), block = static_cast<size_t>(l.block);
-    const float* x = flat.data();
+    flat.pull();  // a CUDA model: its host mirror, pushed back after the update
+    const float* x = flat.host();
     for (size_t i = 0; i < n; ++i) scratch[i] = x[i] - own_copy[i];
     send_buffer.resize(comm::minmax8_bytes(n, block));
     comm::minmax8_encode(scratch.data(), n, block, reinterpret_cast<uint8_t*>(send_buffer.data()));
@@ -219,13 +289,14 @@ struct DecentralizedModule::Impl {
                                neighbour_copies[static_cast<size_t>(m.peers[j])].data());
     // x += gamma * sum_j W_ij (x_hat_j - x_hat_i), over the live neighbours.
     std::lock_guard<std::mutex> lock(flat.mutex());
-    float* out = flat.data();
+    float* out = flat.host();
     for (size_t j = 0; j < m.peers.size(); ++j) {
       const float w = static_cast<float>(l.gamma * m.weights[j]);
       const float* xj = neighbour_copies[static_cast<size_t>(m.peers[j])].data();
       const float* xi = own_copy.data();
       for (size_t i = 0; i < n; ++i) out[i] += w * (xj[i] - xi[i]);
     }
+    flat.push();
   }
 };
 
@@ -259,10 +330,7 @@ DecentralizedModule::DecentralizedModule(Runtime& runtime,
                       " is not (uniform weights on an irregular graph): use mixing = metropolis");
   impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options,
                                  algorithm.topology, "decentralized");
-  if (algorithm.exchange == Decentralized::Exchange::overlap) {
-    impl_->copy_weights_to_send_buffer();
-    impl_->start_round(impl_->send_buffer.size());
-  }
+  if (algorithm.exchange == Decentralized::Exchange::overlap) impl_->send_weights();
   Impl* impl = impl_.get();
   impl_->listener = runtime.add_failure_listener(
       [impl](int rank, const std::string& reason) { impl->mark_dead(rank, reason); });
@@ -282,7 +350,8 @@ DecentralizedModule::DecentralizedModule(Runtime& runtime,
   auto& m = *impl_;
   const size_t n = m.flat.count();
   // Every rank starts from rank 0's weights, so every copy starts there too.
-  m.own_copy.assign(m.flat.data(), m.flat.data() + n);
+  m.flat.pull();
+  m.own_copy.assign(m.flat.host(), m.flat.host() + n);
   m.scratch.resize(n);
   m.neighbour_copies.resize(static_cast<size_t>(runtime.world_size()));
   for (int p : m.topology.round(m.rank, 0).recv_from)
@@ -316,10 +385,12 @@ void DecentralizedModule::finish() {
   auto& m = *impl_;
   if (m.finished) return;
   m.finished = true;
-  if (m.exchange) m.finish_round();  // the weights sent after the last step: received, unused
+  if (m.round_in_flight()) m.drain_round();  // the weights sent after the last step: unused
 }
 
 std::string DecentralizedModule::algorithm_name() const { return impl_->name(); }
+
+std::string DecentralizedModule::gossip_path() const { return impl_->path; }
 
 CommStats DecentralizedModule::stats() const {
   std::lock_guard<std::mutex> lock(impl_->stats_mutex);

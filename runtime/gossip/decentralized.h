@@ -8,10 +8,20 @@
 /// for (...) { opt.zero_grad(); loss.backward(); dp.step(opt); }
 /// dp.finish();
 /// ```
-/// Construction is a collective: every rank must wrap the same model (names, shapes; float32 on
-/// the CPU), whose parameters are then moved into one flat buffer (each parameter a view of it)
-/// and set to rank 0's values. When a neighbour dies, gossip goes on with the neighbours left
-/// (their weights renormalised); the rank is logged and listed in stats().dropped_peers.
+/// Construction is a collective: every rank must wrap the same model (names, shapes; float32,
+/// all on the CPU or all on one CUDA device), whose parameters are then moved into one flat
+/// buffer (each parameter a view of it) and set to rank 0's values. When a neighbour dies, gossip
+/// goes on with the neighbours left (their weights renormalised); the rank is logged and listed in
+/// stats().dropped_peers.
+///
+/// A model on a CUDA device (gossip_path()):
+/// - "cuda via nccl": D-PSGD when the Runtime has NCCL and GossipOptions::stage_through_host is
+///   off. Each round is one group of NCCL sends and receives on the module's own communicator,
+///   and the mix runs on the device. NCCL cannot drop a peer: a neighbour that dies fails the
+///   round with an error instead of being dropped.
+/// - "cuda via host staging": otherwise, and always for Choco-SGD and the asynchronous algorithms.
+///   The weights are copied to a pinned host mirror, gossiped over the transport as for a CPU
+///   model, and copied back.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -27,6 +37,10 @@ struct GossipOptions {
   std::chrono::milliseconds timeout{60000};
   /// Start every rank from rank 0's weights (true), or from its own.
   bool broadcast_parameters = true;
+  /// CUDA models only: D-PSGD gossips over NCCL when the Runtime has it (nccl_available());
+  /// true makes it stage through host memory and the transport instead, as the other
+  /// algorithms always do. The same on every rank.
+  bool stage_through_host = false;
 };
 
 /// Decentralized SGD (D-PSGD) and its low-precision variant (Choco-SGD, 8-bit differences).
@@ -43,6 +57,8 @@ class DecentralizedModule : public DataParallel {
   void finish() override;
   std::string algorithm_name() const override;
   CommStats stats() const override;
+  /// "cpu", "cuda via nccl" or "cuda via host staging" (see above).
+  std::string gossip_path() const;
 
   struct Impl;
 
@@ -72,6 +88,9 @@ class AsynchronousModule : public DataParallel {
   void finish() override;
   std::string algorithm_name() const override;
   CommStats stats() const override;
+  /// "cpu", or "cuda via host staging": the background actors snapshot and change a CUDA model
+  /// through a pinned host mirror, each copy synchronous on the actor's thread's current stream.
+  std::string gossip_path() const;
 
   struct Impl;
 

@@ -2,8 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <cstring>
-
 #include "runtime/model_check.h"
 
 namespace troupe::gossip {
@@ -14,6 +12,8 @@ FlatModel::FlatModel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module
   if (!module) throw comm::Error(what_ + ": the module is null");
   torch::NoGradGuard no_grad;
   std::string mine = "algorithm " + what_ + "\n";
+  std::string first_name;
+  c10::optional<torch::Device> device;
   int64_t total = 0;
   for (auto& p : module->named_parameters(true)) {
     const auto& t = p.value();
@@ -21,36 +21,63 @@ FlatModel::FlatModel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module
       throw comm::Error(what_ + ": parameter " + p.key() + " is " +
                         std::string(c10::toString(t.scalar_type())) +
                         ", expected float32 (decentralized algorithms mix float32 weights)");
-    if (!t.device().is_cpu())
+    if (!t.device().is_cpu() && !t.device().is_cuda())
       throw comm::Error(what_ + ": parameter " + p.key() + " is on " + t.device().str() +
-                        ", expected the CPU");
+                        ", expected the CPU or a CUDA device");
+    if (!device) {
+      device = t.device();
+      first_name = p.key();
+    } else if (t.device() != *device) {
+      throw comm::Error(what_ + ": parameter " + p.key() + " is on " + t.device().str() +
+                        ", parameter " + first_name + " on " + device->str() +
+                        " (expected every parameter on one device)");
+    }
     mine += p.key() + " " + shape_of(t) + "\n";
     params_.push_back(t);
     offsets_.push_back(total);
     total += t.numel();
   }
+  // Ranks may use different GPUs, but not some the CPU and others a GPU.
+  mine += std::string("parameters on ") + (device && device->is_cuda() ? "cuda" : "cpu") + "\n";
   check_same_on_every_rank(runtime.comm(), mine);
-  flat_ = torch::empty({total}, torch::kFloat32);
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  flat_ = torch::empty({total}, options.device(device.value_or(torch::kCPU)));
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     auto slice = flat_.narrow(0, offsets_[i], p.numel());
     slice.copy_(p.reshape({-1}));
     p.set_data(slice.view(p.sizes()));
   }
-  if (broadcast && runtime.world_size() > 1)
-    runtime.comm().broadcast(data(), count(), comm::DataType::float32, 0);
+  if (on_cuda()) {
+    mirror_ = torch::empty({total}, options.pinned_memory(true));
+    host_ = mirror_.data_ptr<float>();
+  } else {
+    host_ = flat_.data_ptr<float>();
+  }
+  if (broadcast && runtime.world_size() > 1) {
+    pull();
+    runtime.comm().broadcast(host(), count(), comm::DataType::float32, 0);
+    push();
+  }
+}
+
+void FlatModel::pull() {
+  if (on_cuda()) mirror_.copy_(flat_);
+}
+
+void FlatModel::push() {
+  if (on_cuda()) flat_.copy_(mirror_);
 }
 
 void FlatModel::gradients(float* out) const {
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
-    float* dst = out + offsets_[i];
+    auto dst = torch::from_blob(out + offsets_[i], {p.numel()}, torch::kFloat32);
     const auto& g = p.grad();
-    if (!g.defined()) {
-      std::memset(dst, 0, static_cast<size_t>(p.numel()) * sizeof(float));
+    if (g.defined()) {
+      dst.copy_(g.reshape({-1}));  // from a CUDA gradient: a synchronous copy to host memory
     } else {
-      auto c = g.contiguous();
-      std::memcpy(dst, c.data_ptr<float>(), static_cast<size_t>(p.numel()) * sizeof(float));
+      dst.zero_();
     }
   }
 }

@@ -2,6 +2,12 @@
 /// FlatModel (internal to runtime/gossip): a module's float32 parameters moved into one flat
 /// buffer, each parameter a view of its slice, so that weights are sent, snapshotted and mixed as
 /// one array; plus the lock that orders the optimizer's step against background averaging.
+///
+/// The parameters may live on the CPU or on one CUDA device. The algorithms work on the weights
+/// in host memory through host(): for a CPU model that is the flat buffer itself (pull() and
+/// push() do nothing); for a CUDA model it is a pinned host mirror, which pull() fills from the
+/// device and push() copies back (each a synchronous copy on the calling thread's current torch
+/// stream) — the "host staging" path. D-PSGD over NCCL (nccl_gossip.h) works on tensor() instead.
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
@@ -17,19 +23,34 @@ namespace troupe::gossip {
 class FlatModel {
  public:
   /// A collective: checks that every rank has the same parameters (names, shapes; all float32,
-  /// else an error naming the parameter and its dtype), flattens them and copies rank 0's values
-  /// to every rank (unless `broadcast` is false). `what` names the algorithm in error messages.
+  /// else an error naming the parameter and its dtype) on the same kind of device (all on the CPU
+  /// or all on one CUDA device, else an error naming the parameter and its device), flattens them
+  /// and copies rank 0's values to every rank (unless `broadcast` is false). `what` names the
+  /// algorithm in error messages.
   FlatModel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module, std::string what,
             bool broadcast = true);
 
-  float* data() { return flat_.data_ptr<float>(); }
   size_t count() const { return static_cast<size_t>(flat_.numel()); }
+  /// The flat weights, on the parameters' device.
   const torch::Tensor& tensor() const { return flat_; }
+  bool on_cuda() const { return flat_.is_cuda(); }
+  /// The CUDA device of the parameters; -1 on the CPU.
+  int device() const { return on_cuda() ? flat_.get_device() : -1; }
+
+  /// The weights in host memory (count() floats): see the class comment. Whoever changes them
+  /// holds mutex() from pull() to push().
+  float* host() { return host_; }
+  /// host() := the weights (CUDA: device to host copy; CPU: nothing).
+  void pull();
+  /// The weights := host() (CUDA: host to device copy; CPU: nothing).
+  void push();
+
   /// Held by whoever changes the weights: the optimizer step and the background actors.
   std::mutex& mutex() { return mutex_; }
-  /// The gradients of the parameters, copied into `out` (count() floats; zeros where none).
+  /// The gradients of the parameters, copied into `out` (count() floats in host memory; zeros
+  /// where none).
   void gradients(float* out) const;
-  /// Copies `in` into the gradients (allocating those that are undefined).
+  /// Copies `in` (host memory) into the gradients (allocating those that are undefined).
   void set_gradients(const float* in);
   const std::string& what() const { return what_; }
 
@@ -38,6 +59,8 @@ class FlatModel {
   std::vector<torch::Tensor> params_;
   std::vector<int64_t> offsets_;
   torch::Tensor flat_;
+  torch::Tensor mirror_;  // CUDA models: the pinned host mirror
+  float* host_ = nullptr;
   std::mutex mutex_;
 };
 

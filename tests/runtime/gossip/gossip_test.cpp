@@ -1,7 +1,8 @@
 // The decentralized and asynchronous algorithms of runtime/gossip/ over thread ranks (inproc):
 // one gossip round against W x; D-PSGD (overlap, adapt-then-combine, communication interval) and
-// Choco-SGD against single-process simulations written here; asynchronous model averaging and
-// AD-PSGD against what they must preserve (the mean, the sum); and their argument checks.
+// Choco-SGD against single-process simulations (gossip_reference.h); asynchronous model averaging
+// and AD-PSGD against what they must preserve (the mean, the sum); and their argument checks.
+// gossip_cuda_test.cpp runs the same algorithms on CUDA parameters.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -11,117 +12,15 @@
 #include <thread>
 #include <vector>
 
-#include "comm/codecs/minmax8.h"
 #include "comm/gossip/exchange.h"
-#include "comm/gossip/topology.h"
 #include "comm/status.h"
-#include "runtime/gossip/decentralized.h"
 #include "runtime/launch.h"
 #include "runtime/model_switch.h"
-#include "tests/support/thread_ranks.h"
-#include "tests/support/torch_doctest.h"
+#include "tests/runtime/gossip/gossip_reference.h"
 
 using namespace troupe;
-
-namespace {
-
+using namespace troupe::test::gossip;
 using test::run_threads;
-
-struct Net : torch::nn::Module {
-  Net() {
-    fc1 = register_module("fc1", torch::nn::Linear(5, 7));
-    fc2 = register_module("fc2", torch::nn::Linear(7, 3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::tanh(fc1(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-
-void check_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
-}
-
-// Rank r's batch of step s (the same in the ranks and in the reference).
-std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step) {
-  auto g = torch::make_generator<torch::CPUGeneratorImpl>(1000 + 37 * rank + step);
-  auto x = torch::randn({4, 5}, g);
-  auto y = torch::randn({4, 3}, g);
-  return {x, y};
-}
-
-torch::Tensor flat_of(torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape({-1}));
-  return torch::cat(parts).clone();
-}
-
-void load_flat(torch::nn::Module& m, const torch::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  int64_t at = 0;
-  for (auto& p : m.parameters()) {
-    p.copy_(flat.narrow(0, at, p.numel()).view(p.sizes()));
-    at += p.numel();
-  }
-}
-
-// The gradient of rank r's loss at weights x (a flat vector), on a scratch model.
-torch::Tensor gradient_at(const torch::Tensor& x, int rank, int step) {
-  auto net = std::make_shared<Net>();
-  load_flat(*net, x);
-  auto [in, target] = batch(rank, step);
-  torch::mse_loss(net->forward(in), target).backward();
-  std::vector<torch::Tensor> parts;
-  for (auto& p : net->parameters()) parts.push_back(p.grad().reshape({-1}));
-  return torch::cat(parts);
-}
-
-torch::Tensor initial_weights() {
-  torch::manual_seed(7);
-  Net net;
-  return flat_of(net);
-}
-
-// Trains `steps` steps of plain SGD on every rank with `make` as the algorithm; returns each
-// rank's final flat weights.
-std::vector<torch::Tensor> train_ranks(
-    int world, int steps, double lr,
-    const std::function<std::unique_ptr<DataParallel>(Runtime&, std::shared_ptr<Net>)>& make) {
-  std::vector<torch::Tensor> finals(static_cast<size_t>(world));
-  std::mutex mutex;
-  const auto init = initial_weights();  // here: the ranks' threads also draw from torch's RNG
-  auto errors = run_threads(world, [&](int rank, Runtime& rt) {
-    auto net = std::make_shared<Net>();
-    if (rank == 0) load_flat(*net, init);  // the others get rank 0's at construction
-    auto dp = make(rt, net);
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(lr));
-    for (int s = 0; s < steps; ++s) {
-      opt.zero_grad();
-      auto [x, y] = batch(rank, s);
-      torch::mse_loss(net->forward(x), y).backward();
-      dp->step(opt);
-    }
-    dp->finish();
-    std::lock_guard<std::mutex> lock(mutex);
-    finals[static_cast<size_t>(rank)] = flat_of(*net);
-  });
-  check_no_errors(errors);
-  return finals;
-}
-
-torch::Tensor matrix(const std::vector<std::vector<double>>& w) {
-  const int64_t n = static_cast<int64_t>(w.size());
-  auto m = torch::zeros({n, n}, torch::kFloat64);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < n; ++j) m[i][j] = w[static_cast<size_t>(i)][static_cast<size_t>(j)];
-  return m.to(torch::kFloat32);
-}
-
-comm::TopologySpec ring() {
-  comm::TopologySpec t;
-  t.kind = comm::TopologyKind::ring;
-  return t;
-}
-
-}  // namespace
 
 TEST_CASE("one gossip round of NeighborExchange and mix computes W x") {
   for (auto kind : {comm::TopologyKind::ring, comm::TopologyKind::exponential,
@@ -183,27 +82,15 @@ TEST_CASE("D-PSGD equals a single-process simulation: overlap, adapt-then-combin
     algo.topology.mixing = comm::Mixing::metropolis;
     algo.exchange = c.exchange;
     algo.communication_interval = c.interval;
-    auto finals = train_ranks(world, steps, lr, [&](Runtime& rt, std::shared_ptr<Net> net) {
-      return std::make_unique<DecentralizedModule>(rt, net, algo);
-    });
-    // Reference: rows of X are the ranks' weights.
-    comm::Topology topology(algo.topology, world);
-    std::vector<torch::Tensor> x(world, initial_weights());
-    uint64_t round = 0;
-    for (int s = 0; s < steps; ++s) {
-      std::vector<torch::Tensor> g;
-      for (int r = 0; r < world; ++r) g.push_back(gradient_at(x[r], r, s));
-      const bool mixes = s % c.interval == 0;
-      auto w = mixes ? matrix(topology.mixing_matrix(round++)) : torch::eye(world);
-      auto stack = [](const std::vector<torch::Tensor>& v) { return torch::stack(v); };
-      torch::Tensor next;
-      if (c.exchange == Decentralized::Exchange::overlap) {
-        next = torch::matmul(w, stack(x)) - lr * stack(g);
-      } else {
-        next = torch::matmul(w, stack(x) - lr * stack(g));
-      }
-      for (int r = 0; r < world; ++r) x[r] = next[r].clone();
-    }
+    std::vector<std::string> paths;
+    auto finals = train_ranks(
+        world, steps, lr,
+        [&](Runtime& rt, std::shared_ptr<Net> net) {
+          return std::make_unique<DecentralizedModule>(rt, net, algo);
+        },
+        [](int) { return torch::kCPU; }, true, &paths);
+    for (const auto& path : paths) CHECK(path == "cpu");
+    const auto x = dpsgd_reference(algo, world, steps, lr);
     for (int r = 0; r < world; ++r) {
       CAPTURE(r);
       CHECK((finals[r] - x[r]).abs().max().item<double>() < 1e-5);
@@ -223,29 +110,7 @@ TEST_CASE("low-precision decentralized SGD equals a Choco-SGD simulation with 8-
   auto finals = train_ranks(world, steps, lr, [&](Runtime& rt, std::shared_ptr<Net> net) {
     return std::make_unique<DecentralizedModule>(rt, net, algo);
   });
-  comm::Topology topology(algo.topology, world);
-  auto w = topology.mixing_matrix(0);
-  std::vector<torch::Tensor> x(world, initial_weights()), hat(world, initial_weights());
-  const size_t n = static_cast<size_t>(x[0].numel());
-  for (int s = 0; s < steps; ++s) {
-    for (int r = 0; r < world; ++r) x[r] = x[r] - lr * gradient_at(x[r], r, s);
-    for (int r = 0; r < world; ++r) {
-      torch::Tensor diff = (x[r] - hat[r]).contiguous();
-      std::vector<uint8_t> code(comm::minmax8_bytes(n, 16));
-      comm::minmax8_encode(diff.data_ptr<float>(), n, 16, code.data());
-      std::vector<float> q(n);
-      comm::minmax8_decode(code.data(), n, 16, q.data());
-      hat[r] = hat[r] + torch::from_blob(q.data(), {static_cast<int64_t>(n)}).clone();
-    }
-    std::vector<torch::Tensor> next;
-    for (int i = 0; i < world; ++i) {
-      auto xi = x[i].clone();
-      for (int j = 0; j < world; ++j)
-        if (j != i && w[i][j] > 0) xi = xi + static_cast<float>(algo.gamma * w[i][j]) * (hat[j] - hat[i]);
-      next.push_back(xi);
-    }
-    x = next;
-  }
+  const auto x = choco_reference(algo, world, steps, lr);
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     CHECK((finals[r] - x[r]).abs().max().item<double>() < 1e-5);
@@ -286,6 +151,7 @@ TEST_CASE("asynchronous model average: warm-up allreduces gradients, the stop ro
     dp.finish();
     after_resume[rank] = flat_of(*net);
     CHECK(dp.stats().background_rounds == 2);
+    CHECK(dp.gossip_path() == "cpu");
   });
   check_no_errors(errors);
   // Warm-up reference: SGD on the average of the ranks' gradients.
@@ -363,6 +229,21 @@ TEST_CASE("decentralized algorithms reject bad settings with clear errors") {
     half->to(torch::kFloat64);
     CHECK_THROWS_WITH_AS(DecentralizedModule(rt, half, Decentralized{}),
                          doctest::Contains("expected float32"), comm::Error);
+    // A parameter on a device that is neither the CPU nor CUDA (alone, or after CPU ones).
+    struct OnMeta : torch::nn::Module {
+      explicit OnMeta(bool cpu_first) {
+        if (cpu_first) register_parameter("cpu_weight", torch::zeros({3}));
+        register_parameter("meta_weight", torch::empty({2}, torch::kMeta));
+      }
+    };
+    CHECK_THROWS_WITH_AS(DecentralizedModule(rt, std::make_shared<OnMeta>(false), Decentralized{}),
+                         doctest::Contains("decentralized: parameter meta_weight is on meta, "
+                                           "expected the CPU or a CUDA device"),
+                         comm::Error);
+    CHECK_THROWS_WITH_AS(
+        AsynchronousModule(rt, std::make_shared<OnMeta>(true), AsyncModelAverage{}),
+        doctest::Contains("parameter meta_weight is on meta, expected the CPU or a CUDA device"),
+        comm::Error);
   });
   check_no_errors(errors);
 }
