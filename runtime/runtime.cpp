@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -173,6 +174,8 @@ void Runtime::Impl::publish_nccl_id(actors::RendezvousRequest& request) {
       request.extra = comm::NcclCommunicator::unique_id();
     } catch (const comm::Error& e) {
       nccl_note = std::string("rank 0 could not make one: ") + e.what();
+      std::cerr << "troupe: rank 0: the job has no NCCL, CUDA tensors go through host staging: "
+                << nccl_note << "\n";
     }
   }
 #else

@@ -15,9 +15,40 @@ namespace {
 
 std::string ms(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
 
+// 22803 -> "2.28.3" (NCCL >= 2.9 numbers its versions major * 10000 + minor * 100 + patch).
+std::string version_text(int code) {
+  return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+         std::to_string(code % 100);
+}
+
+void check_version() {
+  const std::string why = NcclCommunicator::version_mismatch(NcclCommunicator::compiled_version(),
+                                                             NcclCommunicator::loaded_version());
+  if (!why.empty()) throw Error(why);
+}
+
 }  // namespace
 
+int NcclCommunicator::compiled_version() { return NCCL_VERSION_CODE; }
+
+int NcclCommunicator::loaded_version() {
+  int version = 0;
+  const ncclResult_t result = ncclGetVersion(&version);
+  if (result != ncclSuccess) throw Error("ncclGetVersion failed: " + nccl_error(result));
+  return version;
+}
+
+std::string NcclCommunicator::version_mismatch(int compiled, int loaded) {
+  if (loaded >= compiled) return "";
+  return "this process loaded NCCL " + version_text(loaded) + ", older than the NCCL " +
+         version_text(compiled) +
+         " troupe was compiled against (expected the same or newer; one libnccl.so.2 per process, "
+         "often torch's: build troupe against the NCCL that torch loads, or put the newer one "
+         "first on LD_LIBRARY_PATH)";
+}
+
 std::string NcclCommunicator::unique_id() {
+  check_version();
   ncclUniqueId id;
   const ncclResult_t result = ncclGetUniqueId(&id);
   if (result != ncclSuccess)
@@ -39,6 +70,7 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size, const std::string& 
                 ", from NcclCommunicator::unique_id() on one rank)");
   if (timeout.count() <= 0)
     throw Error("NcclCommunicator: timeout " + ms(timeout) + " (expected > 0)");
+  check_version();
   const int devices = cuda::device_count();
   if (device < 0 || device >= devices)
     throw Error("NcclCommunicator: device " + std::to_string(device) + " (expected 0 <= device < " +

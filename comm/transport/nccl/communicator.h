@@ -46,6 +46,15 @@ class NcclCommunicator {
  public:
   /// Bytes of an NCCL unique id.
   static constexpr size_t kUniqueIdBytes = 128;
+  /// NCCL versions as NCCL_VERSION_CODE numbers them (2.28.3 is 22803): that of the nccl.h troupe
+  /// was compiled with, and that of the libnccl.so.2 this process loaded (ncclGetVersion). A
+  /// process holds one libnccl.so.2, whoever loaded it first (torch's wheel brings its own).
+  static int compiled_version();
+  static int loaded_version();
+  /// "" when troupe compiled against NCCL `compiled` can run with the loaded NCCL `loaded` (the
+  /// same or newer: NCCL keeps its ABI); otherwise why not, naming both versions — an older
+  /// library may lack calls troupe makes. unique_id() and the constructor throw it as comm::Error.
+  static std::string version_mismatch(int compiled, int loaded);
   /// A new NCCL unique id (ncclGetUniqueId: it opens rank 0's bootstrap socket), as bytes to hand
   /// to every rank. Throws comm::Error naming NCCL's error.
   static std::string unique_id();

@@ -180,6 +180,21 @@ TEST_CASE("an NCCL communicator refuses bad construction arguments, naming them,
                        troupe::comm::Error);
 }
 
+TEST_CASE("the NCCL this process loaded is one troupe can run with, and an older one is named and refused") {
+  // Needs no GPU: ncclGetVersion only reads the library.
+  const int compiled = NcclCommunicator::compiled_version(), loaded = NcclCommunicator::loaded_version();
+  CAPTURE(compiled);
+  CAPTURE(loaded);
+  CHECK(compiled >= 20900);  // 2.9.0 and later number versions major * 10000 + minor * 100 + patch
+  CHECK(NcclCommunicator::version_mismatch(compiled, loaded) == "");
+  CHECK(NcclCommunicator::version_mismatch(22803, 22803) == "");
+  CHECK(NcclCommunicator::version_mismatch(22803, 22901) == "");
+  const std::string older = NcclCommunicator::version_mismatch(22803, 22105);
+  CHECK(older.find("loaded NCCL 2.21.5, older than the NCCL 2.28.3 troupe was compiled against") !=
+        std::string::npos);
+  CHECK(older.find("expected the same or newer") != std::string::npos);
+}
+
 TEST_CASE("every NCCL collective on one rank matches the CPU reference for every type and op") {
   if (skip_without_device()) return;
   troupe::cuda::DeviceGuard guard(0);
