@@ -4,6 +4,7 @@
 // machine has several), each against the single-process simulations of gossip_reference.h run on
 // the CPU. Every case skips itself unless torch sees a CUDA device.
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,34 +36,35 @@ void check_ranks(const std::vector<torch::Tensor>& got, const std::vector<torch:
   }
 }
 
-Decentralized dpsgd(Decentralized::Exchange exchange) {
-  Decentralized algo;
-  algo.topology = ring();
-  algo.topology.mixing = comm::Mixing::metropolis;
-  algo.exchange = exchange;
-  return algo;
-}
-
-}  // namespace
-
-TEST_CASE("D-PSGD on CUDA parameters staged through host memory equals the simulation") {
-  if (skip_without_cuda()) return;
-  const int world = 4, steps = 5;
+// D-PSGD on a ring, overlap and after_step, on `world` thread ranks (rank r on device_of(r)):
+// every rank on `path`, its weights those of the simulation.
+void check_dpsgd(int world, int steps, const GossipOptions& options,
+                 const std::function<torch::Device(int)>& device_of, const std::string& path) {
   const double lr = 0.1;
-  GossipOptions options;
-  options.stage_through_host = true;  // four ranks share one GPU: no NCCL between them
   for (auto exchange : {Decentralized::Exchange::overlap, Decentralized::Exchange::after_step}) {
     CAPTURE(static_cast<int>(exchange));
-    const auto algo = dpsgd(exchange);
+    Decentralized algo;
+    algo.topology = ring();
+    algo.topology.mixing = comm::Mixing::metropolis;
+    algo.exchange = exchange;
     std::vector<std::string> paths;
     auto got = train_ranks(
         world, steps, lr,
         [&](Runtime& rt, std::shared_ptr<Net> net) {
           return std::make_unique<DecentralizedModule>(rt, net, algo, options);
         },
-        [](int) { return gpu(0); }, /*nccl=*/true, &paths);
-    check_ranks(got, dpsgd_reference(algo, world, steps, lr), paths, "cuda via host staging", 1e-4);
+        device_of, /*nccl=*/true, &paths);
+    check_ranks(got, dpsgd_reference(algo, world, steps, lr), paths, path, 1e-4);
   }
+}
+
+}  // namespace
+
+TEST_CASE("D-PSGD on CUDA parameters staged through host memory equals the simulation") {
+  if (skip_without_cuda()) return;
+  GossipOptions options;
+  options.stage_through_host = true;  // four ranks share one GPU: no NCCL between them
+  check_dpsgd(4, 5, options, [](int) { return gpu(0); }, "cuda via host staging");
 }
 
 TEST_CASE("Choco-SGD on CUDA parameters stages through host memory and equals the simulation") {
@@ -122,12 +124,7 @@ TEST_CASE("asynchronous model average on CUDA parameters: warm-up allreduces gra
     distances[static_cast<size_t>(rank)] = consensus_distance(rt, *net);
   });
   check_no_errors(errors);
-  auto x = initial_weights();
-  for (int s = 0; s < 2; ++s) {
-    auto g = torch::zeros_like(x);
-    for (int r = 0; r < world; ++r) g = g + gradient_at(x, r, s);
-    x = x - 0.1 * g / world;
-  }
+  const auto x = allreduce_sgd_reference(world, 2, 0.1);
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     CHECK(paths[static_cast<size_t>(r)] == "cuda via host staging");
@@ -141,20 +138,7 @@ TEST_CASE("asynchronous model average on CUDA parameters: warm-up allreduces gra
 
 TEST_CASE("D-PSGD over NCCL with world size 1 is SGD on the device") {
   if (skip_without_cuda()) return;
-  const int steps = 4;
-  const double lr = 0.1;
-  for (auto exchange : {Decentralized::Exchange::overlap, Decentralized::Exchange::after_step}) {
-    CAPTURE(static_cast<int>(exchange));
-    const auto algo = dpsgd(exchange);
-    std::vector<std::string> paths;
-    auto got = train_ranks(
-        1, steps, lr,
-        [&](Runtime& rt, std::shared_ptr<Net> net) {
-          return std::make_unique<DecentralizedModule>(rt, net, algo);
-        },
-        [](int) { return gpu(0); }, /*nccl=*/true, &paths);
-    check_ranks(got, dpsgd_reference(algo, 1, steps, lr), paths, "cuda via nccl", 1e-4);
-  }
+  check_dpsgd(1, 4, GossipOptions{}, [](int) { return gpu(0); }, "cuda via nccl");
 }
 
 TEST_CASE("D-PSGD over NCCL with one GPU per rank equals the simulation") {
@@ -164,18 +148,5 @@ TEST_CASE("D-PSGD over NCCL with one GPU per rank equals the simulation") {
     MESSAGE("one CUDA device: NCCL needs a GPU per rank, skipping the multi-rank NCCL gossip case");
     return;
   }
-  const int steps = 5;
-  const double lr = 0.1;
-  for (auto exchange : {Decentralized::Exchange::overlap, Decentralized::Exchange::after_step}) {
-    CAPTURE(static_cast<int>(exchange));
-    const auto algo = dpsgd(exchange);
-    std::vector<std::string> paths;
-    auto got = train_ranks(
-        world, steps, lr,
-        [&](Runtime& rt, std::shared_ptr<Net> net) {
-          return std::make_unique<DecentralizedModule>(rt, net, algo);
-        },
-        [](int rank) { return gpu(rank); }, /*nccl=*/true, &paths);
-    check_ranks(got, dpsgd_reference(algo, world, steps, lr), paths, "cuda via nccl", 1e-4);
-  }
+  check_dpsgd(world, 5, GossipOptions{}, [](int rank) { return gpu(rank); }, "cuda via nccl");
 }

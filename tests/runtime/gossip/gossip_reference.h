@@ -128,6 +128,18 @@ inline comm::TopologySpec ring() {
   return t;
 }
 
+/// SGD on the average of the ranks' gradients (an allreduce of gradients) simulated in one
+/// process: the weights, the same on every rank, after `steps` steps.
+inline torch::Tensor allreduce_sgd_reference(int world, int steps, double lr) {
+  auto x = initial_weights();
+  for (int s = 0; s < steps; ++s) {
+    auto g = torch::zeros_like(x);
+    for (int r = 0; r < world; ++r) g = g + gradient_at(x, r, s);
+    x = x - lr * g / world;
+  }
+  return x;
+}
+
 /// D-PSGD simulated in one process: every rank's weights after `steps` steps.
 inline std::vector<torch::Tensor> dpsgd_reference(const Decentralized& algo, int world, int steps,
                                                   double lr) {

@@ -154,13 +154,7 @@ TEST_CASE("asynchronous model average: warm-up allreduces gradients, the stop ro
     CHECK(dp.gossip_path() == "cpu");
   });
   check_no_errors(errors);
-  // Warm-up reference: SGD on the average of the ranks' gradients.
-  auto x = initial_weights();
-  for (int s = 0; s < 2; ++s) {
-    auto g = torch::zeros_like(x);
-    for (int r = 0; r < world; ++r) g = g + gradient_at(x, r, s);
-    x = x - 0.1 * g / world;
-  }
+  const auto x = allreduce_sgd_reference(world, 2, 0.1);  // the warm-up's
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     CHECK((after_warmup[r] - x).abs().max().item<double>() < 1e-5);
