@@ -25,11 +25,38 @@ namespace {
 
 
 
+// One span of the trace. The name is a literal (plus the bucket for a reduction), so recording
+// an event allocates nothing.
 struct TraceEvent {
-  std::string name;
+  const char* name;
+  int bucket;  // -1: not a bucket's span
   int tid;
   int64_t ts_us;
   int64_t dur_us;
+};
+
+// The last kTraceEvents spans of a rank, recorded only when a trace was asked for: a job of any
+// length keeps a bounded trace (about 12,000 steps of a 3-bucket model), and one without a trace
+// keeps nothing.
+constexpr size_t kTraceEvents = size_t{1} << 16;
+
+class TraceRing {
+ public:
+  void add(const TraceEvent& e) {
+    if (events_.size() < kTraceEvents) {
+      events_.push_back(e);
+      return;
+    }
+    events_[next_] = e;
+    next_ = (next_ + 1) % kTraceEvents;
+  }
+  size_t size() const { return events_.size(); }
+  // The i-th oldest event kept.
+  const TraceEvent& operator[](size_t i) const { return events_[(next_ + i) % events_.size()]; }
+
+ private:
+  std::vector<TraceEvent> events_;
+  size_t next_ = 0;  // once full: the oldest event, overwritten next
 };
 
 // The actors a failure listener must reach; replaced when buckets are rebuilt.
@@ -91,7 +118,8 @@ struct DistributedModule::Impl {
   int64_t last_hook_us = 0;
   int64_t previous_end_us = 0;
   StepMetrics metrics;
-  std::vector<TraceEvent> trace;
+  bool tracing = false;  // a trace was asked for (DdpOptions::trace_path)
+  TraceRing trace;
 
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
       : rt(r), module(std::move(m)), algorithm(std::move(a)), opt(std::move(o)) {}
@@ -358,8 +386,11 @@ void DistributedModule::Impl::await_step() {
   bool ok = false;
   std::string error;
   const int64_t stall_ms = opt.stall_timeout.count();
-  self->request(reducer, opt.stall_timeout + std::chrono::seconds(10), actors::await_atom::value,
-                step, stall_ms)
+  // The deadline is the reducer's: it answers with a stall report after stall_ms. A request
+  // timeout here would be an entry in CAF's clock that keeps this scoped actor alive until it
+  // expires, whether or not the answer came (one per step, for a minute: the memory of a long
+  // job grew with them); a reducer that is gone answers at once with an error.
+  self->request(reducer, caf::infinite, actors::await_atom::value, step, stall_ms)
       .receive([&](bool k, const std::string& e) {
                  ok = k;
                  error = e;
@@ -420,6 +451,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.world = runtime.world_size();
   m.key_prefix = static_cast<uint32_t>(runtime.next_module_id()) << 28;
   m.denominator = m.world;
+  m.tracing = !m.opt.trace_path.empty();
   m.collect_parameters();
   m.verify_same_model();
   if (m.cuda) m.cuda->connect();  // collective: every rank has passed the model check
@@ -542,17 +574,19 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
     metrics.bucket_done_us.push_back(bucket.stats->done_us);
   }
   m.metrics = metrics;
-  if (!m.order.empty()) {
-    // Forward is not observed directly: it is what runs between the end of the previous step
-    // and the first gradient (forward, loss, and the last layer's backward).
-    m.trace.push_back({"forward", 0, m.previous_end_us, m.first_hook_us - m.previous_end_us});
-    m.trace.push_back({"backward", 0, m.first_hook_us, m.last_hook_us - m.first_hook_us});
+  if (m.tracing) {
+    if (!m.order.empty()) {
+      // Forward is not observed directly: it is what runs between the end of the previous step
+      // and the first gradient (forward, loss, and the last layer's backward).
+      m.trace.add({"forward", -1, 0, m.previous_end_us, m.first_hook_us - m.previous_end_us});
+      m.trace.add({"backward", -1, 0, m.first_hook_us, m.last_hook_us - m.first_hook_us});
+    }
+    m.trace.add({m.opt.agg_grad ? "wait for reductions" : "average weights", -1, 0, wait_start,
+                 (m.opt.agg_grad ? reduced : end) - wait_start});
+    for (size_t b = 0; b < m.buckets.size(); ++b)
+      m.trace.add({"reduce bucket", static_cast<int>(b), 1, m.buckets[b].stats->ready_us,
+                   m.buckets[b].stats->done_us - m.buckets[b].stats->ready_us});
   }
-  m.trace.push_back({m.opt.agg_grad ? "wait for reductions" : "average weights", 0, wait_start,
-                     (m.opt.agg_grad ? reduced : end) - wait_start});
-  for (size_t b = 0; b < m.buckets.size(); ++b)
-    m.trace.push_back({"reduce bucket " + std::to_string(b), 1, m.buckets[b].stats->ready_us,
-                       m.buckets[b].stats->done_us - m.buckets[b].stats->ready_us});
 
   const bool first = m.step == 0;
   ++m.step;
@@ -623,7 +657,9 @@ void DistributedModule::write_trace(const std::string& path) const {
   const auto& events = impl_->trace;
   for (size_t i = 0; i < events.size(); ++i) {
     const auto& e = events[i];
-    out << "  {\"name\": \"" << e.name << "\", \"ph\": \"X\", \"pid\": " << impl_->rank
+    out << "  {\"name\": \"" << e.name;
+    if (e.bucket >= 0) out << " " << e.bucket;
+    out << "\", \"ph\": \"X\", \"pid\": " << impl_->rank
         << ", \"tid\": " << e.tid << ", \"ts\": " << e.ts_us << ", \"dur\": " << e.dur_us << "}"
         << (i + 1 < events.size() ? ",\n" : "\n");
   }
