@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 
+#include <chrono>
 #include <map>
 
 #include "actors/atoms.h"
@@ -10,11 +11,15 @@ namespace troupe::actors {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct StepState {
   int done = 0;
   std::vector<bool> finished;
   std::string failure;
   caf::response_promise waiter;
+  Clock::time_point since;  // when the waiter came
+  int64_t stall_ms = 0;
   bool stalled = false;
 };
 
@@ -24,6 +29,9 @@ struct ReducerState {
   std::vector<std::vector<std::string>> names;
   std::vector<int> expected;
   std::map<uint32_t, StepState> steps;
+  // One stall timer at a time, re-armed for the oldest waiter: a timer per step would keep a
+  // delayed message per step alive for the whole stall timeout.
+  bool timer_armed = false;
   static inline const char* name = "troupe.reducer";
 };
 
@@ -64,6 +72,54 @@ std::string list(const std::vector<int>& ranks) {
   return s;
 }
 
+// The stall timeout of `step` has passed: ask every unfinished bucket where it stands, then
+// fail the step with what they said.
+void report_stall(Reducer* self, uint32_t step) {
+  auto it = self->state.steps.find(step);
+  const int64_t stall_ms = it->second.stall_ms;
+  it->second.stalled = true;
+  auto pending = std::make_shared<int>(0);
+  auto report = std::make_shared<std::string>(
+      "step " + std::to_string(step) + " stalled: not done after " +
+      std::to_string(stall_ms) + " ms:");
+  auto finish = [self, step, report] {
+    auto jt = self->state.steps.find(step);
+    if (jt == self->state.steps.end() || !jt->second.waiter.pending()) return;
+    jt->second.failure = *report;
+    deliver_if_ready(self, step);
+  };
+  for (int b = 0; b < self->state.buckets; ++b) {
+    if (it->second.finished[static_cast<size_t>(b)]) continue;
+    ++*pending;
+    self->request(self->state.handles[static_cast<size_t>(b)], std::chrono::seconds(2),
+                  status_atom::value)
+        .then(
+            [self, b, pending, report, finish](bool launched, int ready,
+                                               const std::vector<int>& waiting) {
+              if (launched)
+                *report += " " + describe(self, b) + " is reducing and waits for rank(s) " +
+                           (waiting.empty() ? "(none)" : list(waiting)) + ";";
+              else
+                *report += " " + describe(self, b) + " never started: " +
+                           std::to_string(ready) + " of " +
+                           std::to_string(self->state.expected[static_cast<size_t>(b)]) +
+                           " parameters had a gradient;";
+              if (--*pending == 0) finish();
+            },
+            [self, b, pending, report, finish](caf::error&) {
+              *report += " " + describe(self, b) + " did not answer;";
+              if (--*pending == 0) finish();
+            });
+  }
+  if (*pending == 0) finish();
+}
+
+void arm_stall_timer(Reducer* self, std::chrono::milliseconds after) {
+  if (self->state.timer_armed) return;
+  self->state.timer_armed = true;
+  self->delayed_send(self, after, stall_atom::value);
+}
+
 caf::behavior reducer(Reducer* self, int buckets) {
   self->state.buckets = buckets;
   return {
@@ -93,55 +149,31 @@ caf::behavior reducer(Reducer* self, int buckets) {
           return {ok, failure};
         }
         s.waiter = self->make_response_promise();
-        self->delayed_send(self, std::chrono::milliseconds(stall_ms), stall_atom::value, step,
-                           stall_ms);
+        s.since = Clock::now();
+        s.stall_ms = stall_ms;
+        arm_stall_timer(self, std::chrono::milliseconds(stall_ms));
         return caf::delegated<bool, std::string>{};
       },
-      [self](stall_atom, uint32_t step, int64_t stall_ms) {
-        auto it = self->state.steps.find(step);
-        if (it == self->state.steps.end() || !it->second.waiter.pending() || it->second.stalled)
-          return;
-        it->second.stalled = true;
-        // Ask every unfinished bucket where it stands, then report them all.
-        auto pending = std::make_shared<int>(0);
-        auto report = std::make_shared<std::string>(
-            "step " + std::to_string(step) + " stalled: not done after " +
-            std::to_string(stall_ms) + " ms:");
-        auto finish = [self, step, report] {
-          auto jt = self->state.steps.find(step);
-          if (jt == self->state.steps.end() || !jt->second.waiter.pending()) return;
-          jt->second.failure = *report;
-          deliver_if_ready(self, step);
-        };
-        for (int b = 0; b < self->state.buckets; ++b) {
-          if (it->second.finished[static_cast<size_t>(b)]) continue;
-          ++*pending;
-          self->request(self->state.handles[static_cast<size_t>(b)], std::chrono::seconds(2),
-                        status_atom::value)
-              .then(
-                  [self, b, pending, report, finish](bool launched, int ready,
-                                                     const std::vector<int>& waiting) {
-                    if (launched)
-                      *report += " " + describe(self, b) + " is reducing and waits for rank(s) " +
-                                 (waiting.empty() ? "(none)" : list(waiting)) + ";";
-                    else
-                      *report += " " + describe(self, b) + " never started: " +
-                                 std::to_string(ready) + " of " +
-                                 std::to_string(self->state.expected[static_cast<size_t>(b)]) +
-                                 " parameters had a gradient;";
-                    if (--*pending == 0) finish();
-                  },
-                  [self, b, pending, report, finish](caf::error&) {
-                    *report += " " + describe(self, b) + " did not answer;";
-                    if (--*pending == 0) finish();
-                  });
+      [self](stall_atom) {
+        self->state.timer_armed = false;
+        const auto now = Clock::now();
+        std::vector<uint32_t> stalled;
+        auto next = Clock::duration::max();
+        for (auto& [step, s] : self->state.steps) {
+          if (!s.waiter.pending() || s.stalled) continue;
+          const auto due = s.since + std::chrono::milliseconds(s.stall_ms);
+          if (now >= due) stalled.push_back(step);
+          else next = std::min(next, due - now);
         }
-        if (*pending == 0) finish();
+        if (next != Clock::duration::max())
+          arm_stall_timer(self, std::chrono::ceil<std::chrono::milliseconds>(next));
+        for (uint32_t step : stalled) report_stall(self, step);
       },
   };
 }
 
 }  // namespace
+
 
 caf::actor spawn_reducer(caf::actor_system& system, int buckets) {
   return system.spawn(reducer, buckets);
