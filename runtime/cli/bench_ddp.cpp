@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <time.h>
+#include <unistd.h>
 
 #include "runtime/distributed_module.h"
 #include "runtime/launch.h"
@@ -35,7 +36,29 @@ struct Timing {
   double update_sec = 0;     // median step() or optimizer.step(), the wait included
   double helper_cpu_sec = 0; // mean CPU time per step of the threads other than the trainer's
                              // (UCX progress, CAF): communication's share of the cores
+  double rss_growth = 0;     // bytes of resident memory gained per step after the warm-up
+  double peak_rss = 0;       // bytes, the process's high-water mark
 };
+
+// Resident bytes of this process now (/proc/self/statm), and its high-water mark (VmHWM).
+double resident_bytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+double peak_resident_bytes() {
+  double kb = 0;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "VmHWM: %lf kB", &kb) == 1) break;
+    std::fclose(f);
+  }
+  return kb * 1024;
+}
 
 double cpu_sec(clockid_t clock) {
   timespec ts{};
@@ -96,9 +119,12 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
     ddp.emplace(*rt, w.model.ptr(), comm::parse_compression(bench.algorithm), ddp_options(bench));
   std::vector<double> times, waits, forwards, backwards, updates;
   double bytes = 0;
-  double helpers0 = 0;
+  double helpers0 = 0, rss0 = 0;
   for (int s = 0; s < kWarmup + bench.steps; ++s) {
-    if (s == kWarmup) helpers0 = other_threads_cpu();
+    if (s == kWarmup) {
+      helpers0 = other_threads_cpu();
+      rss0 = resident_bytes();
+    }
     auto t0 = Clock::now();
     w.opt.zero_grad();
     auto loss = w.loss();
@@ -119,7 +145,8 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
   }
   return Timing{median(times),     median(waits),     bytes,
                 median(forwards),  median(backwards), median(updates),
-                (other_threads_cpu() - helpers0) / bench.steps};
+                (other_threads_cpu() - helpers0) / bench.steps,
+                (resident_bytes() - rss0) / bench.steps, peak_resident_bytes()};
 }
 
 // --interleave: what each kind of step took in each iteration, the slowest rank's.
@@ -247,11 +274,12 @@ void print(const DdpBench& bench, const Timing& t) {
                 "%s, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, \"steps\": %d, "
                 "\"step_sec\": %.6g, \"comm_wait_sec\": "
                 "%.6g, \"bytes_sent_per_step\": %.0f, \"forward_sec\": %.6g, \"backward_sec\": "
-                "%.6g, \"update_sec\": %.6g, \"helper_cpu_sec\": %.6g}\n",
+                "%.6g, \"update_sec\": %.6g, \"helper_cpu_sec\": %.6g, "
+                "\"rss_growth_per_step\": %.0f, \"peak_rss_bytes\": %.0f}\n",
                 bench.algorithm.c_str(), bench.world, alone ? "true" : "false",
                 bench.no_shared_memory ? "false" : "true", bench.model.c_str(), bench.batch,
                 bench.steps, t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec,
-                t.backward_sec, t.update_sec, t.helper_cpu_sec);
+                t.backward_sec, t.update_sec, t.helper_cpu_sec, t.rss_growth, t.peak_rss);
   else
     std::printf("troupe ddp (%s): world %d, %s, batch %d per rank, %d steps: median step %.2f ms, "
                 "median wait for reductions after backward %.2f ms, %.2f MB sent per step%s; "
@@ -290,13 +318,14 @@ int run_ddp_bench_rank(const DdpBench& bench) {
     return 0;
   }
   Timing t = train(bench, bench.compute_only ? nullptr : &rt, rt.rank());
-  // The job's step time is the slowest rank's; so is each phase's.
-  double slowest[6] = {t.step_sec,     t.wait_sec,   t.forward_sec,
-                       t.backward_sec, t.update_sec, t.helper_cpu_sec};
-  rt.comm().allreduce(slowest, 6, comm::DataType::float64, comm::ReduceOp::max);
+  // The job's step time is the slowest rank's; so is each phase's, and the memory is the
+  // largest rank's.
+  double slowest[8] = {t.step_sec,     t.wait_sec,   t.forward_sec,    t.backward_sec,
+                       t.update_sec,   t.helper_cpu_sec, t.rss_growth, t.peak_rss};
+  rt.comm().allreduce(slowest, 8, comm::DataType::float64, comm::ReduceOp::max);
   if (rt.rank() == 0)
     print(bench, Timing{slowest[0], slowest[1], t.bytes_sent, slowest[2], slowest[3], slowest[4],
-                        slowest[5]});
+                        slowest[5], slowest[6], slowest[7]});
   return 0;
 }
 
