@@ -139,9 +139,10 @@ TEST_CASE("asynchronous model average averages the weights loaded or set after c
   const std::string checkpoint = dir.file("net.pt");
   save_net(initial_weights(), checkpoint);
   const int world = 3;
-  const auto shape = initial_weights().sizes();
+  const auto init = initial_weights();
   for (int r = 0; r < world; ++r)
-    save_net(torch::full(shape, static_cast<float>(r + 1)), dir.file("rank" + std::to_string(r)));
+    save_net(torch::full_like(init, static_cast<float>(r + 1)),
+             dir.file("rank" + std::to_string(r)));
   std::vector<torch::Tensor> after_warmup(world), after_abort(world), after_finish(world);
   auto errors = run_threads(world, [&](int rank, Runtime& rt) {
     auto net = std::make_shared<Net>();
@@ -199,9 +200,9 @@ TEST_CASE("a gossip module refuses a parameter replaced by one of another shape 
                              comm::Error);
       } else {
         net->fc2->bias.set_data(torch::zeros({3}, torch::kFloat64));
-        CHECK_THROWS_WITH_AS(dp.step(opt),
-                             doctest::Contains("parameter fc2.bias is Double now, expected float32"),
-                             comm::Error);
+        CHECK_THROWS_WITH_AS(
+            dp.step(opt), doctest::Contains("parameter fc2.bias is Double now, expected float32"),
+            comm::Error);
       }
     }
   });
@@ -224,9 +225,11 @@ struct Seen {
 /// (`lr`) with the module `make` returns; every fifth step waits between its forward and its
 /// backward until a background round has completed on this rank. Checks at every step that
 /// backward differentiated the weights forward saw.
-std::vector<Seen> train_between_rounds(
-    int world, int steps, double lr,
-    const std::function<std::unique_ptr<AsynchronousModule>(Runtime&, std::shared_ptr<Net>)>& make) {
+using MakeAsynchronous =
+    std::function<std::unique_ptr<AsynchronousModule>(Runtime&, std::shared_ptr<Net>)>;
+
+std::vector<Seen> train_between_rounds(int world, int steps, double lr,
+                                       const MakeAsynchronous& make) {
   std::vector<Seen> seen(static_cast<size_t>(world));
   const auto init = initial_weights();
   auto errors = run_threads(world, [&](int rank, Runtime& rt) {
