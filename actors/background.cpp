@@ -24,6 +24,7 @@ struct AveragerState {
   std::shared_ptr<comm::Transport> transport;
   std::shared_ptr<BackgroundStats> stats;
   std::vector<float> snapshot;
+  uint64_t generation = 0;  // the snapshot's
   std::vector<float> work;  // the snapshot and, last, the stop flag: averaged together
   uint32_t round = 0;
   bool running = false;   // rounds are on
@@ -48,7 +49,7 @@ void start_round(Averager* self) {
   auto& st = self->state;
   st.in_round = true;
   const size_t n = st.model.count;
-  st.model.snapshot(st.snapshot.data());
+  st.generation = st.model.snapshot(st.snapshot.data());
   std::memcpy(st.work.data(), st.snapshot.data(), n * sizeof(float));
   st.work[n] = st.stop_requested ? 1.0f : 0.0f;
   const comm::Group group{st.transport->rank(), st.transport->world_size()};
@@ -116,7 +117,7 @@ caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings setti
         }
         const size_t n = st.model.count;
         const bool stop = st.work[n] > 0;
-        st.model.apply(st.work.data(), st.snapshot.data(), 1.0f);
+        st.model.apply(st.work.data(), st.snapshot.data(), 1.0f, st.generation);
         ++st.stats->rounds;
         if (stop) {
           st.running = false;
@@ -166,6 +167,7 @@ struct GossiperState {
   int outstanding = -1;  // index into neighbours of the exchange in flight
   int sends_in_flight = 0;  // a rank has finished only when its last bye has left
   std::vector<float> request_snapshot;
+  uint64_t request_generation = 0;
   std::vector<float> scratch;
   uint64_t rng = 0;
   std::vector<caf::response_promise> waiting_stop;
@@ -227,8 +229,9 @@ void send_message(Gossiper* self, size_t index, Kind kind, const float* payload)
 
 // x += (other - snapshot) / 2: the pairwise average. The two sides apply exact negatives of each
 // other, so the sum of the models is kept.
-void apply_half(GossiperState& st, const float* other, const float* snapshot) {
-  st.model.apply(other, snapshot, 0.5f);
+void apply_half(GossiperState& st, const float* other, const float* snapshot,
+                uint64_t generation) {
+  st.model.apply(other, snapshot, 0.5f, generation);
   ++st.stats->rounds;
 }
 
@@ -275,7 +278,7 @@ void initiate(Gossiper* self) {
     if (st.neighbours[i].alive && !st.neighbours[i].bye_received) live.push_back(i);
   if (live.empty()) return;
   const size_t index = live[next_random(st.rng) % live.size()];
-  st.model.snapshot(st.request_snapshot.data());
+  st.request_generation = st.model.snapshot(st.request_snapshot.data());
   send_message(self, index, Kind::request, st.request_snapshot.data());
   st.outstanding = static_cast<int>(index);
 }
@@ -331,16 +334,17 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
         std::memcpy(&kind, nb.inbox->data(), sizeof(kind));
         const float* payload = reinterpret_cast<const float*>(nb.inbox->data() + kHeader);
         switch (static_cast<Kind>(kind)) {
-          case Kind::request:
-            st.model.snapshot(st.scratch.data());
+          case Kind::request: {
+            const uint64_t generation = st.model.snapshot(st.scratch.data());
             send_message(self, index, Kind::reply, st.scratch.data());
             st.stats->bytes_received += st.message_bytes;
-            apply_half(st, payload, st.scratch.data());
+            apply_half(st, payload, st.scratch.data(), generation);
             break;
+          }
           case Kind::reply:
             st.stats->bytes_received += st.message_bytes;
             if (st.outstanding == static_cast<int>(index)) {
-              apply_half(st, payload, st.request_snapshot.data());
+              apply_half(st, payload, st.request_snapshot.data(), st.request_generation);
               st.outstanding = -1;
             }
             break;

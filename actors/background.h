@@ -30,19 +30,25 @@
 namespace troupe::actors {
 
 /// How a background actor reads and changes the model: `count` float32 elements, each function
-/// called on the actor's thread and guarded by the owner's model lock. Changes are applied as
-/// differences from a snapshot, so that what the trainer did since the snapshot is kept.
+/// called on the actor's thread and guarded by the owner's model lock. Changes are handed over as
+/// differences from a snapshot, so that what the trainer did since the snapshot is kept; when
+/// they land in the weights is the owner's business (runtime/gossip: at the trainer's next step,
+/// never between a forward and its backward), and a snapshot already includes those handed over.
 struct ModelAccess {
   size_t count = 0;
-  /// Copies the model into dst.
-  std::function<void(float* dst)> snapshot;
-  /// x += weight * (target - snapshot), element-wise.
-  std::function<void(const float* target, const float* snapshot, float weight)> apply;
+  /// Copies the model into dst. Returns its generation, passed back to apply: the owner starts a
+  /// new one when the weights are replaced wholesale (a checkpoint loaded).
+  std::function<uint64_t(float* dst)> snapshot;
+  /// x += weight * (target - snapshot), element-wise, where `snapshot` was taken in `generation`
+  /// (a change computed from a snapshot of an older generation is dropped).
+  std::function<void(const float* target, const float* snapshot, float weight,
+                     uint64_t generation)>
+      apply;
 };
 
 /// What a background actor has done; read from any thread.
 struct BackgroundStats {
-  std::atomic<uint64_t> rounds{0};  // averages (averager) or pairwise exchanges (gossiper) applied
+  std::atomic<uint64_t> rounds{0};  // averages (averager) or pairwise exchanges (gossiper) done
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_received{0};
   std::mutex mutex;

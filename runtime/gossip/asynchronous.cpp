@@ -37,27 +37,64 @@ struct AsynchronousModule::Impl {
         algorithm(std::move(algo)),
         options(opts),
         flat(runtime, std::move(module), std::move(what), opts.broadcast_parameters),
-        key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28) {}
+        key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),
+        pending(flat.count(), 0.0f) {}
 
+  // The background rounds' results waiting to land in the weights (see land()), whether there
+  // are any, and the generation of the weights (a new one when reattach() replaced them); all
+  // under flat.mutex().
+  std::vector<float> pending;
+  bool has_pending = false;
+  uint64_t generation = 0;
+
+  // The actors see the model as it will be once what they handed over has landed: x + pending.
+  // A CUDA model is staged through its host mirror (FlatModel::pull and push).
   actors::ModelAccess access() {
     actors::ModelAccess a;
     a.count = flat.count();
-    gossip::FlatModel* model = &flat;
-    // A CUDA model is staged through its host mirror (FlatModel::pull and push).
-    a.snapshot = [model](float* dst) {
-      std::lock_guard<std::mutex> lock(model->mutex());
-      model->pull();
-      std::memcpy(dst, model->host(), model->count() * sizeof(float));
+    a.snapshot = [this](float* dst) {
+      std::lock_guard<std::mutex> lock(flat.mutex());
+      flat.pull();
+      const float* x = flat.host();
+      const size_t n = flat.count();
+      if (has_pending) {
+        for (size_t i = 0; i < n; ++i) dst[i] = x[i] + pending[i];
+      } else {
+        std::memcpy(dst, x, n * sizeof(float));
+      }
+      return generation;
     };
-    a.apply = [model](const float* target, const float* snapshot, float weight) {
-      std::lock_guard<std::mutex> lock(model->mutex());
-      model->pull();
-      float* x = model->host();
-      const size_t n = model->count();
-      for (size_t i = 0; i < n; ++i) x[i] += weight * (target[i] - snapshot[i]);
-      model->push();
+    a.apply = [this](const float* target, const float* snapshot, float weight, uint64_t from) {
+      std::lock_guard<std::mutex> lock(flat.mutex());
+      if (from != generation) return;  // computed from weights that have since been replaced
+      const size_t n = flat.count();
+      for (size_t i = 0; i < n; ++i) pending[i] += weight * (target[i] - snapshot[i]);
+      has_pending = true;
     };
     return a;
+  }
+
+  // x += pending: the rounds that completed since the last call land in the weights. On the
+  // trainer's thread, holding flat.mutex().
+  void land() {
+    if (!has_pending) return;
+    flat.pull();
+    float* x = flat.host();
+    const size_t n = flat.count();
+    for (size_t i = 0; i < n; ++i) x[i] += pending[i];
+    flat.push();
+    std::fill(pending.begin(), pending.end(), 0.0f);
+    has_pending = false;
+  }
+
+  // Parameters the user replaced (torch::load, set_data) go back into the flat buffer with their
+  // new values; what the rounds computed from the old weights is dropped. On the trainer's thread.
+  void reattach() {
+    std::lock_guard<std::mutex> lock(flat.mutex());
+    if (!flat.reattach()) return;
+    ++generation;
+    std::fill(pending.begin(), pending.end(), 0.0f);
+    has_pending = false;
   }
 
   int warmup_steps() const {
@@ -72,22 +109,29 @@ struct AsynchronousModule::Impl {
     caf::anon_send(actor, actors::start_atom::value);
   }
 
+  // Stops the background actor (its last round lands too) and lands what the rounds computed.
   void stop_background() {
-    if (!running) return;
-    running = false;
-    caf::scoped_actor self{rt.system()};
-    bool ok = false;
+    bool ok = true;
     std::string error;
-    self->request(actor, options.timeout, actors::stop_atom::value)
-        .receive([&](bool k, const std::string& e) {
-                   ok = k;
-                   error = e;
-                 },
-                 [&](caf::error& e) {
-                   error = "no answer from the background actor within " +
-                           std::to_string(options.timeout.count()) +
-                           " ms: " + rt.system().render(e);
-                 });
+    if (running) {
+      running = false;
+      caf::scoped_actor self{rt.system()};
+      ok = false;
+      self->request(actor, options.timeout, actors::stop_atom::value)
+          .receive([&](bool k, const std::string& e) {
+                     ok = k;
+                     error = e;
+                   },
+                   [&](caf::error& e) {
+                     error = "no answer from the background actor within " +
+                             std::to_string(options.timeout.count()) +
+                             " ms: " + rt.system().render(e);
+                   });
+    }
+    {
+      std::lock_guard<std::mutex> lock(flat.mutex());
+      land();
+    }
     if (!ok) throw comm::Error(name() + ": stopping: " + error);
   }
 
@@ -159,6 +203,7 @@ AsynchronousModule::~AsynchronousModule() {
 
 void AsynchronousModule::step(torch::optim::Optimizer& optimizer) {
   auto& m = *impl_;
+  m.reattach();
   if (m.steps < static_cast<uint64_t>(m.warmup_steps())) {
     // Warm-up: synchronous gradient allreduce, one flat buffer.
     auto started = std::chrono::steady_clock::now();
@@ -182,6 +227,7 @@ void AsynchronousModule::step(torch::optim::Optimizer& optimizer) {
   {
     std::lock_guard<std::mutex> lock(m.flat.mutex());
     optimizer.step();
+    m.land();
   }
   ++m.steps;
   m.start_background();
@@ -189,6 +235,7 @@ void AsynchronousModule::step(torch::optim::Optimizer& optimizer) {
 
 void AsynchronousModule::abort() {
   auto& m = *impl_;
+  m.reattach();
   m.stop_background();
   m.aborted = true;
 }
@@ -197,6 +244,7 @@ void AsynchronousModule::resume() {
   auto& m = *impl_;
   if (m.finished) throw comm::Error(m.name() + ": resume() after finish()");
   m.aborted = false;
+  m.reattach();
   m.start_background();
 }
 
@@ -204,6 +252,7 @@ void AsynchronousModule::finish() {
   auto& m = *impl_;
   if (m.finished) return;
   m.finished = true;
+  m.reattach();
   m.stop_background();
 }
 

@@ -242,7 +242,14 @@ struct DecentralizedModule::Impl {
     optimizer.step();
   }
 
-  void step_dpsgd(const Decentralized& d, torch::optim::Optimizer& optimizer) {
+  // Parameters the user replaced since the last step (torch::load, set_data) go back into the flat
+  // buffer, with their new values. Returns whether there were any.
+  bool reattach() {
+    std::lock_guard<std::mutex> lock(flat.mutex());
+    return flat.reattach();
+  }
+
+  void step_dpsgd(const Decentralized& d, torch::optim::Optimizer& optimizer, bool replaced) {
     {
       std::lock_guard<std::mutex> lock(stats_mutex);
       totals.last_step_bytes_sent = 0;
@@ -250,8 +257,15 @@ struct DecentralizedModule::Impl {
     const bool communicate = !finished && steps % static_cast<uint64_t>(d.communication_interval) == 0;
     if (d.exchange == Decentralized::Exchange::overlap) {
       // The weights of this step left after the previous one; mix them, then apply the gradient
-      // computed at this rank's own weights.
-      if (communicate && round_in_flight()) mix_received();
+      // computed at this rank's own weights. Weights replaced since then (a checkpoint loaded)
+      // are not what the round carried: the round is waited for and its mix skipped on this rank.
+      if (communicate && round_in_flight()) {
+        if (replaced) {
+          drain_round();
+        } else {
+          mix_received();
+        }
+      }
       locked_step(optimizer);
       ++steps;
       if (!finished && steps % static_cast<uint64_t>(d.communication_interval) == 0)
@@ -372,8 +386,9 @@ DecentralizedModule::~DecentralizedModule() {
 
 void DecentralizedModule::step(torch::optim::Optimizer& optimizer) {
   auto& m = *impl_;
+  const bool replaced = m.reattach();
   if (auto* d = std::get_if<Decentralized>(&m.algorithm)) {
-    m.step_dpsgd(*d, optimizer);
+    m.step_dpsgd(*d, optimizer, replaced);
   } else {
     m.step_choco(std::get<LowPrecisionDecentralized>(m.algorithm), optimizer);
   }

@@ -14,6 +14,22 @@
 /// goes on with the neighbours left (their weights renormalised); the rank is logged and listed in
 /// stats().dropped_peers.
 ///
+/// A checkpoint loaded after construction (torch::load set_()s every parameter to new storage), a
+/// `p.set_data(...)` or a `module->to(...)` leaves the flat buffer behind. Every step() (and
+/// AsynchronousModule's abort(), resume() and finish()) first compares each parameter's data
+/// pointer with its slice of the buffer and re-attaches one that moved: under the model lock its
+/// new values are copied into the buffer and it becomes a view of it again, so gossip goes on
+/// with the loaded weights. One of another shape or dtype, or on another device, is refused with
+/// an error naming the parameter (after torch::load, move the model to its device before the
+/// step). The re-attach is local to the rank; what it does to the algorithm's state:
+/// - D-PSGD, overlap: the round in flight carried the old weights: it is waited for and this
+///   step's mix skipped (x = x_loaded - lr g). When every rank loaded the same checkpoint, that is
+///   the mix they would have made, since W x = x.
+/// - Choco-SGD: the public copies stay (the neighbours hold the same ones); the next compressed
+///   differences carry the jump.
+/// - AsynchronousModule: round results computed from the old weights are dropped.
+/// A parameter registered anew (another tensor under the same name) is not detected.
+///
 /// A model on a CUDA device (gossip_path()):
 /// - "cuda via nccl": D-PSGD when the Runtime has NCCL and GossipOptions::stage_through_host is
 ///   off. Each round is one group of NCCL sends and receives on the module's own communicator,
@@ -69,6 +85,15 @@ class DecentralizedModule : public DataParallel {
 /// Asynchronous model averaging and asynchronous pairwise gossip (AD-PSGD): background actors
 /// (actors/background.h) average the model while training goes on; step() only takes the model
 /// lock for the optimizer's step (and, during AsyncModelAverage's warm-up, allreduces gradients).
+///
+/// When a round lands: the weights change only on the trainer's thread, in step() (after the
+/// optimizer's step), abort() and finish(). A round's result (avg - snapshot, or half a pairwise
+/// difference) waits in a pending buffer until then, and the actors' snapshots read the weights
+/// plus what is pending. So a forward and its backward always see the same weights (Bagua locks
+/// them from the forward pre-hook until backward ends; LibTorch has no forward pre-hook, and this
+/// rule needs none), and training never waits for a round: a step lands what has arrived (one
+/// pass over the weights) and goes on. stats().background_rounds counts the rounds completed,
+/// landed or not.
 class AsynchronousModule : public DataParallel {
  public:
   AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,

@@ -34,6 +34,8 @@ FlatModel::FlatModel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module
     }
     mine += p.key() + " " + shape_of(t) + "\n";
     params_.push_back(t);
+    names_.push_back(p.key());
+    shapes_.push_back(t.sizes().vec());
     offsets_.push_back(total);
     total += t.numel();
   }
@@ -59,6 +61,45 @@ FlatModel::FlatModel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module
     runtime.comm().broadcast(host(), count(), comm::DataType::float32, 0);
     push();
   }
+}
+
+namespace {
+
+std::string sizes_text(c10::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+bool FlatModel::reattach() {
+  const auto* base = static_cast<const char*>(flat_.data_ptr());
+  bool any = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    if (p.data_ptr() == base + offsets_[i] * static_cast<int64_t>(sizeof(float)) &&
+        p.sizes() == c10::IntArrayRef(shapes_[i]))
+      continue;
+    // Its storage was replaced: it goes back into its slice if it still fits there.
+    const std::string where = what_ + ": parameter " + names_[i];
+    const std::string when = " (it was replaced after the module was constructed)";
+    if (p.sizes() != c10::IntArrayRef(shapes_[i]))
+      throw comm::Error(where + " has shape " + sizes_text(p.sizes()) + " now, expected " +
+                        sizes_text(shapes_[i]) + when);
+    if (p.scalar_type() != torch::kFloat32)
+      throw comm::Error(where + " is " + std::string(c10::toString(p.scalar_type())) +
+                        " now, expected float32" + when);
+    if (p.device() != flat_.device())
+      throw comm::Error(where + " is on " + p.device().str() + " now, expected " +
+                        flat_.device().str() + when + ": move the model back before the step");
+    torch::NoGradGuard no_grad;
+    auto slice = flat_.narrow(0, offsets_[i], p.numel());
+    slice.copy_(p.reshape({-1}));
+    p.set_data(slice.view(p.sizes()));
+    any = true;
+  }
+  return any;
 }
 
 void FlatModel::pull() {

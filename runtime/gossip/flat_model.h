@@ -8,6 +8,11 @@
 /// push() do nothing); for a CUDA model it is a pinned host mirror, which pull() fills from the
 /// device and push() copies back (each a synchronous copy on the calling thread's current torch
 /// stream) — the "host staging" path. D-PSGD over NCCL (nccl_gossip.h) works on tensor() instead.
+///
+/// A parameter stays a view of the flat buffer only as long as nobody replaces its storage:
+/// torch::load (which set_()s every parameter), `p.set_data(...)` or `module->to(...)` after
+/// construction leave the buffer behind. reattach() finds such parameters (one data pointer
+/// compared per parameter) and brings them back.
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
@@ -52,11 +57,19 @@ class FlatModel {
   void gradients(float* out) const;
   /// Copies `in` (host memory) into the gradients (allocating those that are undefined).
   void set_gradients(const float* in);
+  /// Every parameter whose storage is no longer its slice of the flat buffer (see the class
+  /// comment): its values are copied into the slice and it becomes a view of the slice again.
+  /// Returns whether there was one. Throws comm::Error naming a parameter whose shape, dtype or
+  /// device is no longer the one it had at construction (its storage is then left as it is).
+  /// Call it on the trainer's thread, between iterations, holding mutex().
+  bool reattach();
   const std::string& what() const { return what_; }
 
  private:
   std::string what_;
   std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<int64_t>> shapes_;
   std::vector<int64_t> offsets_;
   torch::Tensor flat_;
   torch::Tensor mirror_;  // CUDA models: the pinned host mirror

@@ -163,13 +163,16 @@ inline std::vector<torch::Tensor> dpsgd_reference(const Decentralized& algo, int
   return x;
 }
 
-/// Choco-SGD (low-precision decentralized SGD, 8-bit differences) simulated in one process.
+/// Choco-SGD (low-precision decentralized SGD, 8-bit differences) simulated in one process, from
+/// initial_weights(); the public copies start at `public_copies` (default: the same weights).
 inline std::vector<torch::Tensor> choco_reference(const LowPrecisionDecentralized& algo, int world,
-                                                  int steps, double lr) {
+                                                  int steps, double lr,
+                                                  torch::Tensor public_copies = {}) {
   comm::Topology topology(algo.topology, world);
   auto w = topology.mixing_matrix(0);
+  if (!public_copies.defined()) public_copies = initial_weights();
   std::vector<torch::Tensor> x(static_cast<size_t>(world), initial_weights());
-  std::vector<torch::Tensor> hat(static_cast<size_t>(world), initial_weights());
+  std::vector<torch::Tensor> hat(static_cast<size_t>(world), public_copies);
   const size_t n = static_cast<size_t>(x[0].numel());
   const size_t block = static_cast<size_t>(algo.block);
   for (int s = 0; s < steps; ++s) {
