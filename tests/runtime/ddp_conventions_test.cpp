@@ -80,17 +80,17 @@ void reference_step(Net& net, torch::optim::Optimizer& opt, const Data& d, int s
                     const std::vector<int>& ranks, int lead, double divisor) {
   opt.zero_grad();
   auto saved = flat_copies(net.buffers());
-  torch::Tensor loss = torch::zeros({});
+  // Each slice's backward before the next forward: BatchNorm's backward reads the running
+  // statistics, which are restored in place below.
   for (int r : ranks)
-    if (r != lead) loss = loss + torch::mse_loss(net.forward(d.x[step][r]), d.y[step][r]);
+    if (r != lead) (torch::mse_loss(net.forward(d.x[step][r]), d.y[step][r]) / divisor).backward();
   {
     torch::NoGradGuard no_grad;
     auto buffers = net.buffers();
     for (size_t i = 0; i < buffers.size(); ++i)
       buffers[i].copy_(saved[i].view(buffers[i].sizes()).to(buffers[i].scalar_type()));
   }
-  loss = loss + torch::mse_loss(net.forward(d.x[step][lead]), d.y[step][lead]);
-  (loss / divisor).backward();
+  (torch::mse_loss(net.forward(d.x[step][lead]), d.y[step][lead]) / divisor).backward();
   opt.step();
 }
 
