@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <fstream>
 #include <mutex>
 
@@ -18,6 +19,7 @@
 #include "runtime/cuda_gradients.h"
 #include "runtime/data_parallel.h"
 #include "runtime/model_check.h"
+#include "runtime/module_buffers.h"
 
 namespace troupe {
 
@@ -121,6 +123,19 @@ struct DistributedModule::Impl {
   bool tracing = false;  // a trace was asked for (DdpOptions::trace_path)
   TraceRing trace;
 
+  // set_denominator: `denominator` is what the buckets are told this step (fixed once backward
+  // has told them; with join always the world size, which joined ranks can match), `requested`
+  // what the step must divide by (0: the default); step() rescales where they differ.
+  double requested = 0;
+  // broadcast_buffers (null: off, one rank, or no buffer).
+  std::unique_ptr<ModuleBuffers> buffers;
+  // join: one flag per rank, 1 where the rank trains this step (summed over ranks), how many
+  // train, and the lowest of them (of the last step in which any trained): the source of buffers
+  // and of the rebuilt bucket order, and at the end of join() of the parameters.
+  std::vector<float> training;
+  int training_count = 0;
+  int lead = 0;
+
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
       : rt(r), module(std::move(m)), algorithm(std::move(a)), opt(std::move(o)) {}
 
@@ -134,8 +149,13 @@ struct DistributedModule::Impl {
   void stop_actors();
   void on_grad_ready(int index);
   void await_step();
-  void rebuild_from_observed_order();
+  void rebuild_from_observed_order(int root);
   std::vector<torch::Tensor> state_tensors();
+  void agree_on_training(bool mine);
+  void rescale_reduced();
+  void load_averaged_weights();
+  void shadow_step();
+  void next_step();
 };
 
 namespace {
@@ -176,6 +196,11 @@ void DistributedModule::Impl::check_options() {
   if (opt.stall_timeout.count() <= 0)
     throw comm::Error("DdpOptions.stall_timeout=" + std::to_string(opt.stall_timeout.count()) +
                       " ms (expected > 0)");
+  const auto* sign = std::get_if<SignCompression>(&algorithm);
+  if (opt.join && sign && sign->mode == SignMode::majority_vote)
+    throw comm::Error("DdpOptions.join with " + comm::algorithm_name(algorithm) +
+                      ": a joined rank's zero gradient would vote (expected another algorithm, or "
+                      "SignMode::scaled)");
 }
 
 void DistributedModule::Impl::collect_parameters() {
@@ -201,6 +226,11 @@ void DistributedModule::Impl::verify_same_model() {
   std::string mine = "algorithm " + comm::algorithm_name(algorithm) + "\n";
   if (cuda) mine += cuda->path() + "\n";
   mine += std::string("shared_memory ") + (opt.shared_memory ? "on" : "off") + "\n";
+  mine += std::string("broadcast_buffers ") + (opt.broadcast_buffers ? "on" : "off") + "\n";
+  mine += std::string("join ") +
+          (!opt.join ? "off" : opt.divide_by_initial_world_size ? "on, divide by world size"
+                                                                : "on, divide by ranks training") +
+          "\n";
   for (size_t i = 0; i < params.size(); ++i) mine += names[i] + " " + shape_of(params[i]) + "\n";
   for (auto& b : module->named_buffers(true))
     mine += "buffer " + b.key() + " " + shape_of(b.value()) + "\n";
@@ -402,13 +432,14 @@ void DistributedModule::Impl::await_step() {
   if (!ok) throw comm::Error(error);
 }
 
-void DistributedModule::Impl::rebuild_from_observed_order() {
-  // Rank 0's order, completed with parameters that had no gradient, becomes everyone's, and so
-  // do its ready times (microseconds after its first gradient; -1 for none), which split buckets
-  // where backward paused between two gradients.
+void DistributedModule::Impl::rebuild_from_observed_order(int root) {
+  // The root's order (rank 0's; with join, the lowest rank that trained), completed with
+  // parameters that had no gradient, becomes everyone's, and so do its ready times (microseconds
+  // after its first gradient; -1 for none), which split buckets where backward paused between
+  // two gradients.
   const size_t n = params.size();
   std::vector<int64_t> seen(2 * n, -1);
-  if (rank == 0) {
+  if (rank == root) {
     size_t k = 0;
     std::vector<char> used(n, 0);
     for (size_t j = 0; j < order.size(); ++j) {
@@ -420,7 +451,7 @@ void DistributedModule::Impl::rebuild_from_observed_order() {
     for (int i = static_cast<int>(n) - 1; i >= 0; --i)
       if (!used[static_cast<size_t>(i)]) seen[k++] = i;
   }
-  rt.comm().broadcast(seen.data(), seen.size(), comm::DataType::int64, 0);
+  rt.comm().broadcast(seen.data(), seen.size(), comm::DataType::int64, root);
   std::vector<int> new_order(seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(n));
   std::vector<int64_t> ready_us(seen.begin() + static_cast<std::ptrdiff_t>(n), seen.end());
   auto planned = plan(new_order, ready_us);
@@ -440,6 +471,76 @@ std::vector<torch::Tensor> DistributedModule::Impl::state_tensors() {
   return out;
 }
 
+// join: every rank says whether it trains this step; all learn who does.
+void DistributedModule::Impl::agree_on_training(bool mine) {
+  std::fill(training.begin(), training.end(), 0.0f);
+  training[static_cast<size_t>(rank)] = mine ? 1.0f : 0.0f;
+  rt.comm().allreduce(training.data(), training.size(), comm::DataType::float32,
+                      comm::ReduceOp::sum);
+  training_count = 0;
+  for (int r = world - 1; r >= 0; --r)
+    if (training[static_cast<size_t>(r)] > 0.5f) {
+      ++training_count;
+      lead = r;
+    }
+}
+
+// The buckets divided by `denominator`; the step divides by `requested` (set_denominator after
+// backward), or with join by the number of ranks training. The result is linear in 1/divisor for
+// every algorithm (the error feedback memories do not depend on it) except the majority vote,
+// whose result is a sign, so a factor old / new makes it what `requested` would have given.
+void DistributedModule::Impl::rescale_reduced() {
+  double want = requested;
+  if (want == 0)
+    want = opt.join && !opt.divide_by_initial_world_size ? training_count : denominator;
+  const auto* sign = std::get_if<SignCompression>(&algorithm);
+  if (want == denominator || !opt.average || (sign && sign->mode == SignMode::majority_vote))
+    return;
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : buckets) bucket.flat.mul_(denominator / want);
+}
+
+// agg_grad = false: the averaged weights, from the buckets into the parameters.
+void DistributedModule::Impl::load_averaged_weights() {
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : buckets)
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      auto& p = params[static_cast<size_t>(bucket.params[k])];
+      p.copy_(bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view(p.sizes()));
+    }
+}
+
+// A joined rank's part in a step of the others: zeros in every bucket (gradients, or weights
+// averaged over the ranks training), the buffers, and the rebuild after step 1.
+void DistributedModule::Impl::shadow_step() {
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& bucket : buckets) bucket.flat.zero_();
+  }
+  if (cuda) cuda->record_step();
+  const double divisor = opt.agg_grad ? denominator : training_count;
+  for (auto& bucket : buckets)
+    caf::anon_send(bucket.actor, actors::launch_atom::value, step, divisor);
+  await_step();
+  if (!opt.agg_grad) load_averaged_weights();
+  next_step();
+}
+
+// What ends every step, trained or shadowed: buffers from the lead rank, the step count, the
+// rebuild after step 1, and this step's per-step state.
+void DistributedModule::Impl::next_step() {
+  if (buffers) buffers->broadcast(rt.comm(), lead);
+  const bool first = step == 0;
+  ++step;
+  if (first && opt.rebuild_buckets && opt.agg_grad && opt.aggregation == Aggregation::bucket)
+    rebuild_from_observed_order(lead);
+  std::fill(ready.begin(), ready.end(), 0);
+  order.clear();
+  order_us.clear();
+  denominator = world;
+  requested = 0;
+}
+
 DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                      Algorithm algorithm, DdpOptions options) {
   if (!module) throw comm::Error("DistributedModule: module is null");
@@ -457,6 +558,11 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   if (m.cuda) m.cuda->connect();  // collective: every rank has passed the model check
   m.connect_local();              // collective too
   broadcast_parameters(0);
+  if (m.opt.broadcast_buffers && m.world > 1) {
+    m.buffers = std::make_unique<ModuleBuffers>(*m.module);
+    if (m.buffers->empty()) m.buffers.reset();
+  }
+  m.training.assign(static_cast<size_t>(m.world), 0.0f);
   m.build_buckets(m.plan({}));
   m.spawn_actors();
   m.ready.assign(m.params.size(), 0);
@@ -494,9 +600,39 @@ DistributedModule::~DistributedModule() {
 }
 
 void DistributedModule::set_denominator(double denominator) {
-  if (!(denominator > 0))
-    throw comm::Error("set_denominator(" + std::to_string(denominator) + "): expected > 0");
-  impl_->denominator = denominator;
+  auto& m = *impl_;
+  const std::string call = "set_denominator(" + std::to_string(denominator) + ")";
+  if (!(denominator > 0) || std::isinf(denominator))
+    throw comm::Error(call + ": expected a finite denominator > 0");
+  if (!m.opt.agg_grad)
+    throw comm::Error(call + " with DdpOptions.agg_grad = false (expected agg_grad = true: the "
+                      "denominator divides gradients, weights are averaged by the world size)");
+  if (!m.opt.average)
+    throw comm::Error(call + " with DdpOptions.average = false (expected average = true: "
+                      "without it the gradients are summed)");
+  m.requested = denominator;
+  // Backward's ready messages carry `denominator`: once one is sent, step() rescales instead.
+  const bool sent = !m.order.empty() && !m.opt.delay_reduce;
+  if (!sent && !m.opt.join) m.denominator = denominator;
+}
+
+void DistributedModule::join() {
+  auto& m = *impl_;
+  if (!m.opt.join)
+    throw comm::Error("DistributedModule::join() without DdpOptions.join (expected join = true "
+                      "on every rank: each step then tells the ranks which still train)");
+  if (!m.sync)
+    throw comm::Error("DistributedModule::join() called inside no_sync(): leave the scope first");
+  if (!m.order.empty())
+    throw comm::Error("DistributedModule::join() at step " + std::to_string(m.step) + " after a "
+                      "backward without its step() (expected step() first)");
+  for (;;) {
+    m.agree_on_training(false);
+    if (m.training_count == 0) break;
+    m.shadow_step();
+  }
+  // The joined ranks did not run the optimizer: the last ranks to train hold the model.
+  broadcast_parameters(m.lead);
 }
 
 void DistributedModule::step(torch::optim::Optimizer& optimizer) {
@@ -508,6 +644,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
   if (!m.sync)
     throw comm::Error("DistributedModule::step() called inside no_sync(): leave the scope and "
                       "run one more backward first");
+  if (m.opt.join) m.agree_on_training(true);
   const int64_t wait_start = actors::now_us();
   if (m.opt.agg_grad) {
     std::vector<std::string> missing;
@@ -532,6 +669,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
     for (auto& bucket : m.buckets)
       caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, m.denominator);
     m.await_step();
+    m.rescale_reduced();
     if (!m.opt.gradient_as_bucket_view)
       for (size_t i = 0; i < m.params.size(); ++i) {
         auto& p = m.params[i];
@@ -550,14 +688,11 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
         bucket.flat.narrow(0, bucket.offsets[k], p.numel()).copy_(p.reshape({-1}));
       }
     if (m.cuda) m.cuda->record_step();
+    const double ranks = m.opt.join ? m.training_count : m.world;
     for (auto& bucket : m.buckets)
-      caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, double(m.world));
+      caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, ranks);
     m.await_step();
-    for (auto& bucket : m.buckets)
-      for (size_t k = 0; k < bucket.params.size(); ++k) {
-        auto& p = m.params[static_cast<size_t>(bucket.params[k])];
-        p.copy_(bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view(p.sizes()));
-      }
+    m.load_averaged_weights();
   }
   const int64_t end = actors::now_us();
 
@@ -588,15 +723,8 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
                    m.buckets[b].stats->done_us - m.buckets[b].stats->ready_us});
   }
 
-  const bool first = m.step == 0;
-  ++m.step;
   m.previous_end_us = end;
-  if (first && m.opt.rebuild_buckets && m.opt.agg_grad && m.opt.aggregation == Aggregation::bucket)
-    m.rebuild_from_observed_order();
-  std::fill(m.ready.begin(), m.ready.end(), 0);
-  m.order.clear();
-  m.order_us.clear();
-  m.denominator = m.world;
+  m.next_step();
 }
 
 DistributedModule::NoSync::NoSync(DistributedModule* module) : module_(module) {

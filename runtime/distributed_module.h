@@ -25,6 +25,19 @@
 ///
 /// CUDA parameters (all on one device) get CUDA buckets, reduced with NCCL where the Runtime has
 /// it, else through pinned host memory (runtime/cuda_gradients.h says which and how).
+///
+/// Buffers (BatchNorm's running statistics, any registered buffer) are copied from rank 0 to every
+/// rank at the end of each step (`broadcast_buffers`), so the next forward sees rank 0's: what
+/// PyTorch DDP does at the start of each forward. Ranks with different numbers of batches set
+/// `DdpOptions::join` and call `join()` after their last step (PyTorch's `Join`):
+///
+/// ```cpp
+/// troupe::DdpOptions options;
+/// options.join = true;
+/// troupe::DistributedModule ddp(rt, net, troupe::GradientAllReduce{}, options);
+/// for (auto& batch : *my_shard) { ...; loss.backward(); ddp.step(opt); }
+/// ddp.join();  // shadows the others' steps with zero gradients until every rank has joined
+/// ```
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -104,6 +117,23 @@ struct DdpOptions {
   /// A step whose reductions are not done after this long fails with a report of which bucket
   /// waits for which ranks.
   std::chrono::milliseconds stall_timeout{60000};
+  /// At the end of each step (after the optimizer), copy the module's buffers from rank 0 to every
+  /// rank, one flat broadcast per dtype (none when the module has no buffers), so that the next
+  /// forward sees rank 0's running statistics. PyTorch broadcasts at the start of each forward:
+  /// the same buffers reach the same forwards, except that here the ranks also agree after the
+  /// last step. With join, the lowest rank still training is the source.
+  bool broadcast_buffers = true;
+  /// Uneven inputs: ranks may take different numbers of steps, each calling join() after its last
+  /// (PyTorch's Join around DDP). Each step then starts with a small allreduce (one flag per rank)
+  /// by which every rank learns which ranks still train; nothing of it runs without this option.
+  /// Every rank must agree (the model check compares it).
+  bool join = false;
+  /// With join: the reduced gradient is the sum over the ranks still training divided by the
+  /// world size, a joined rank counting as a zero gradient (PyTorch's default,
+  /// divide_by_initial_world_size=True); false: divided by the number of ranks still training.
+  /// A denominator from set_denominator() takes precedence over both. Weights (agg_grad = false)
+  /// are always averaged over the ranks still training.
+  bool divide_by_initial_world_size = true;
   /// When set, a Chrome trace (Perfetto) of this rank is written here at destruction; "{rank}" is
   /// replaced by the rank. Spans: forward (end of the previous step to the first gradient),
   /// backward (first to last gradient), the wait in step(), and each bucket's reduction.
@@ -138,8 +168,21 @@ class DistributedModule {
   /// The same with any step in place of `optimizer.step()` (clip then step, unscale then step).
   void step(const std::function<void()>& optimizer_step);
   /// The denominator of this step's average (default: world size), e.g. the global number of
-  /// samples. Set before backward when divide_before is on. Must be > 0.
+  /// samples; the same on every rank. Takes effect whenever it is called before step(): after
+  /// backward has launched reductions, step() rescales the reduced gradients by old / new (exact
+  /// up to rounding, divide_before included). Must be finite and > 0; refused with agg_grad =
+  /// false (weights are averaged by the world size) or average = false (gradients are summed).
+  /// SignCompression's majority vote ignores it (the result is a sign). Reset after each step.
   void set_denominator(double denominator);
+  /// With DdpOptions::join: call after this rank's last step. Until every rank has joined, takes
+  /// part in each step of the ranks still training with zero gradients (and, with agg_grad =
+  /// false, zero weights, averaging over the ranks still training), and receives their buffers;
+  /// then copies the parameters and buffers of the lowest of the ranks that joined last to every
+  /// rank, so all ranks end equal. The optimizer is not run while joined: a joined rank's
+  /// optimizer state (momentum) stays as it was. Each step of the others must come within the
+  /// Runtime's collective timeout. Training may go on afterwards (a next epoch, then join()
+  /// again). Throws inside no_sync(), after a backward without its step(), or without the option.
+  void join();
 
   /// Inside this scope backward accumulates gradients locally and reduces nothing (gradient
   /// accumulation); the first backward after it reduces the accumulated gradients.
