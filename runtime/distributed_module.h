@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "comm/compression/algorithms.h"
+#include "runtime/module_holder.h"
 #include "runtime/runtime.h"
 
 namespace troupe {
@@ -127,6 +128,17 @@ class DistributedModule {
   /// Compressed algorithms need agg_grad (they compress gradients) and float32 parameters.
   DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                     Algorithm algorithm = GradientAllReduce{}, DdpOptions options = {});
+  /// The same for a ModuleHolder: TORCH_MODULE(Net)'s Net, torch::nn::Linear, ...
+  /// (runtime/module_holder.h; a Module subclass by value does not compile).
+  template <typename Contained>
+  DistributedModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
+                    Algorithm algorithm = GradientAllReduce{}, DdpOptions options = {})
+      : DistributedModule(runtime, shared_module(module, "DistributedModule"),
+                          std::move(algorithm), std::move(options)) {}
+  template <typename M, typename = std::enable_if_t<is_module_by_value<M>>>
+  DistributedModule(Runtime&, M&, Algorithm = GradientAllReduce{}, DdpOptions = {}) {
+    refuse_module_by_value<M>();
+  }
   ~DistributedModule();
   DistributedModule(const DistributedModule&) = delete;
   DistributedModule& operator=(const DistributedModule&) = delete;
