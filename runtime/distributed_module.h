@@ -136,9 +136,10 @@ class DistributedModule {
       : DistributedModule(runtime, shared_module(module, "DistributedModule"),
                           std::move(algorithm), std::move(options)) {}
   template <typename M, typename = std::enable_if_t<is_module_by_value<M>>>
-  DistributedModule(Runtime&, M&, Algorithm = GradientAllReduce{}, DdpOptions = {}) {
-    refuse_module_by_value<M>();
-  }
+  DistributedModule(Runtime& runtime, M&, Algorithm algorithm = GradientAllReduce{},
+                    DdpOptions options = {})
+      : DistributedModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
+                          std::move(options)) {}
   ~DistributedModule();
   DistributedModule(const DistributedModule&) = delete;
   DistributedModule& operator=(const DistributedModule&) = delete;

@@ -35,13 +35,15 @@ std::shared_ptr<torch::nn::Module> shared_module(const torch::nn::ModuleHolder<C
 template <typename M>
 constexpr bool is_module_by_value = std::is_base_of_v<torch::nn::Module, std::decay_t<M>>;
 
-/// The compile-time refusal of a module by value (see above).
+/// The compile-time refusal of a module by value (see above): the wrappers' constructors for a
+/// Module& delegate to their shared_ptr constructor with this, which does not compile.
 template <typename M>
-constexpr void refuse_module_by_value() {
+std::shared_ptr<torch::nn::Module> refused_module_by_value() {
   static_assert(!is_module_by_value<M>,
                 "troupe keeps a shared_ptr to the module, so a Module subclass held by value "
                 "cannot be wrapped: create it with std::make_shared<Net>(), or declare it as "
                 "NetImpl with TORCH_MODULE(Net) and pass the holder");
+  return nullptr;
 }
 
 }  // namespace troupe

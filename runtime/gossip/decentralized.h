@@ -59,9 +59,9 @@ class DecentralizedModule : public DataParallel {
                           std::move(options)) {}
   template <typename M, typename GossipAlgorithm,
             typename = std::enable_if_t<is_module_by_value<M>>>
-  DecentralizedModule(Runtime&, M&, GossipAlgorithm, GossipOptions = {}) {
-    refuse_module_by_value<M>();
-  }
+  DecentralizedModule(Runtime& runtime, M&, GossipAlgorithm algorithm, GossipOptions options = {})
+      : DecentralizedModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
+                          std::move(options)) {}
   ~DecentralizedModule() override;
 
   void step(torch::optim::Optimizer& optimizer) override;
@@ -95,9 +95,9 @@ class AsynchronousModule : public DataParallel {
                          std::move(options)) {}
   template <typename M, typename GossipAlgorithm,
             typename = std::enable_if_t<is_module_by_value<M>>>
-  AsynchronousModule(Runtime&, M&, GossipAlgorithm, GossipOptions = {}) {
-    refuse_module_by_value<M>();
-  }
+  AsynchronousModule(Runtime& runtime, M&, GossipAlgorithm algorithm, GossipOptions options = {})
+      : AsynchronousModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
+                         std::move(options)) {}
   ~AsynchronousModule() override;
 
   void step(torch::optim::Optimizer& optimizer) override;
