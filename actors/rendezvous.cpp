@@ -16,7 +16,8 @@ std::string where(const RendezvousRequest& r) {
 }
 }  // namespace
 
-caf::actor publish_directory(caf::actor_system& system, const RendezvousRequest& request) {
+caf::actor publish_directory(caf::actor_system& system, const RendezvousRequest& request,
+                             int* bound_port) {
   auto directory = spawn_directory(system, request.world_size, request.timeout);
   auto port = system.middleman().publish(directory, static_cast<uint16_t>(request.master_port),
                                          nullptr, true);
@@ -25,6 +26,7 @@ caf::actor publish_directory(caf::actor_system& system, const RendezvousRequest&
     throw comm::Error("rank 0 cannot publish the rendezvous on port " +
                       std::to_string(request.master_port) + ": " + system.render(port.error()));
   }
+  if (bound_port) *bound_port = *port;
   return directory;
 }
 

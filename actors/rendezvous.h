@@ -33,9 +33,11 @@ struct PeerTable {
   caf::actor directory;
 };
 
-/// On rank 0: spawns the directory and publishes it at master_port (all interfaces). Throws
+/// On rank 0: spawns the directory and publishes it at master_port (all interfaces; 0: a free port
+/// the system picks), and stores the port it listens on in `*bound_port` when given. Throws
 /// comm::Error naming the port when it cannot be bound.
-caf::actor publish_directory(caf::actor_system& system, const RendezvousRequest& request);
+caf::actor publish_directory(caf::actor_system& system, const RendezvousRequest& request,
+                             int* bound_port = nullptr);
 
 /// Registers `worker` with the directory (`directory` on rank 0, else reached at
 /// master_addr:master_port, retrying until the timeout) and waits for the table. Throws comm::Error

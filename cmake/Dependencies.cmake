@@ -46,6 +46,11 @@ if(TROUPE_HAVE_CUDA)
     /usr/local/cuda PATH_SUFFIXES lib64 lib)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(TROUPE_HAVE_NCCL ON)
+    # An imported target, so that the exported troupe_comm names NCCL::nccl (which
+    # troupeConfig.cmake finds again on the consumer's machine), not this machine's libnccl path.
+    add_library(NCCL::nccl UNKNOWN IMPORTED)
+    set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
   endif()
   unset(_troupe_cuda_root)
 endif()

@@ -57,6 +57,15 @@ std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
                                                  std::shared_ptr<torch::nn::Module> module,
                                                  const JobAlgorithm& algorithm,
                                                  DdpOptions options = {});
+/// The same for a ModuleHolder (runtime/module_holder.h).
+template <typename Contained>
+std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
+                                                 const torch::nn::ModuleHolder<Contained>& module,
+                                                 const JobAlgorithm& algorithm,
+                                                 DdpOptions options = {}) {
+  return make_data_parallel(runtime, shared_module(module, "make_data_parallel"), algorithm,
+                            std::move(options));
+}
 
 /// Averages the floating-point parameters and buffers of `module` over all ranks, in their own
 /// dtypes, one flat allreduce per dtype. A collective.

@@ -101,6 +101,12 @@ RankInfo from_torchrun(const GetEnv& getenv) {
   info.local_world_size =
       optional_int(getenv, "LOCAL_WORLD_SIZE", 1, kPositive).value_or(info.world_size);
   read_master(getenv, info);
+  if (lookup(getenv, "TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    // A restart of the same job reuses the agent's store: the key names the attempt.
+    info.agent_store_key = "troupe/directory/" +
+                           lookup(getenv, "TORCHELASTIC_RUN_ID").value_or("none") + "/" +
+                           lookup(getenv, "TORCHELASTIC_RESTART_COUNT").value_or("0");
+  }
   return info;
 }
 

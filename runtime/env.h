@@ -22,6 +22,12 @@ struct RankInfo {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "default";
+  /// Set under torchrun's default (static) rendezvous, TORCHELASTIC_USE_AGENT_STORE=True: the
+  /// agent's c10d TCPStore already listens on master_port, so rank 0's directory listens on a
+  /// free port and writes it there under this key ("troupe/directory/<TORCHELASTIC_RUN_ID>/
+  /// <TORCHELASTIC_RESTART_COUNT>"); the other ranks read it (runtime/tcp_store.h). Empty: the
+  /// directory listens on master_port itself.
+  std::string agent_store_key;
 };
 
 /// Looks up one environment variable; returns nullptr when it is not set. A parameter so tests
@@ -31,7 +37,8 @@ using GetEnv = std::function<const char*(const char*)>;
 /// The process environment (std::getenv).
 GetEnv default_getenv();
 
-/// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; else
+/// Reads torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and
+/// TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT); else
 /// Open MPI's OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; else Slurm's SLURM_PROCID,
 /// SLURM_NTASKS, SLURM_LOCALID (local size from SLURM_NTASKS_PER_NODE, else the entry for
 /// SLURM_NODEID in SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE such as "2(x3),1", best

@@ -23,6 +23,12 @@ class ModelSwitch : public DataParallel {
  public:
   ModelSwitch(Runtime& runtime, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
               DdpOptions options = {});
+  /// The same for a ModuleHolder (runtime/module_holder.h).
+  template <typename Contained>
+  ModelSwitch(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
+              JobAlgorithm algorithm, DdpOptions options = {})
+      : ModelSwitch(runtime, shared_module(module, "ModelSwitch"), std::move(algorithm),
+                    std::move(options)) {}
   ~ModelSwitch() override;
 
   /// Every rank, at the same step. Each switch takes new module ids of the Runtime (at most 15

@@ -14,6 +14,7 @@
 #include "actors/rendezvous.h"
 #include "actors/worker.h"
 #include "comm/transport/ucx/transport.h"
+#include "runtime/tcp_store.h"
 #ifdef TROUPE_HAVE_NCCL
 #include "comm/transport/nccl/communicator.h"
 #include "cuda/reduce.h"
@@ -34,6 +35,32 @@ std::string host_name(const std::string& chosen) {
 int default_threads() {
   unsigned hw = std::thread::hardware_concurrency();
   return static_cast<int>(std::clamp(hw, 1u, 2u));
+}
+
+/// The key of this Runtime's directory port in torchrun's agent store: the job's key and how many
+/// Runtimes this rank started before under it, so a second Runtime of the job never reads the
+/// first one's port (every rank starts its Runtimes in the same order).
+std::string agent_store_key(const RankInfo& info) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, int> started;
+  std::lock_guard<std::mutex> lock(mutex);
+  return info.agent_store_key + "/" + std::to_string(started[{info.agent_store_key, info.rank}]++);
+}
+
+/// The directory port rank 0 wrote into the agent store.
+int directory_port(const TcpStore& store, const std::string& key, const std::string& value) {
+  int port = 0;
+  size_t used = 0;
+  try {
+    port = std::stoi(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || port < 1 || port > 65535)
+    throw comm::Error("key '" + key + "' in torchrun's TCPStore at " + store.host() + ":" +
+                      std::to_string(store.port()) + " holds '" + value +
+                      "' (expected rank 0's directory port, 1..65535)");
+  return port;
 }
 
 }  // namespace
@@ -140,12 +167,29 @@ void Runtime::Impl::start() {
   request.address = address;
   request.timeout = options.rendezvous_timeout;
   if (info.rank == 0) publish_nccl_id(request);
+  // Under torchrun's agent store, MASTER_PORT is the agent's: the directory listens on a free
+  // port, which travels through the store.
+  std::unique_ptr<TcpStore> agent_store;
+  std::string port_key;
+  if (!info.agent_store_key.empty()) {
+    agent_store =
+        std::make_unique<TcpStore>(info.master_addr, info.master_port, options.rendezvous_timeout);
+    port_key = agent_store_key(info);
+    if (info.rank == 0) {
+      request.master_port = 0;
+    } else {
+      request.master_port = directory_port(
+          *agent_store, port_key, agent_store->get(port_key, options.rendezvous_timeout));
+    }
+  }
   caf::actor local;
   if (info.rank == 0) {
-    local = actors::publish_directory(*system, request);
+    local = actors::publish_directory(*system, request, &request.master_port);
     owns_directory = true;
     directory = local;
+    if (agent_store) agent_store->set(port_key, std::to_string(request.master_port));
   }
+  agent_store.reset();
   auto table = actors::rendezvous(*system, request, worker, local);
   directory = table.directory;
   hosts = table.hosts;

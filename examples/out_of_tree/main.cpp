@@ -1,8 +1,9 @@
-// Out-of-tree consumer: find_package(troupe), one Runtime, one allreduce of a float.
+// Out-of-tree consumer: find_package(troupe), one Runtime, one allreduce of a float. It includes
+// only the umbrella header, as an installed troupe's users do.
 #include <cstdio>
 #include <exception>
 
-#include "runtime/runtime.h"
+#include "runtime/troupe.h"
 
 int main() {
   try {

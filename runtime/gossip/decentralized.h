@@ -44,6 +44,7 @@
 
 #include "runtime/data_parallel.h"
 #include "runtime/gossip/algorithms.h"
+#include "runtime/module_holder.h"
 
 namespace troupe {
 
@@ -66,6 +67,17 @@ class DecentralizedModule : public DataParallel {
                       Decentralized algorithm, GossipOptions options = {});
   DecentralizedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                       LowPrecisionDecentralized algorithm, GossipOptions options = {});
+  /// The same for a ModuleHolder (runtime/module_holder.h).
+  template <typename Contained, typename GossipAlgorithm>
+  DecentralizedModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
+                      GossipAlgorithm algorithm, GossipOptions options = {})
+      : DecentralizedModule(runtime, shared_module(module, "DecentralizedModule"), std::move(algorithm),
+                          std::move(options)) {}
+  template <typename M, typename GossipAlgorithm,
+            typename = std::enable_if_t<is_module_by_value<M>>>
+  DecentralizedModule(Runtime& runtime, M&, GossipAlgorithm algorithm, GossipOptions options = {})
+      : DecentralizedModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
+                          std::move(options)) {}
   ~DecentralizedModule() override;
 
   void step(torch::optim::Optimizer& optimizer) override;
@@ -100,6 +112,17 @@ class AsynchronousModule : public DataParallel {
                      AsyncModelAverage algorithm, GossipOptions options = {});
   AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                      AsyncGossip algorithm, GossipOptions options = {});
+  /// The same for a ModuleHolder (runtime/module_holder.h).
+  template <typename Contained, typename GossipAlgorithm>
+  AsynchronousModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
+                     GossipAlgorithm algorithm, GossipOptions options = {})
+      : AsynchronousModule(runtime, shared_module(module, "AsynchronousModule"), std::move(algorithm),
+                         std::move(options)) {}
+  template <typename M, typename GossipAlgorithm,
+            typename = std::enable_if_t<is_module_by_value<M>>>
+  AsynchronousModule(Runtime& runtime, M&, GossipAlgorithm algorithm, GossipOptions options = {})
+      : AsynchronousModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
+                         std::move(options)) {}
   ~AsynchronousModule() override;
 
   void step(torch::optim::Optimizer& optimizer) override;

@@ -23,6 +23,7 @@
 #include "comm/codecs/sign.h"
 #include "comm/codecs/sparse.h"
 #include "comm/reduce.h"
+#include "tests/support/skip.h"
 
 namespace {
 
@@ -101,7 +102,7 @@ std::vector<size_t> sizes_around(size_t block) {
 
 bool skip_without_device() {
   if (gpu::device_available()) return false;
-  MESSAGE("no CUDA device in this process: skipping the GPU case");
+  troupe::test::skip_case("no CUDA device in this process: skipping the GPU case");
   return true;
 }
 

@@ -4,6 +4,7 @@
 #include "comm/reduce.h"
 #include "cuda/reduce.h"
 #include "tests/support/cuda_stream.h"
+#include "tests/support/skip.h"
 
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
@@ -249,7 +250,7 @@ void check_all_divides(std::mt19937_64& rng) {
 
 bool skip_without_device() {
   if (troupe::cuda::device_available()) return false;
-  MESSAGE("no CUDA device in this process: skipping the GPU case");
+  troupe::test::skip_case("no CUDA device in this process: skipping the GPU case");
   return true;
 }
 

@@ -6,6 +6,7 @@
 #include "cuda/reduce.h"
 #include "cuda/stream.h"
 #include "tests/support/cuda_stream.h"
+#include "tests/support/skip.h"
 
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
@@ -26,7 +27,7 @@ using namespace std::chrono_literals;
 
 bool skip_without_device() {
   if (troupe::cuda::device_available()) return false;
-  MESSAGE("no CUDA device in this process: skipping the GPU case");
+  troupe::test::skip_case("no CUDA device in this process: skipping the GPU case");
   return true;
 }
 

@@ -2,7 +2,11 @@
 # The installed package works for a project outside the tree: installs the build into a scratch
 # prefix, configures and builds examples/out_of_tree against it (find_package(troupe),
 # troupe::troupe) with the build's compiler and generator, and runs the app alone and as 2 ranks
-# under the installed `troupe launch`. Registered in tests/CMakeLists.txt (label "install").
+# under the installed `troupe launch`. Also checks that CUDA and NCCL are optional components: the
+# exported targets name NCCL by an imported target, not by this machine's path; the consumer sees
+# cuda/nccl exactly when troupe was built with them; a CPU-only troupe (-DTROUPE_WITH_CUDA=OFF)
+# gives an app that needs no libcudart or libnccl; an unknown or absent component is refused by
+# name. Registered in tests/CMakeLists.txt (label "install").
 # Arguments, name=value: source, build, work (scratch folder, emptied first), config, generator,
 # make_program, cxx, launcher (may be empty); prefix_path (optional: CMAKE_PREFIX_PATH given to the
 # consumer, default <work>/prefix; point it elsewhere to see the test fail).
@@ -39,18 +43,62 @@ if [[ "$generator" == *Ninja* ]]; then
 elif command -v ninja >/dev/null; then
   gen_args=(-G Ninja)
 fi
+fail() { echo "out_of_tree_test: $*" >&2; exit 1; }
+
+config_dir="$(ls -d "$prefix"/lib*/cmake/troupe | head -n 1)"
+have_cuda="$(sed -n 's/^set(troupe_HAVE_CUDA \(.*\))$/\1/p' "$config_dir/troupeConfig.cmake")"
+have_nccl="$(sed -n 's/^set(troupe_HAVE_NCCL \(.*\))$/\1/p' "$config_dir/troupeConfig.cmake")"
+echo "installed troupe: CUDA ${have_cuda:-?}, NCCL ${have_nccl:-?}"
+[ -n "$have_cuda" ] && [ -n "$have_nccl" ] || fail "no troupe_HAVE_CUDA/NCCL in $config_dir/troupeConfig.cmake"
+step "the exported targets name no library of this machine's CUDA or NCCL by path"
+if grep -nE '/[^";]*lib(nccl|cudart)[^";]*' "$config_dir"/troupeTargets*.cmake; then
+  fail "the exported targets above name libnccl/libcudart by path (expected the imported targets NCCL::nccl, CUDA::cudart)"
+fi
+
+# A find_package(troupe) that must fail, and the message it must give; it fails before the
+# dependencies are looked for, so a project without languages will do.
+refuses() {
+  local components="$1" expected="$2" dir="$work/components"
+  rm -rf "$dir"; mkdir -p "$dir/src"
+  printf 'cmake_minimum_required(VERSION 3.20)\nproject(c LANGUAGES NONE)\nfind_package(troupe REQUIRED COMPONENTS %s)\n' \
+    "$components" >"$dir/src/CMakeLists.txt"
+  if cmake -S "$dir/src" -B "$dir/build" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$dir/log" 2>&1; then
+    cat "$dir/log"; fail "find_package(troupe COMPONENTS $components) succeeded (expected a refusal)"
+  fi
+  grep -q "$expected" <(tr -s ' \n' ' ' <"$dir/log") || {
+    cat "$dir/log"; fail "find_package(troupe COMPONENTS $components) did not say '$expected'"
+  }
+}
+step "find_package(troupe COMPONENTS cudaa) is refused, naming the component"
+refuses cudaa "troupe has no component 'cudaa' (expected cuda or nccl)"
+if [ "$have_cuda" != ON ]; then
+  step "find_package(troupe COMPONENTS cuda) of a troupe without CUDA is refused, saying why"
+  refuses cuda "was built without CUDA"
+fi
+
 step "configure examples/out_of_tree with CMAKE_PREFIX_PATH=$prefix_path"
 cmake -S "$source/examples/out_of_tree" -B "$consumer" "${gen_args[@]}" \
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE="$config" \
   ${launcher:+-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher"} \
-  -DCMAKE_PREFIX_PATH="$prefix_path" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+  -DCMAKE_PREFIX_PATH="$prefix_path" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF | tee "$work/configure.log"
 found="$(sed -n 's/^troupe_DIR:PATH=//p' "$consumer/CMakeCache.txt")"
 if [ "$found" != "$prefix/lib/cmake/troupe" ] && [ "$found" != "$prefix/lib64/cmake/troupe" ]; then
-  echo "out_of_tree_test: the consumer found troupe in '$found', not in $prefix" >&2; exit 1
+  fail "the consumer found troupe in '$found', not in $prefix"
 fi
+truth() { [ "$1" = ON ] && echo TRUE || echo FALSE; }
+components="troupe components: cuda=$(truth "$have_cuda") nccl=$(truth "$have_nccl")"
+grep -qF -- "$components" "$work/configure.log" || fail "the consumer did not report '$components'"
 
 step "build"
 cmake --build "$consumer"
+
+step "the app's libraries"
+needed="$(readelf -d "$consumer/app" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p' | tr '\n' ' ')"
+echo "$needed"
+if [ "$have_cuda" != ON ] && grep -qE 'lib(cudart|nccl|cuda)\.' <<<"$needed"; then
+  fail "the app of a troupe built without CUDA needs a CUDA library: $needed"
+fi
 
 # Alone: no launcher variables, so rank 0 of 1. Its directory listens on MASTER_PORT: pick one
 # that nobody listens on, below Linux's ephemeral range.

@@ -11,6 +11,7 @@
 #include "runtime/distributed_module.h"
 #include "runtime/launch.h"
 #include "tests/support/tensors.h"
+#include "tests/support/skip.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;
@@ -20,7 +21,7 @@ namespace {
 
 bool skip_without_cuda() {
   if (torch::cuda::is_available()) return false;
-  MESSAGE("torch sees no CUDA device: skipping the CUDA DistributedModule case");
+  troupe::test::skip_case("torch sees no CUDA device: skipping the CUDA DistributedModule case");
   return true;
 }
 
@@ -162,7 +163,7 @@ TEST_CASE("one rank with NCCL trains like one process, and divide_before scales 
   auto errors = test::run_threads(1, [&](int, Runtime& rt) { have_nccl = rt.nccl_available(); });
   REQUIRE(errors[0] == "");
   if (!have_nccl) {
-    MESSAGE("no NCCL unique id from rank 0 (troupe built without NCCL?): skipping the NCCL case");
+    troupe::test::skip_case("no NCCL unique id from rank 0 (troupe built without NCCL?): skipping the NCCL case");
     return;
   }
   auto got = train(job, GradientAllReduce{}, DdpOptions{}, /*nccl=*/true, [](int) { return 0; }, &paths);
@@ -199,7 +200,7 @@ TEST_CASE("NCCL over thread ranks with one GPU each matches one process") {
   if (skip_without_cuda()) return;
   const int devices = static_cast<int>(torch::cuda::device_count());
   if (devices < 2) {
-    MESSAGE("one CUDA device: NCCL needs one GPU per rank; skipping the multi-rank NCCL case");
+    troupe::test::skip_case("one CUDA device: NCCL needs one GPU per rank; skipping the multi-rank NCCL case");
     return;
   }
   const Job job(std::min(devices, 4));

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "runtime/launch.h"
+#include "tests/support/skip.h"
 
 using namespace troupe;
 
@@ -81,7 +82,7 @@ TEST_CASE("a hierarchical allreduce over 4 processes pretending to be two hosts 
 
 TEST_CASE("two processes sharing one GPU train through UCX with host staging like one process") {
   if (!torch::cuda::is_available()) {
-    MESSAGE("torch sees no CUDA device: skipping the GPU scenario");
+    troupe::test::skip_case("torch sees no CUDA device: skipping the GPU scenario");
     return;
   }
   std::string log;

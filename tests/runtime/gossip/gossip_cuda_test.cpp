@@ -10,6 +10,7 @@
 
 #include "runtime/data_parallel.h"
 #include "tests/runtime/gossip/gossip_reference.h"
+#include "tests/support/skip.h"
 
 using namespace troupe;
 using namespace troupe::test::gossip;
@@ -18,7 +19,7 @@ namespace {
 
 bool skip_without_cuda() {
   if (torch::cuda::is_available()) return false;
-  MESSAGE("torch sees no CUDA device: skipping the CUDA gossip case");
+  troupe::test::skip_case("torch sees no CUDA device: skipping the CUDA gossip case");
   return true;
 }
 
@@ -145,7 +146,7 @@ TEST_CASE("D-PSGD over NCCL with one GPU per rank equals the simulation") {
   if (skip_without_cuda()) return;
   const int world = std::min(4, static_cast<int>(torch::cuda::device_count()));
   if (world < 2) {
-    MESSAGE("one CUDA device: NCCL needs a GPU per rank, skipping the multi-rank NCCL gossip case");
+    troupe::test::skip_case("one CUDA device: NCCL needs a GPU per rank, skipping the multi-rank NCCL gossip case");
     return;
   }
   check_dpsgd(world, 5, GossipOptions{}, [](int rank) { return gpu(rank); }, "cuda via nccl");

@@ -24,6 +24,7 @@
 #include "cuda/reduce.h"
 #include "cuda/stream.h"
 #include "tests/support/cuda_stream.h"
+#include "tests/support/skip.h"
 
 namespace {
 
@@ -37,7 +38,7 @@ using Bytes = std::vector<unsigned char>;
 
 bool skip_without_device() {
   if (troupe::cuda::device_available()) return false;
-  MESSAGE("no CUDA device in this process: skipping the GPU case");
+  troupe::test::skip_case("no CUDA device in this process: skipping the GPU case");
   return true;
 }
 
@@ -301,7 +302,7 @@ TEST_CASE("an NCCL operation that a peer never issues fails at its deadline and 
   if (troupe::cuda::device_count() < 2) {
     // With one GPU the pending operation could only be held by a stream that never runs, and
     // aborting a communicator whose kernel is still queued is not something NCCL supports.
-    MESSAGE("one CUDA device: the operation deadline needs two ranks; skipping");
+    troupe::test::skip_case("one CUDA device: the operation deadline needs two ranks; skipping");
     return;
   }
   const std::string id = NcclCommunicator::unique_id();
@@ -395,7 +396,7 @@ TEST_CASE("NCCL collectives over several ranks, one GPU each, match the CPU refe
   if (skip_without_device()) return;
   const int devices = troupe::cuda::device_count();
   if (devices < 2) {
-    MESSAGE("one CUDA device: NCCL does not run two ranks of a communicator on one GPU; skipping "
+    troupe::test::skip_case("one CUDA device: NCCL does not run two ranks of a communicator on one GPU; skipping "
             "the multi-rank case");
     return;
   }
