@@ -349,9 +349,9 @@ void DistributedModule::Impl::adopt_gradient(int index) {
   auto& p = params[static_cast<size_t>(index)];
   const auto& view = grad_views[static_cast<size_t>(index)];
   const auto& grad = p.grad();
-  if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
+  if (grad.defined() && !grad.is_sparse() && grad.data_ptr() == view.data_ptr()) return;
   torch::NoGradGuard no_grad;
-  if (grad.defined()) view.copy_(grad);
+  if (grad.defined()) view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
   else view.zero_();
   p.mutable_grad() = view;
 }
