@@ -3,7 +3,8 @@
 ///
 /// Each parameter has a CUDA event that the gradient hook records on torch's current stream (the
 /// legacy default stream unless LibTorch provides c10::cuda) the moment the gradient has been
-/// accumulated, and step() records one more after it has touched the buckets itself; a bucket's
+/// accumulated (and, where backward allocated a fresh gradient because it had been set to none,
+/// copied into its bucket on that stream), and step() records one more after it has touched the buckets itself; a bucket's
 /// device work waits on its parameters' events and the step's, never on the whole device.
 ///
 /// A bucket is then reduced one of two ways, the same on every rank:

@@ -20,6 +20,7 @@
 #include "runtime/data_parallel.h"
 #include "runtime/model_check.h"
 #include "runtime/module_buffers.h"
+#include "runtime/wrapped_modules.h"
 
 namespace troupe {
 
@@ -72,6 +73,7 @@ struct Targets {
 struct DistributedModule::Impl {
   Runtime& rt;
   std::shared_ptr<torch::nn::Module> module;
+  WrappedModule wrapped;  // refuses a second wrapper of the module while this one lives
   Algorithm algorithm;
   DdpOptions opt;
   int rank = 0;
@@ -100,6 +102,9 @@ struct DistributedModule::Impl {
   std::vector<Bucket> buckets;
   std::vector<int> bucket_of;
   std::vector<int64_t> offset_of;
+  // Each parameter's slot of its bucket, shaped as the parameter (agg_grad only): with
+  // gradient_as_bucket_view, what its gradient must be for the bucket to reduce it.
+  std::vector<torch::Tensor> grad_views;
   caf::actor reducer;
   std::shared_ptr<Targets> targets = std::make_shared<Targets>();
   int listener = 0;
@@ -137,7 +142,11 @@ struct DistributedModule::Impl {
   int lead = 0;
 
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
-      : rt(r), module(std::move(m)), algorithm(std::move(a)), opt(std::move(o)) {}
+      : rt(r),
+        module(std::move(m)),
+        wrapped(module.get(), "DistributedModule"),
+        algorithm(std::move(a)),
+        opt(std::move(o)) {}
 
   void check_options();
   void collect_parameters();
@@ -148,6 +157,7 @@ struct DistributedModule::Impl {
   void spawn_actors();
   void stop_actors();
   void on_grad_ready(int index);
+  void adopt_gradient(int index);
   void await_step();
   void rebuild_from_observed_order(int root);
   std::vector<torch::Tensor> state_tensors();
@@ -270,6 +280,7 @@ BucketLayout DistributedModule::Impl::plan(const std::vector<int>& order_hint,
 
 void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
   buckets.clear();
+  grad_views.assign(params.size(), torch::Tensor());
   bucket_of = layout.bucket_of;
   offset_of = layout.offset_of;
   std::vector<int64_t> fill;
@@ -317,6 +328,7 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
           [flat](void*) {}, flat.options());
       if (p.grad().defined()) grad.copy_(p.grad());
       if (opt.gradient_as_bucket_view) p.mutable_grad() = grad;
+      grad_views[static_cast<size_t>(bucket.params[k])] = std::move(grad);
     }
   }
 }
@@ -388,23 +400,46 @@ void DistributedModule::Impl::stop_actors() {
   reducer = nullptr;
 }
 
+// A gradient that is not its bucket slot — backward allocated it because the user had set the
+// gradient to none (LibTorch >= 2.0's zero_grad() default, Module::zero_grad(true)), or replaced
+// it — is copied into the slot, and the gradient points at the slot again (as PyTorch DDP does).
+void DistributedModule::Impl::adopt_gradient(int index) {
+  auto& p = params[static_cast<size_t>(index)];
+  const auto& view = grad_views[static_cast<size_t>(index)];
+  const auto& grad = p.grad();
+  if (grad.defined() && !grad.is_sparse() && grad.data_ptr() == view.data_ptr()) return;
+  torch::NoGradGuard no_grad;
+  if (grad.defined()) view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
+  else view.zero_();
+  p.mutable_grad() = view;
+}
+
 void DistributedModule::Impl::on_grad_ready(int index) {
   if (!sync) return;
   const int64_t now = actors::now_us();
   if (order.empty()) first_hook_us = now;
   last_hook_us = now;
-  if (ready[static_cast<size_t>(index)]) return;
+  if (ready[static_cast<size_t>(index)]) {
+    if (!opt.agg_grad) return;  // local gradient accumulation before a local step: harmless
+    // The bucket may already be reduced or reducing: a second gradient would be lost on some
+    // ranks or summed into the average on others. Thrown here, it leaves backward().
+    throw comm::Error("step " + std::to_string(step) + ": the gradient of parameter '" +
+                      names[static_cast<size_t>(index)] +
+                      "' became ready twice (two backward() calls without step() between "
+                      "them; expected step() after each backward, or the earlier backward "
+                      "calls inside no_sync() to accumulate gradients)");
+  }
   ready[static_cast<size_t>(index)] = 1;
   order.push_back(index);
   order_us.push_back(now);
   if (!opt.agg_grad) return;
   const int b = bucket_of[static_cast<size_t>(index)];
   auto& bucket = buckets[static_cast<size_t>(b)];
-  if (!opt.gradient_as_bucket_view) {
-    auto& p = params[static_cast<size_t>(index)];
+  if (opt.gradient_as_bucket_view) {
+    adopt_gradient(index);
+  } else {
     torch::NoGradGuard no_grad;
-    bucket.flat.narrow(0, offset_of[static_cast<size_t>(index)], p.numel())
-        .copy_(p.grad().reshape({-1}));
+    grad_views[static_cast<size_t>(index)].copy_(params[static_cast<size_t>(index)].grad());
   }
   if (cuda) cuda->record_gradient(index);
   if (!opt.delay_reduce)
@@ -659,8 +694,10 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < m.params.size(); ++i) {
       if (m.ready[i]) continue;
-      const int b = m.bucket_of[i];
-      m.buckets[static_cast<size_t>(b)].flat.narrow(0, m.offset_of[i], m.params[i].numel()).zero_();
+      m.grad_views[i].zero_();
+      // An unused parameter's gradient (none, or a tensor of the user's) becomes its slot, which
+      // receives the other ranks' gradients.
+      if (m.opt.gradient_as_bucket_view) m.params[i].mutable_grad() = m.grad_views[i];
     }
     // Every bucket is told to launch: one that filled already has (this message comes after the
     // hooks' ready messages from this thread) and ignores it; the rest are not full because of

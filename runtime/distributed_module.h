@@ -23,6 +23,21 @@
 /// gradient-ready order that rank 0 observed, the same on every rank, and split where backward
 /// paused between two gradients (`bucket_split_gap`).
 ///
+/// Gradients are views into the buckets by default (DdpOptions::gradient_as_bucket_view; PyTorch's
+/// default is off). Zeroing them in place (LibTorch 1.13's Optimizer::zero_grad()) keeps them
+/// there; setting them to none (Module::zero_grad(true), LibTorch >= 2.0's Optimizer::zero_grad())
+/// or replacing them works too, at the price of one copy per parameter and step: the hook copies
+/// the gradient backward allocated into the parameter's bucket slot and points the gradient back
+/// at the slot, as PyTorch DDP does. Unlike PyTorch, a parameter without a gradient in a step
+/// (find_unused_parameters) always gets its slot as gradient, zeros where no rank used it, so
+/// optimizers with weight decay or momentum still step it.
+///
+/// One wrapper per module: a DistributedModule, DecentralizedModule or AsynchronousModule over a
+/// module (or a submodule) that a live one wraps throws comm::Error naming the module and the
+/// parameter (runtime/wrapped_modules.h). One gradient per parameter and step: a second backward()
+/// before step() throws comm::Error out of backward(), naming the parameter; accumulate gradients
+/// inside no_sync() instead (with agg_grad = false gradients stay local and may accumulate).
+///
 /// CUDA parameters (all on one device) get CUDA buckets, reduced with NCCL where the Runtime has
 /// it, else through pinned host memory (runtime/cuda_gradients.h says which and how).
 ///
@@ -91,7 +106,8 @@ struct DdpOptions {
   bool delay_reduce = false;
   /// Parameters without a gradient in a step are reduced as zeros instead of being an error.
   bool find_unused_parameters = false;
-  /// Gradients are views into the buckets (no copy); false copies them in and out.
+  /// Gradients are views into the buckets (no copy; PyTorch's default is false); false copies
+  /// them in and out. Gradients set to none are supported either way (see above).
   bool gradient_as_bucket_view = true;
   /// After step 1, rebuild buckets in the observed gradient-ready order.
   bool rebuild_buckets = true;

@@ -9,6 +9,7 @@
 #include "actors/background.h"
 #include "runtime/gossip/decentralized.h"
 #include "runtime/gossip/flat_model.h"
+#include "runtime/wrapped_modules.h"
 
 namespace troupe {
 
@@ -16,6 +17,7 @@ struct AsynchronousModule::Impl {
   Runtime& rt;
   std::variant<AsyncModelAverage, AsyncGossip> algorithm;
   GossipOptions options;
+  WrappedModule wrapped;  // refuses a second wrapper of the module while this one lives
   gossip::FlatModel flat;
   uint32_t key_prefix;
   std::shared_ptr<actors::BackgroundStats> background = std::make_shared<actors::BackgroundStats>();
@@ -36,6 +38,7 @@ struct AsynchronousModule::Impl {
       : rt(runtime),
         algorithm(std::move(algo)),
         options(opts),
+        wrapped(module.get(), "AsynchronousModule"),
         flat(runtime, std::move(module), std::move(what), opts.broadcast_parameters),
         key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),
         pending(flat.count(), 0.0f) {}

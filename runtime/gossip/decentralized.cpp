@@ -14,6 +14,7 @@
 #include "runtime/gossip/flat_model.h"
 #include "runtime/gossip/nccl_gossip.h"
 #include "runtime/model_check.h"
+#include "runtime/wrapped_modules.h"
 
 namespace troupe {
 
@@ -30,6 +31,7 @@ struct DecentralizedModule::Impl {
   std::variant<Decentralized, LowPrecisionDecentralized> algorithm;
   GossipOptions options;
   comm::Topology topology;
+  WrappedModule wrapped;  // refuses a second wrapper of the module while this one lives
   gossip::FlatModel flat;
   std::shared_ptr<comm::Transport> transport;
   uint32_t key_prefix;
@@ -67,6 +69,7 @@ struct DecentralizedModule::Impl {
         algorithm(std::move(algo)),
         options(opts),
         topology(spec, runtime.world_size()),
+        wrapped(module.get(), "DecentralizedModule"),
         flat(runtime, std::move(module), what, opts.broadcast_parameters),
         transport(runtime.transport()),
         key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),

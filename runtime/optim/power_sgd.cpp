@@ -1,6 +1,7 @@
 #include "runtime/optim/power_sgd.h"
 
 #include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <sstream>
 #include <string>
@@ -50,7 +51,14 @@ PowerSGD::~PowerSGD() = default;
 
 void PowerSGD::step() { ddp_->step(*sgd_); }
 
-void PowerSGD::zero_grad() { sgd_->zero_grad(); }
+void PowerSGD::zero_grad() {
+  // In place, whatever the LibTorch version's default (>= 2.0 sets gradients to none): they stay
+  // views of the buckets, and backward needs no fresh gradient for the module to copy in.
+  torch::NoGradGuard no_grad;
+  for (auto& group : sgd_->param_groups())
+    for (auto& p : group.params())
+      if (p.grad().defined()) p.mutable_grad().detach_().zero_();
+}
 
 torch::optim::Optimizer& PowerSGD::sgd() { return *sgd_; }
 

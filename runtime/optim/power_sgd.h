@@ -54,6 +54,7 @@ class PowerSGD {
 
   /// Waits for the step's PowerSGD reductions, then steps the SGD.
   void step();
+  /// Zeros the gradients in place (they are views into the DistributedModule's buckets).
   void zero_grad();
 
   DistributedModule& module() { return *ddp_; }

@@ -17,6 +17,7 @@
 
 #include "runtime/distributed_module.h"
 #include "runtime/launch.h"
+#include "tests/support/ddp_reference.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;
@@ -25,87 +26,11 @@ using namespace std::chrono_literals;
 namespace {
 
 using test::run_threads;
-
-struct Mlp : torch::nn::Module {
-  Mlp(int64_t in, int64_t hidden, int64_t out, bool extra_head = false) {
-    fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
-    fc2 = register_module("fc2", torch::nn::Linear(hidden, hidden));
-    fc3 = register_module("fc3", torch::nn::Linear(hidden, out));
-    if (extra_head) unused = register_module("unused", torch::nn::Linear(hidden, out));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, unused{nullptr};
-};
-
-void copy_params(const std::shared_ptr<Mlp>& from, const std::shared_ptr<Mlp>& to) {
-  torch::NoGradGuard no_grad;
-  auto a = from->parameters(), b = to->parameters();
-  for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-}
-
-enum class Optim { sgd_momentum, adam };
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optim kind, const std::shared_ptr<Mlp>& m) {
-  if (kind == Optim::adam)
-    return std::make_unique<torch::optim::Adam>(m->parameters(), torch::optim::AdamOptions(0.01));
-  return std::make_unique<torch::optim::SGD>(m->parameters(),
-                                             torch::optim::SGDOptions(0.1).momentum(0.9));
-}
-
-struct Case {
-  std::string name;
-  DdpOptions options;
-  Optim optim = Optim::sgd_momentum;
-  double denominator = 0;  // 0: default (world size)
-  double loss_scale = 1;   // what the reference multiplies its loss by to match
-  Algorithm algorithm = GradientAllReduce{};
-  std::vector<std::string> hosts;  // pretend hosts of the ranks (empty: all on this one)
-};
-
-// K steps on `world` ranks, each on its slice of the batch, against one process on the whole
-// batch. Returns the largest parameter difference over ranks.
-double max_difference(const Case& c, int world, int steps = 3) {
-  torch::manual_seed(7);
-  const int64_t batch = 4;
-  std::vector<std::shared_ptr<Mlp>> replicas;
-  for (int r = 0; r < world; ++r) replicas.push_back(std::make_shared<Mlp>(6, 8, 3));
-  auto reference = std::make_shared<Mlp>(6, 8, 3);
-  copy_params(replicas[0], reference);  // rank 0's weights are broadcast to everyone
-  std::vector<torch::Tensor> xs, ys;
-  for (int s = 0; s < steps; ++s) {
-    xs.push_back(torch::randn({world * batch, 6}));
-    ys.push_back(torch::randn({world * batch, 3}));
-  }
-  auto ref_opt = make_optimizer(c.optim, reference);
-  for (int s = 0; s < steps; ++s) {
-    ref_opt->zero_grad();
-    auto loss = torch::mse_loss(reference->forward(xs[s]), ys[s]) * c.loss_scale;
-    loss.backward();
-    ref_opt->step();
-  }
-  std::vector<double> diffs(static_cast<size_t>(world), 1e9);
-  auto errors = run_threads(world, [&](int r, Runtime& rt) {
-    auto model = replicas[static_cast<size_t>(r)];
-    auto opt = make_optimizer(c.optim, model);
-    DistributedModule ddp(rt, model, c.algorithm, c.options);
-    for (int s = 0; s < steps; ++s) {
-      opt->zero_grad();
-      if (c.denominator > 0) ddp.set_denominator(c.denominator);
-      auto x = xs[s].narrow(0, r * batch, batch), y = ys[s].narrow(0, r * batch, batch);
-      torch::mse_loss(model->forward(x), y).backward();
-      ddp.step(*opt);
-    }
-    double worst = 0;
-    auto mine = model->parameters(), want = reference->parameters();
-    for (size_t i = 0; i < mine.size(); ++i)
-      worst = std::max(worst, (mine[i] - want[i]).abs().max().item<double>());
-    diffs[static_cast<size_t>(r)] = worst;
-  }, c.hosts);
-  for (auto& e : errors) CHECK(e == "");
-  return *std::max_element(diffs.begin(), diffs.end());
-}
+using test::Case;
+using test::copy_params;
+using test::max_difference;
+using test::Mlp;
+using test::Optim;
 
 }  // namespace
 

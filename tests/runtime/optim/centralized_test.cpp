@@ -408,13 +408,16 @@ TEST_CASE("bad centralized optimizer arguments are rejected with a message namin
                          "CentralizedSGD.set_denominator(nan) (expected a finite denominator > "
                          "0, e.g. the step's number of samples over all ranks)",
                          comm::Error);
-    optim::CentralizedAdam local(rt, net, CentralizedAdamOptions(0.1).agg_grad(false));
+    // Fresh models: a module wrapped by a live optimizer cannot be wrapped again.
+    optim::CentralizedAdam local(rt, std::make_shared<Mlp>(),
+                                 CentralizedAdamOptions(0.1).agg_grad(false));
     CHECK_THROWS_WITH_AS(local.set_denominator(8),
                          "CentralizedAdam.set_denominator(8) with agg_grad=false (expected "
                          "agg_grad=true: the denominator divides gradients, and weights are "
                          "averaged by the world size)",
                          comm::Error);
-    optim::CentralizedSGD summing(rt, net, CentralizedSgdOptions(0.1).average(false));
+    optim::CentralizedSGD summing(rt, std::make_shared<Mlp>(),
+                                  CentralizedSgdOptions(0.1).average(false));
     CHECK_THROWS_WITH_AS(summing.set_denominator(8),
                          "CentralizedSGD.set_denominator(8) with average=false (expected "
                          "average=true: without it the gradients are summed)",
