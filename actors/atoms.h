@@ -34,7 +34,7 @@ using run_atom = caf::atom_constant<caf::atom("run")>;
 using bucket_done_atom = caf::atom_constant<caf::atom("bdone")>;
 /// (await_atom, step, stall_ms): wake me when every bucket of the step is done.
 using await_atom = caf::atom_constant<caf::atom("await")>;
-/// (stall_atom, step): the stall timeout of a step has passed.
+/// (stall_atom): the reducer's stall timer has fired (a waiting step may have stalled).
 using stall_atom = caf::atom_constant<caf::atom("stall")>;
 /// (abort_atom, reason, peer): a rank died; fail what is running.
 using abort_atom = caf::atom_constant<caf::atom("abort")>;

@@ -153,7 +153,9 @@ struct DdpOptions {
   bool divide_by_initial_world_size = true;
   /// When set, a Chrome trace (Perfetto) of this rank is written here at destruction; "{rank}" is
   /// replaced by the rank. Spans: forward (end of the previous step to the first gradient),
-  /// backward (first to last gradient), the wait in step(), and each bucket's reduction.
+  /// backward (first to last gradient), the wait in step(), and each bucket's reduction. The
+  /// trace keeps the last 65,536 spans (about 12,000 steps of a 3-bucket model); without a path,
+  /// no span is recorded.
   std::string trace_path;
 };
 
@@ -242,7 +244,8 @@ class DistributedModule {
   std::string gradient_path() const;
   /// The names of the parameters of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameters() const;
-  /// Writes the Chrome trace recorded so far to `path`.
+  /// Writes the Chrome trace recorded so far to `path` (empty unless DdpOptions::trace_path is
+  /// set).
   void write_trace(const std::string& path) const;
 
   struct Impl;
