@@ -106,7 +106,8 @@ struct DdpOptions {
   std::chrono::milliseconds stall_timeout{60000};
   /// When set, a Chrome trace (Perfetto) of this rank is written here at destruction; "{rank}" is
   /// replaced by the rank. Spans: forward (end of the previous step to the first gradient),
-  /// backward (first to last gradient), the wait in step(), and each bucket's reduction.
+  /// backward (first to last gradient), the wait in step(), and each bucket's reduction. A path
+  /// that cannot be written is an error at construction (comm::Error naming it).
   std::string trace_path;
 };
 
