@@ -39,6 +39,19 @@ void write_split(const Folder& folder, uint32_t n, int level = 6) {
   troupe::test::write_split(folder.path, "t10k", n, level);
 }
 
+/// Flips the bits of one byte in the middle of `path` (in a stored block: the deflate format
+/// stays valid, so only the CRC can tell).
+void flip_middle_byte(const std::string& path) {
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  REQUIRE(bytes.size() > 100);
+  bytes[bytes.size() / 2] ^= 0x5a;
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
 std::string load_error(const Folder& folder) {
   try {
     troupe::examples::load_fashion_mnist(folder.path, "test");
@@ -64,18 +77,23 @@ TEST_CASE("a gzip file whose middle is corrupt fails on its CRC naming the file"
   write_split(folder, 50, 0);
   const auto valid = troupe::examples::load_fashion_mnist(folder.path, "test");
   CHECK(troupe::examples::size(valid) == 50);
-
   const std::string images = folder.file("t10k-images-idx3-ubyte.gz");
-  std::vector<char> bytes;
-  {
-    std::ifstream in(images, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  REQUIRE(bytes.size() > 50 * 28 * 28);
-  bytes[bytes.size() / 2] ^= 0x5a;  // one pixel of a stored block: the deflate stream stays valid
-  std::ofstream(images, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  flip_middle_byte(images);
+  CHECK(load_error(folder) == "fashion-mnist: " + images + ": cannot decompress: " + images +
+                                  ": incorrect data check (the file is corrupt)");
+}
+
+TEST_CASE("a corrupt gzip file that decodes past what its header announces is refused") {
+  // A decoder knocked out of step by a corrupt byte can emit more bytes than the header counts;
+  // a loader that stops at the count never reaches the trailer, whose CRC would tell.
+  Folder folder;
+  write_split(folder, 20, 0);
+  const std::string images = folder.file("t10k-images-idx3-ubyte.gz");
+  troupe::test::write_gz(images, troupe::test::idx_bytes(0x803, {20, 28, 28}, 30 * 28 * 28, false), 0);
+  flip_middle_byte(images);
   CHECK(load_error(folder) == "fashion-mnist: " + images +
-                                  ": cannot decompress: incorrect data check (the file is corrupt)");
+                                  ": more data than its header announces (expected 15696 bytes "
+                                  "after decompression)");
 }
 
 TEST_CASE("a gzip file with more data than its header announces is refused") {
