@@ -31,9 +31,13 @@ struct DirectoryState {
 
 using Directory = caf::stateful_actor<DirectoryState>;
 
-std::string list(const std::vector<int>& ranks) {
+/// "2, 5" or, past `shown` ranks, "3, 4, 5, ... (65532 in all)": a message for a job of 65,536
+/// ranks stays one line.
+std::string list(const std::vector<int>& ranks, size_t shown = 8) {
   std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  for (size_t i = 0; i < ranks.size() && i < shown; ++i)
+    s += (s.empty() ? "" : ", ") + std::to_string(ranks[i]);
+  if (ranks.size() > shown) s += ", ... (" + std::to_string(ranks.size()) + " in all)";
   return s;
 }
 

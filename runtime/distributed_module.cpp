@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 
@@ -184,6 +186,21 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
   std::shared_ptr<std::atomic<DistributedModule::Impl*>> target_;
   int index_;
 };
+
+/// Throws comm::Error naming the file when rank `rank`'s trace (DdpOptions::trace_path
+/// `pattern`) cannot be written. Checked at construction, because the trace is written in the
+/// destructor, which must not throw.
+void check_trace_writable(const std::string& pattern, int rank) {
+  std::string path = pattern;
+  if (auto at = path.find("{rank}"); at != std::string::npos) path.replace(at, 6, std::to_string(rank));
+  errno = 0;
+  std::ofstream probe(path, std::ios::out | std::ios::app);
+  if (!probe)
+    throw comm::Error("DdpOptions.trace_path: cannot write the trace of rank " +
+                      std::to_string(rank) + " to '" + path + "': " +
+                      (errno != 0 ? std::strerror(errno) : "cannot open") +
+                      " (expected a writable file)");
+}
 
 }  // namespace
 
@@ -585,6 +602,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.check_options();
   m.rank = runtime.rank();
   m.world = runtime.world_size();
+  if (!m.opt.trace_path.empty()) check_trace_writable(m.opt.trace_path, m.rank);
   m.key_prefix = static_cast<uint32_t>(runtime.next_module_id()) << 28;
   m.denominator = m.world;
   m.tracing = !m.opt.trace_path.empty();

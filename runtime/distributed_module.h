@@ -156,6 +156,7 @@ struct DdpOptions {
   /// backward (first to last gradient), the wait in step(), and each bucket's reduction. The
   /// trace keeps the last 65,536 spans (about 12,000 steps of a 3-bucket model); without a path,
   /// no span is recorded.
+  /// A path that cannot be written is an error at construction (comm::Error naming it).
   std::string trace_path;
 };
 

@@ -196,6 +196,14 @@ RankInfo from_slurm(const GetEnv& getenv) {
 
 std::string where(const RankInfo& info) { return " (source " + info.source + ")"; }
 
+/// The variable that gave the world size of `info`, for messages.
+std::string world_size_name(const RankInfo& info) {
+  if (info.source == "torchrun") return "WORLD_SIZE";
+  if (info.source == "mpirun") return "OMPI_COMM_WORLD_SIZE";
+  if (info.source == "slurm") return "SLURM_NTASKS";
+  return "world_size";
+}
+
 }  // namespace
 
 GetEnv default_getenv() {
@@ -218,11 +226,22 @@ RankInfo rank_info_from_env(const GetEnv& getenv) {
   return info;
 }
 
+void check_world_size(long long world_size, const std::string& what, int max) {
+  if (world_size >= 1 && world_size <= max) return;
+  const char* why = max == kMaxLocalRanks   ? ", the most ranks one host starts"
+                    : max == kMaxWorldSize ? ", the most ranks a job may have"
+                                           : "";
+  throw Error(what + " = " + std::to_string(world_size) + " is out of range (expected 1.." +
+              std::to_string(max) + why + ")");
+}
+
 void validate(const RankInfo& info) {
   if (info.world_size < 1) {
     throw Error("world_size " + std::to_string(info.world_size) +
                 " is not positive (expected at least 1)" + where(info));
   }
+  // Before anything is sized by the world: 2^31 ranks would allocate gigabytes first.
+  check_world_size(info.world_size, world_size_name(info));
   if (info.rank < 0 || info.rank >= info.world_size) {
     throw Error("rank " + std::to_string(info.rank) + " is out of range (expected 0.." +
                 std::to_string(info.world_size - 1) + " for world_size " +

@@ -30,6 +30,19 @@ struct RankInfo {
   std::string agent_store_key;
 };
 
+/// The most ranks a job may have. A larger world size, from the environment or built by hand, is
+/// refused by validate() before anything is allocated per rank.
+constexpr int kMaxWorldSize = 65536;
+
+/// The most ranks one host starts, as processes (`troupe launch`, a job file's processes mode) or
+/// as threads of one process (a job file's threads mode).
+constexpr int kMaxLocalRanks = 4096;
+
+/// Throws comm::Error unless 1 <= world_size <= max, naming `what` (the variable, key or flag that
+/// gave it), the value and the range: "job.world_size = 100000 is out of range (expected 1..4096,
+/// the most ranks one host starts)".
+void check_world_size(long long world_size, const std::string& what, int max = kMaxWorldSize);
+
 /// Looks up one environment variable; returns nullptr when it is not set. A parameter so tests
 /// can hand in a fake environment.
 using GetEnv = std::function<const char*(const char*)>;
@@ -49,7 +62,7 @@ GetEnv default_getenv();
 /// or when a launcher's variables are only partly set (RANK without WORLD_SIZE). Calls validate().
 RankInfo rank_info_from_env(const GetEnv& getenv = default_getenv());
 
-/// Throws comm::Error when rank < 0, rank >= world_size, world_size < 1, local_rank or
+/// Throws comm::Error when world_size is not in 1..kMaxWorldSize, rank < 0, rank >= world_size, local_rank or
 /// local_world_size out of range, master_port not in 1..65535, or master_addr empty.
 void validate(const RankInfo& info);
 

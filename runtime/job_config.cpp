@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/status.h"
+#include "runtime/env.h"
 
 namespace troupe {
 
@@ -476,9 +477,20 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
   if (!job.present())
     throw Error(source + ": the table [job] is missing (expected at least job.world_size)");
   job.only(kJobKeys);
-  if (!job.integer("world_size", config.world_size, 1))
-    job.missing("world_size", "an integer >= 1");
+  int64_t world_size = 0;
+  if (!job.integer("world_size", world_size, 1)) job.missing("world_size", "an integer >= 1");
+  // Every rank of a job file runs on this host: refuse before a process or thread is started.
+  if (world_size > kMaxLocalRanks)
+    job.fail("world_size", *job.find("world_size"),
+             "an integer in [1, " + std::to_string(kMaxLocalRanks) +
+                 "] (the most ranks one host starts; troupe run starts every rank here)");
+  config.world_size = static_cast<int>(world_size);
   if (job.choice("mode", {"threads", "processes"}) == 0) config.mode = JobConfig::Mode::threads;
+  if (config.mode == JobConfig::Mode::threads && world_size > kMaxThreadRanks)
+    job.fail("world_size", *job.find("world_size"),
+             "an integer in [1, " + std::to_string(kMaxThreadRanks) +
+                 "] with mode = \"threads\" (the most ranks one process runs as threads; "
+                 "mode = \"processes\" allows " + std::to_string(kMaxLocalRanks) + ")");
   job.number("timeout_sec", config.timeout_sec, [](double x) { return x >= 0; },
              "a number >= 0 (0: no limit)");
 

@@ -71,9 +71,15 @@ struct TrainerConfig {
   int threads = 1;            // intra-op threads per rank, >= 1
 };
 
+/// The most ranks a job file's threads mode runs in one process: the in-process transport holds a
+/// channel per pair of ranks, and each rank its own actor system and copy of the training set.
+constexpr int kMaxThreadRanks = 256;
+
 struct JobConfig {
   enum class Mode { threads, processes };
-  int world_size = 1;  // >= 1
+  /// 1..kMaxLocalRanks (runtime/env.h), as every rank runs on this host; 1..kMaxThreadRanks in
+  /// threads mode.
+  int world_size = 1;
   Mode mode = Mode::processes;
   double timeout_sec = 0;  // >= 0; 0 = no limit
   JobAlgorithm algorithm = comm::GradientAllReduce{};

@@ -5,7 +5,8 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,10 +15,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 #include "comm/status.h"
+#include "runtime/env.h"
 
 extern char** environ;
 
@@ -44,10 +47,13 @@ std::string seconds_text(double seconds) {
   return s.str();
 }
 
-/// "rank 2" or "ranks 0, 1, 3".
+/// "rank 2", "ranks 0, 1, 3", or past 8 ranks "ranks 0, 1, 2, 3, 4, 5, 6, 7, ... (4095 in all)".
 std::string ranks_text(const std::vector<int>& ranks) {
+  constexpr size_t kShown = 8;
   std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  for (size_t i = 0; i < ranks.size() && i < kShown; ++i)
+    text += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > kShown) text += ", ... (" + std::to_string(ranks.size()) + " in all)";
   return text;
 }
 
@@ -238,51 +244,121 @@ class Launcher {
   Clock::time_point kill_at_ = kNever;
 };
 
+/// The file that exec would run for `program`: itself when it holds a '/', else the first
+/// executable regular file of that name in the launcher's PATH (or /bin:/usr/bin without one).
+/// Empty, with `error` set (ENOENT or EACCES), when there is none.
+std::string find_program(const std::string& program, int& error) {
+  error = 0;
+  auto usable = [&](const std::string& path) {
+    struct stat info {};
+    if (stat(path.c_str(), &info) != 0) return false;
+    if (!S_ISREG(info.st_mode) || access(path.c_str(), X_OK) != 0) {
+      error = EACCES;
+      return false;
+    }
+    return true;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (usable(program)) return program;
+    if (error == 0) error = ENOENT;
+    return "";
+  }
+  const char* env_path = std::getenv("PATH");
+  const std::string path = env_path != nullptr ? env_path : "/bin:/usr/bin";
+  for (size_t begin = 0; begin <= path.size();) {
+    size_t end = path.find(':', begin);
+    if (end == std::string::npos) end = path.size();
+    const std::string dir = end > begin ? path.substr(begin, end - begin) : ".";
+    const std::string candidate = dir + "/" + program;
+    if (usable(candidate)) {
+      error = 0;
+      return candidate;
+    }
+    begin = end + 1;
+  }
+  if (error == 0) error = ENOENT;
+  return "";
+}
+
 void Launcher::start_rank(int r, int port) {
+  Rank& rank = ranks_[r];
+  const std::string& program = options_.command[0];
+  int error = 0;
+  const std::string file = find_program(program, error);
+  if (file.empty()) {
+    bool searched = error == ENOENT && program.find('/') == std::string::npos;
+    rank.exit_code = error == ENOENT ? 127 : 126;
+    fail("cannot start '" + program + "' for rank " + std::to_string(r) + ": " +
+             (searched ? "not found in PATH" : strerror(error)) + " (expected an executable file)",
+         rank.exit_code, r);
+    return;
+  }
+  // Everything the child needs is built before fork: between fork and exec it may only make
+  // async-signal-safe calls (another thread may hold malloc's lock).
   std::vector<std::string> env = child_env(r, port), args = options_.command;
   std::vector<char*> envp, argv;
   for (std::string& entry : env) envp.push_back(entry.data());
   for (std::string& arg : args) argv.push_back(arg.data());
   envp.push_back(nullptr);
   argv.push_back(nullptr);
-  int out_pipe[2], err_pipe[2];
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
   make_pipe(out_pipe);
   make_pipe(err_pipe);
-  // The child gets its own process group (so stopping it reaches its descendants), stdin from
-  // /dev/null (a background group reading the terminal would stop), default signal handling.
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t defaults, mask;
-  sigemptyset(&defaults);
-  for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGXFSZ}) sigaddset(&defaults, sig);
-  pthread_sigmask(SIG_SETMASK, nullptr, &mask);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setsigmask(&attributes, &mask);
-  posix_spawnattr_setpgroup(&attributes, 0);
-  posix_spawnattr_setflags(&attributes,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  // glibc reports a failed exec here (and reaps that child), so no rank runs a missing program.
-  int error = posix_spawnp(&pid, options_.command[0].c_str(), &actions, &attributes, argv.data(),
-                           envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
+  make_pipe(exec_pipe);  // close-on-exec: EOF means the exec succeeded, an int its errno
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int fork_error = errno;
+    for (int* fds : {out_pipe, err_pipe, exec_pipe}) {
+      close_fd(fds[0]);
+      close_fd(fds[1]);
+    }
+    throw Error("cannot start rank " + std::to_string(r) + ": fork: " + strerror(fork_error));
+  }
+  if (pid == 0) {
+    // The child: its own process group (so stopping it reaches its descendants), default signal
+    // handling, stdin from /dev/null (a background group reading the terminal would stop).
+    struct sigaction defaults {};
+    defaults.sa_handler = SIG_DFL;
+    sigemptyset(&defaults.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGXFSZ}) sigaction(sig, &defaults, nullptr);
+    setpgid(0, 0);
+    // Die with the launcher: a SIGKILLed launcher cannot stop its ranks, and they would run on as
+    // orphans. The signal comes when the thread that forked exits, which launch() outlives; a
+    // launcher that died before prctl is seen by getppid().
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(128 + SIGKILL);
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 ||
+        dup2(err_pipe[1], 2) < 0) {
+      const int e = errno;
+      (void)!write(exec_pipe[1], &e, sizeof e);
+      _exit(126);
+    }
+    execve(file.c_str(), argv.data(), envp.data());
+    const int e = errno;
+    (void)!write(exec_pipe[1], &e, sizeof e);
+    _exit(e == ENOENT ? 127 : 126);
+  }
+  setpgid(pid, pid);  // also here, so that a stop sent at once reaches the group
   close_fd(out_pipe[1]);
   close_fd(err_pipe[1]);
-  Rank& rank = ranks_[r];
-  if (error != 0) {
+  close_fd(exec_pipe[1]);
+  int exec_error = 0;
+  ssize_t got = 0;
+  do {
+    got = read(exec_pipe[0], &exec_error, sizeof exec_error);
+  } while (got < 0 && errno == EINTR);
+  close_fd(exec_pipe[0]);
+  if (got == static_cast<ssize_t>(sizeof exec_error)) {
+    // No rank runs a program that could not be executed: reap the child and report it.
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
     close_fd(out_pipe[0]);
     close_fd(err_pipe[0]);
-    const std::string& program = options_.command[0];
-    bool searched = error == ENOENT && program.find('/') == std::string::npos;
-    rank.exit_code = error == ENOENT ? 127 : 126;
+    rank.exit_code = exec_error == ENOENT ? 127 : 126;
     fail("cannot start '" + program + "' for rank " + std::to_string(r) + ": " +
-             (searched ? "not found in PATH" : strerror(error)) + " (expected an executable file)",
+             strerror(exec_error) + " (expected an executable file)",
          rank.exit_code, r);
     return;
   }
@@ -393,6 +469,7 @@ void check_options(const LaunchOptions& o) {
     throw Error("LaunchOptions." + what + " (expected " + expected + ")");
   };
   if (o.nprocs < 1) bad("nprocs=" + std::to_string(o.nprocs) + " is not positive", "at least 1");
+  check_world_size(o.nprocs, "LaunchOptions.nprocs", kMaxLocalRanks);
   if (o.command.empty()) bad("command is empty", "a program and its arguments");
   if (o.master_addr.empty()) bad("master_addr is empty", "a host name or IP address");
   if (o.master_port < 0 || o.master_port > 65535) {

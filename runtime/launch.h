@@ -44,15 +44,18 @@ struct LaunchResult {
   std::string message;
 };
 
-/// Starts options.nprocs processes (posix_spawnp; each in its own process group, stdin from
-/// /dev/null), forwards their stdout and stderr line by line (prefixed when
+/// Starts options.nprocs processes (fork and exec; each in its own process group, stdin from
+/// /dev/null, killed by the kernel if the launcher dies, so that a SIGKILLed launcher leaves no
+/// rank running), forwards their stdout and stderr line by line (prefixed when
 /// options.prefix_output; a last partial line is flushed at EOF) to `out` and `err`, and waits
 /// for all of them. When one fails (nonzero status or a signal; see stop_on_failure), on timeout,
 /// or when the launcher gets SIGINT/SIGTERM, it stops the others' process groups with SIGTERM, then
 /// SIGKILL after grace_sec, and reaps them; a second SIGINT skips the grace period. Every wait has
 /// a deadline. While it runs, the launcher's SIGINT/SIGTERM handlers are replaced (restored on
-/// return; only the first of concurrent launches takes them). Throws comm::Error on invalid
-/// options (nprocs < 1, empty command or address, negative times, port out of range) and on
+/// return; only the first of concurrent launches takes them). Call it from a thread that lives
+/// until it returns: the ranks' death signal follows the thread that started them. Throws
+/// comm::Error on invalid options (nprocs not in 1..kMaxLocalRanks of runtime/env.h, checked
+/// before any rank starts; empty command or address, negative times, port out of range) and on
 /// system errors (pipe, fork); failures of the ranks are reported in the result, not thrown.
 LaunchResult launch(const LaunchOptions& options, std::ostream& out = std::cout,
                     std::ostream& err = std::cerr);

@@ -99,9 +99,10 @@ struct Runtime::Impl {
 void Runtime::Impl::start() {
   info = options.rank_info ? *options.rank_info : rank_info_from_env();
   validate(info);
-  if (options.scheduler_threads < 0)
+  if (options.scheduler_threads < 0 || options.scheduler_threads > 256)
     throw comm::Error("RuntimeOptions.scheduler_threads=" +
-                      std::to_string(options.scheduler_threads) + " (expected >= 0; 0 = default)");
+                      std::to_string(options.scheduler_threads) +
+                      " (expected 0..256; 0 = default)");
   const int threads = options.scheduler_threads ? options.scheduler_threads : default_threads();
   const comm::LinkEmulation links =
       options.links ? *options.links : link_emulation_from_env(info.world_size);

@@ -40,7 +40,7 @@ namespace troupe {
 struct RuntimeOptions {
   /// Where this rank sits; read from the environment when empty.
   std::optional<RankInfo> rank_info;
-  /// CAF scheduler threads; 0 means min(2, hardware threads).
+  /// CAF scheduler threads, 0..256; 0 means min(2, hardware threads).
   int scheduler_threads = 0;
   /// "ucx" (processes and hosts) or "inproc" (ranks as threads of one process; needs `fabric`).
   std::string transport = "ucx";

@@ -58,7 +58,7 @@ class GzFile {
       const int got = gzread(file_, static_cast<char*>(dst) + done, chunk);
       if (got < 0) {
         int code = 0;
-        fail(std::string("cannot decompress: ") + gzerror(file_, &code));
+        fail(std::string("cannot decompress: ") + gzerror(file_, &code) + " (the file is corrupt)");
       }
       if (got == 0) break;
       done += static_cast<size_t>(got);
@@ -72,6 +72,17 @@ class GzFile {
     if (read(bytes, 4) != 4) fail(std::string("truncated header: no ") + what);
     return (uint32_t{bytes[0]} << 24) | (uint32_t{bytes[1]} << 16) | (uint32_t{bytes[2]} << 8) |
            uint32_t{bytes[3]};
+  }
+
+  /// Reads on to the end of the file, so that the CRC and length in the trailer of each gzip
+  /// stream are checked (a corrupt middle otherwise passes as data): throws when that check fails
+  /// or when bytes follow the `expected` ones the header announced.
+  void read_to_end(uint64_t expected) {
+    unsigned char extra = 0;
+    if (read(&extra, 1) != 0) {
+      fail("more data than its header announces (expected " + std::to_string(expected) +
+           " bytes after decompression)");
+    }
   }
 
   /// Exactly `n` bytes of `what`. Grows the buffer as data arrives, so a corrupt header that
@@ -118,6 +129,7 @@ torch::Tensor read_images(const std::string& path) {
               std::to_string(kSide) + "x" + std::to_string(kSide));
   }
   std::vector<uint8_t> pixels = file.read_exactly(uint64_t{count} * rows * cols, "pixels");
+  file.read_to_end(16 + pixels.size());
   return torch::from_blob(pixels.data(), {int64_t{count}, int64_t{rows}, int64_t{cols}},
                           torch::kUInt8)
       .clone();
@@ -133,6 +145,7 @@ torch::Tensor read_labels(const std::string& path) {
   }
   const uint32_t count = file.read_u32("label count");
   std::vector<uint8_t> labels = file.read_exactly(count, "labels");
+  file.read_to_end(8 + labels.size());
   for (size_t i = 0; i < labels.size(); ++i) {
     if (labels[i] >= kClasses) {
       file.fail("label " + std::to_string(labels[i]) + " at index " + std::to_string(i) +
@@ -184,6 +197,28 @@ FashionMnist load_fashion_mnist(const std::string& dir, const std::string& split
   }
   torch::Tensor images = pixels.unsqueeze(1).to(torch::kFloat32).div_(255.0).sub_(kMean).div_(kStd);
   return {images, labels};
+}
+
+void check_trainable(const std::string& dir, int64_t train_images, int world, int64_t batch,
+                     int64_t test_images) {
+  const std::string where = "fashion-mnist: " + dir + ": ";
+  if (test_images < 1) {
+    throw std::invalid_argument(where + "the test set holds no images, so no accuracy can be "
+                                "measured (expected at least 1 test image)");
+  }
+  const int64_t per_rank = world > 0 ? train_images / world : 0;
+  if (per_rank < 1) {
+    throw std::invalid_argument(where + std::to_string(train_images) +
+                                " training images cannot be split over " + std::to_string(world) +
+                                " rank(s) (expected at least one image per rank)");
+  }
+  if (batch > per_rank) {
+    throw std::invalid_argument(
+        where + "batch " + std::to_string(batch) + " per rank is larger than each rank's shard of " +
+        std::to_string(per_rank) + " training image(s) (" + std::to_string(train_images) +
+        " over " + std::to_string(world) + " rank(s)), so no step would run (expected a batch of "
+        "at most " + std::to_string(per_rank) + ")");
+  }
 }
 
 int64_t size(const FashionMnist& data) { return data.labels.defined() ? data.labels.size(0) : 0; }

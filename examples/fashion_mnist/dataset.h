@@ -23,8 +23,17 @@ struct FashionMnist {
 /// Reads split "train" (60000 images) or "test" (10000, the t10k-* files) from `dir`, which holds
 /// the four *-idx?-ubyte.gz files as distributed. Throws std::runtime_error naming the file and
 /// what is wrong with it: missing or unreadable, bad magic number, dimensions other than 28x28,
-/// truncated data, a label outside 0..9, or a label count different from the image count.
+/// truncated data, data past what the header announces, a gzip stream whose CRC or length does
+/// not match (each file is read to its end so that the check runs), a label outside 0..9, or a
+/// label count different from the image count.
 FashionMnist load_fashion_mnist(const std::string& dir, const std::string& split);
+
+/// Refuses, before any training, a run that would train no step or score nothing: throws
+/// std::invalid_argument naming `dir` and the sizes when the test set is empty, when the
+/// `train_images` cannot give each of `world` ranks an image, or when `batch` is larger than one
+/// rank's shard (the last partial batch is dropped, so such a run would train zero steps).
+void check_trainable(const std::string& dir, int64_t train_images, int world, int64_t batch,
+                     int64_t test_images);
 
 /// The number of examples in `data`.
 int64_t size(const FashionMnist& data);

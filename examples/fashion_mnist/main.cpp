@@ -14,11 +14,13 @@
 #include <cstdlib>
 #include <future>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <sstream>
 
 #include "examples/fashion_mnist/dataset.h"
 #include "examples/fashion_mnist/models.h"
+#include "runtime/cli/option_checks.h"
 #include "runtime/data_parallel.h"
 #include "runtime/launch.h"
 
@@ -63,8 +65,12 @@ bool is_bucket_algorithm(const JobAlgorithm& a) {
 void train_rank(Runtime& rt, const Settings& s) {
   const auto& t = s.trainer;
   const int rank = rt.rank(), world = rt.world_size();
-  auto train = examples::shard(examples::load_fashion_mnist(t.data, "train"), rank, world, t.seed);
   auto test = examples::load_fashion_mnist(t.data, "test");
+  auto train = [&] {
+    auto all = examples::load_fashion_mnist(t.data, "train");
+    examples::check_trainable(t.data, examples::size(all), world, t.batch, examples::size(test));
+    return examples::shard(all, rank, world, t.seed);
+  }();
 
   std::shared_ptr<torch::nn::Module> module;
   examples::Forward forward;
@@ -223,16 +229,18 @@ int main(int argc, char** argv) {
                  "A job file (troupe run's TOML): algorithm, trainer settings and links from it");
   app.add_option("--data", t.data, "Folder with the four *-ubyte.gz files");
   app.add_option("--model", t.model, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}));
-  app.add_option("--epochs", t.epochs, "Epochs")->check(CLI::PositiveNumber);
-  app.add_option("--batch", t.batch, "Batch per rank")->check(CLI::PositiveNumber);
-  app.add_option("--lr", t.lr, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", t.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  const int max_int = std::numeric_limits<int>::max();
+  app.add_option("--epochs", t.epochs, "Epochs")->check(cli::integer_in(1, max_int));
+  app.add_option("--batch", t.batch, "Batch per rank")->check(cli::integer_in(1, max_int));
+  app.add_option("--lr", t.lr, "SGD learning rate")->check(cli::number_above(0));
+  app.add_option("--momentum", t.momentum, "SGD momentum")->check(cli::number_in(0, 1, true));
   app.add_option("--lr-schedule", t.lr_schedule,
                  "constant, or cosine: lr (1 + cos(pi step / steps)) / 2 over the whole run")
       ->check(CLI::IsMember({"constant", "cosine"}));
   app.add_option("--log-every", t.log_every, "Steps between progress lines")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--threads", t.threads, "Intra-op threads per rank")->check(CLI::PositiveNumber);
+      ->check(cli::integer_in(1, max_int));
+  app.add_option("--threads", t.threads, "Intra-op threads per rank")
+      ->check(cli::integer_in(1, 1024));
   app.add_option("--seed", t.seed, "Seed of the shards and the batch order");
   app.add_option("--algorithm", algorithm,
                  "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk or "

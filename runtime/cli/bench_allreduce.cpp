@@ -1,46 +1,18 @@
 #include "runtime/cli/bench_allreduce.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <future>
 #include <iostream>
 #include <map>
 
+#include "runtime/cli/option_checks.h"
 #include "runtime/env.h"
 #include "runtime/launch.h"
 #include "runtime/runtime.h"
 
 namespace troupe::cli {
-
-std::vector<size_t> parse_sizes(const std::string& list) {
-  std::vector<size_t> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    std::string item = list.substr(start, end - start);
-    start = end + 1;
-    if (item.empty()) continue;
-    size_t pos = 0;
-    unsigned long long value = 0;
-    try {
-      value = std::stoull(item, &pos);
-    } catch (const std::exception&) {
-      throw comm::Error("size '" + item + "' is not a number with an optional unit B, KiB, MiB, GiB");
-    }
-    std::string unit = item.substr(pos);
-    size_t scale = 1;
-    if (unit == "" || unit == "B") scale = 1;
-    else if (unit == "KiB" || unit == "K") scale = size_t{1} << 10;
-    else if (unit == "MiB" || unit == "M") scale = size_t{1} << 20;
-    else if (unit == "GiB" || unit == "G") scale = size_t{1} << 30;
-    else
-      throw comm::Error("size '" + item + "' has unit '" + unit + "' (expected B, KiB, MiB or GiB)");
-    out.push_back(static_cast<size_t>(value) * scale);
-  }
-  if (out.empty()) throw comm::Error("--bytes '" + list + "' names no size");
-  return out;
-}
 
 namespace {
 
@@ -135,6 +107,12 @@ int run_allreduce_bench_rank(const AllreduceBench& bench) {
 
 int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe) {
   if (bench.world < 1) throw comm::Error("--world " + std::to_string(bench.world) + " (expected >= 1)");
+  // Every rank runs on this host and holds a buffer of the largest size: refuse what cannot be
+  // allocated before any rank starts (a lower bound: the transports' buffers come on top).
+  const size_t largest = *std::max_element(bench.bytes.begin(), bench.bytes.end());
+  check_memory(static_cast<uint64_t>(largest) * static_cast<uint64_t>(bench.world),
+               available_memory(),
+               "--bytes " + human(largest) + " on " + std::to_string(bench.world) + " rank(s)");
   const auto link_env = link_emulation_env(bench.link, bench.link_ranks, bench.world);
   if (bench.transport == "inproc") {
     // The ranks are threads of this process: each gets the emulation in its options.

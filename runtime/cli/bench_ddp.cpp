@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/cli/option_checks.h"
 #include "runtime/distributed_module.h"
 #include "runtime/launch.h"
 
@@ -299,6 +300,14 @@ void check(const DdpBench& bench) {
     throw comm::Error("--world, --batch and --steps must be >= 1 (got " +
                       std::to_string(bench.world) + ", " + std::to_string(bench.batch) + ", " +
                       std::to_string(bench.steps) + ")");
+  // Each rank holds its batch of inputs and the activations of every layer (784, 2048, 2048, 1024
+  // and 10 floats per image), and all ranks run on this host: refuse a batch that cannot fit
+  // before a rank starts (a lower bound: gradients and buffers come on top).
+  const uint64_t per_image = (784 + 2048 + 2048 + 1024 + 10) * sizeof(float);
+  check_memory(static_cast<uint64_t>(bench.batch) * per_image * static_cast<uint64_t>(bench.world),
+               available_memory(),
+               "--batch " + std::to_string(bench.batch) + " on " + std::to_string(bench.world) +
+                   " rank(s)");
   if (bench.interleave && (bench.world < 2 || bench.compute_only))
     throw comm::Error("--interleave needs --world >= 2 and no --compute-only (got --world " +
                       std::to_string(bench.world) +

@@ -6,10 +6,12 @@
 
 #include <climits>
 #include <iostream>
+#include <limits>
 
 #include "comm/transport/ucx/transport.h"
 #include "runtime/cli/bench_allreduce.h"
 #include "runtime/cli/bench_ddp.h"
+#include "runtime/cli/option_checks.h"
 #include "runtime/env.h"
 #include "runtime/job_config.h"
 #include "runtime/launch.h"
@@ -87,11 +89,12 @@ int main(int argc, char** argv) {
   auto* launch_cmd = app.add_subcommand("launch", "Start N local processes as the ranks of a job");
   troupe::LaunchOptions launch;
   launch_cmd->add_option("-n,--nprocs", launch.nprocs, "Number of processes")->required()
-      ->check(CLI::Range(1, 4096));
+      ->check(troupe::cli::integer_in(1, troupe::kMaxLocalRanks));
   launch_cmd->add_option("--master-addr", launch.master_addr, "Rendezvous address");
   launch_cmd->add_option("--master-port", launch.master_port, "Rendezvous port (0: a free one)")
-      ->check(CLI::Range(0, 65535));
-  launch_cmd->add_option("--timeout", launch.timeout_sec, "Stop every rank after this many seconds");
+      ->check(troupe::cli::integer_in(0, 65535));
+  launch_cmd->add_option("--timeout", launch.timeout_sec, "Stop every rank after this many seconds")
+      ->check(troupe::cli::number_at_least(0));
   launch_cmd->add_flag("!--no-prefix", launch.prefix_output, "Do not prefix output lines with the rank");
   std::string link;
   std::vector<std::string> link_ranks;
@@ -119,18 +122,21 @@ int main(int argc, char** argv) {
   troupe::cli::AllreduceBench bench;
   std::string sizes = "4KiB,1MiB,64MiB";
   bool as_rank = false;
-  bench_ar->add_option("--world", bench.world, "Number of ranks")->check(CLI::Range(1, 1024));
+  bench_ar->add_option("--world", bench.world, "Number of ranks")
+      ->check(troupe::cli::integer_in(1, 1024));
   bench_ar->add_option("--bytes", sizes, "Comma-separated sizes, e.g. 4KiB,1MiB,64MiB");
   bench_ar->add_option("--transport", bench.transport, "ucx or inproc")
       ->check(CLI::IsMember({"ucx", "inproc"}));
-  bench_ar->add_option("--seconds", bench.seconds_per_size, "Measuring time per size");
+  bench_ar->add_option("--seconds", bench.seconds_per_size, "Measuring time per size")
+      ->check(troupe::cli::number_in(0.001, 3600));
   bench_ar->add_flag("--json", bench.json, "One JSON object per line");
   bench_ar->add_option("--small-bytes", bench.tuning.small_bytes,
-                       "Up to this size: latency-optimal algorithms");
+                       "Up to this size: latency-optimal algorithms")
+      ->check(troupe::cli::integer_in(0, std::numeric_limits<long long>::max()));
   bench_ar->add_option("--chunk-bytes", bench.tuning.chunk_bytes, "Pipeline chunk of the ring")
-      ->check(CLI::PositiveNumber);
+      ->check(troupe::cli::integer_in(1, std::numeric_limits<long long>::max()));
   bench_ar->add_option("--max-lanes", bench.tuning.max_lanes, "Chunks in flight per collective")
-      ->check(CLI::Range(1, 1024));
+      ->check(troupe::cli::integer_in(1, 1024));
   bench_ar->add_option("--link", bench.link,
                        "Emulate every link at a bandwidth and latency, e.g. 1gbit,5ms");
   bench_ar->add_option("--link-rank", bench.link_ranks,
@@ -144,10 +150,12 @@ int main(int argc, char** argv) {
   troupe::cli::DdpBench ddp;
   bool ddp_as_rank = false;
   bench_ddp->add_option("--world", ddp.world, "Number of ranks (1: compute alone)")
-      ->check(CLI::Range(1, 1024));
+      ->check(troupe::cli::integer_in(1, 1024));
   bench_ddp->add_option("--model", ddp.model, "mlp (784-2048-2048-1024-10)");
-  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank")->check(CLI::PositiveNumber);
-  bench_ddp->add_option("--steps", ddp.steps, "Measured steps")->check(CLI::PositiveNumber);
+  bench_ddp->add_option("--batch", ddp.batch, "Batch per rank")
+      ->check(troupe::cli::integer_in(1, std::numeric_limits<int>::max()));
+  bench_ddp->add_option("--steps", ddp.steps, "Measured steps")
+      ->check(troupe::cli::integer_in(1, std::numeric_limits<int>::max()));
   bench_ddp->add_flag("--json", ddp.json, "One JSON object");
   bench_ddp->add_flag("--delay-reduce", ddp.delay_reduce, "Reduce after backward (no overlap)");
   bench_ddp->add_flag("--compute-only", ddp.compute_only,
@@ -183,7 +191,7 @@ int main(int argc, char** argv) {
       return troupe::cli::run_ddp_bench(ddp, self_exe(argv[0]));
     }
     if (*bench_ar) {
-      bench.bytes = troupe::cli::parse_sizes(sizes);
+      bench.bytes = troupe::cli::parse_byte_sizes(sizes, sizeof(float));
       if (as_rank) return troupe::cli::run_allreduce_bench_rank(bench);
       return troupe::cli::run_allreduce_bench(bench, self_exe(argv[0]));
     }
