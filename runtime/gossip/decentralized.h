@@ -69,6 +69,8 @@ class DecentralizedModule : public DataParallel {
 /// Asynchronous model averaging and asynchronous pairwise gossip (AD-PSGD): background actors
 /// (actors/background.h) average the model while training goes on; step() only takes the model
 /// lock for the optimizer's step (and, during AsyncModelAverage's warm-up, allreduces gradients).
+/// A rank that dies or fails ends AsyncModelAverage's rounds (every rank takes part in each):
+/// the next step() throws comm::Error naming it; AsyncGossip drops it as a neighbour and goes on.
 class AsynchronousModule : public DataParallel {
  public:
   AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
