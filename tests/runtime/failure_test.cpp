@@ -8,8 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <doctest/doctest.h>
-#include <torch/torch.h>
+#include "tests/support/torch_doctest.h"
 
 #include <atomic>
 #include <chrono>
@@ -122,11 +121,13 @@ TEST_CASE("a rank that fails ends every other rank's collective at once, naming 
     std::vector<double> waited(4, -1);
     auto errors = test::run_ranks(ranks_with_deadline(4), [&](int rank, Runtime& rt) {
       double x = 1;
-      rt.comm().allreduce(&x, 1, comm::DataType::float64, comm::ReduceOp::sum);
-      REQUIRE(x == 4.0);
-      if (rank == victim)
+      if (rank == victim) {
+        rt.comm().barrier();  // every rank has started
         or_fail(rt, clock, [] { throw std::runtime_error(kBadData); });
+      }
       try {
+        // The victim may fail while the others are still in the barrier it has left.
+        rt.comm().barrier();
         rt.comm().allreduce(&x, 1, comm::DataType::float64, comm::ReduceOp::sum);
       } catch (const comm::Error&) {
         waited[static_cast<size_t>(rank)] = clock.seconds_since();
@@ -153,12 +154,13 @@ TEST_CASE("a rank whose Runtime an exception unwinds is announced as failed, not
   std::vector<double> waited(3, -1);
   auto errors = test::run_ranks(ranks_with_deadline(3), [&](int rank, Runtime& rt) {
     double x = 1;
-    rt.comm().allreduce(&x, 1, comm::DataType::float64, comm::ReduceOp::sum);
     if (rank == 1) {
+      rt.comm().barrier();  // every rank has started
       clock.mark();
       throw std::runtime_error(kBadData);  // no Runtime::fail: the destructor sees the unwinding
     }
     try {
+      rt.comm().barrier();
       rt.comm().allreduce(&x, 1, comm::DataType::float64, comm::ReduceOp::sum);
     } catch (const comm::Error&) {
       waited[static_cast<size_t>(rank)] = clock.seconds_since();
@@ -224,9 +226,10 @@ TEST_CASE("a rank that fails ends the asynchronous model average on every other 
     g.timeout = kDeadline;
     AsynchronousModule dp(rt, model.ptr(), a, g);
     try {
-      // The survivors train until the averages stop them; bounded, in case they never do.
+      // The survivors train until the averages stop them; bounded, in case they never do. The
+      // victim fails once a few averages (of every rank) have passed.
       for (int step = 0; step < 100000; ++step) {
-        if (rank == 2 && step == 20)
+        if (rank == 2 && dp.stats().background_rounds >= 3)
           or_fail(rt, clock, [] { throw std::runtime_error(kBadData); });
         if (clock.failed_at && clock.seconds_since() > 10) break;
         opt.zero_grad();
