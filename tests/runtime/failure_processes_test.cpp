@@ -129,7 +129,8 @@ TEST_CASE("a rank process that gives up with an exception ends the others' steps
     o.extra_env = {{"UCX_TLS", "sm,self"}};
     std::ostringstream out, err;
     auto r = launch(o, out, err);
-    INFO(out.str() + err.str());
+    const std::string log = out.str() + err.str();
+    INFO(log);
     REQUIRE(r.rank_exit_codes.size() == 3);
     CHECK(r.rank_exit_codes[2] == 1);  // main's catch: the exception's way out
     CHECK(r.rank_exit_codes[0] == 0);  // each survivor checks its own error and its timing
