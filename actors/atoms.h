@@ -13,6 +13,9 @@ using table_atom = caf::atom_constant<caf::atom("table")>;
 using peer_down_atom = caf::atom_constant<caf::atom("peer_down")>;
 /// (leave_atom, rank): a rank shuts down cleanly.
 using leave_atom = caf::atom_constant<caf::atom("leave")>;
+/// (failed_atom, rank, reason): a rank gives up with an error; the directory tells every other
+/// rank, as a death, naming the rank and the reason.
+using failed_atom = caf::atom_constant<caf::atom("failed")>;
 /// (deadline_atom): the directory's rendezvous deadline has passed.
 using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 /// (status_atom): ask a worker for the ranks it knows to be gone.

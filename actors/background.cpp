@@ -127,6 +127,43 @@ caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings setti
           self->delayed_send(self, st.settings.interval, tick_atom::value, ++st.timer);
         }
       },
+      [self](abort_atom, const std::string& reason, int peer) {
+        auto& st = self->state;
+        if (!st.error.empty()) return;
+        if (!st.in_round) {
+          st.error = "asynchronous model average, before round " + std::to_string(st.round) +
+                     ": " + reason;
+          {
+            std::lock_guard<std::mutex> lock(st.stats->mutex);
+            st.stats->error = st.error;
+          }
+          st.running = false;
+          answer_stop(self);
+          return;
+        }
+        // The round cannot complete without the dead rank: post nothing more, and fail what still
+        // waits on live ranks after the grace; round_atom then reports the reason.
+        auto execution = st.execution;
+        if (st.inline_lock) {
+          std::lock_guard<std::mutex> guard(*st.inline_lock);
+          execution->abort(comm::Status::failure(reason, peer));
+        } else {
+          execution->abort(comm::Status::failure(reason, peer));
+        }
+        self->delayed_send(self, st.settings.failure_grace, force_atom::value, reason);
+      },
+      [self](force_atom, const std::string& reason) {
+        auto& st = self->state;
+        if (!st.execution) return;
+        std::vector<int> waiting;
+        if (st.inline_lock) {
+          std::lock_guard<std::mutex> guard(*st.inline_lock);
+          if (!st.execution->done()) waiting = st.execution->waiting_on();
+        } else if (!st.execution->done()) {
+          waiting = st.execution->waiting_on();
+        }
+        for (int p : waiting) st.transport->fail_peer(p, reason);
+      },
       [self](stop_atom) -> caf::result<bool, std::string> {
         auto& st = self->state;
         if (!st.running) return caf::result<bool, std::string>(st.error.empty(), st.error);

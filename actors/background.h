@@ -53,7 +53,7 @@ struct BackgroundStats {
   std::atomic<uint64_t> bytes_received{0};
   std::mutex mutex;
   std::vector<int> dropped;  // gossiper: neighbours dropped, in order
-  std::string error;         // averager: why rounds stopped early (a dead rank)
+  std::string error;         // averager: why rounds stopped early (a dead rank, named)
 };
 
 struct AveragerSettings {
@@ -61,12 +61,17 @@ struct AveragerSettings {
   /// Keys of its allreduces: key_prefix | (round & 0x0fffffff); key_prefix uses bits 28-31.
   uint32_t key_prefix = 0;
   comm::CollectiveOptions collectives;
+  /// After abort_atom, how long the round's operations with live ranks may still end by themselves
+  /// before they are failed (they may wait on a rank that stopped because of the dead one).
+  std::chrono::milliseconds failure_grace{200};
 };
 
 /// On start_atom the averager starts (or resumes) a round every interval. On stop_atom it runs one
 /// more round at once, flagged: every rank that sees the flag ends its rounds after that round,
 /// so all ranks stop after the same round (ranks then stop_atom'd or start_atom'd again resume in
-/// step). A failed round (a dead rank) ends the rounds; stop_atom then answers (false, error).
+/// step). A failed round ends the rounds; stop_atom then answers (false, error), and
+/// BackgroundStats::error says why. (abort_atom, reason, rank) — a rank died — fails the round in
+/// flight (within failure_grace) or, between rounds, ends the rounds at once, naming the reason.
 caf::actor spawn_averager(caf::actor_system& system, ModelAccess model, AveragerSettings settings,
                           std::shared_ptr<comm::Transport> transport,
                           std::shared_ptr<BackgroundStats> stats);

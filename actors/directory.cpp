@@ -135,6 +135,17 @@ caf::behavior directory(Directory* self, int world_size, std::chrono::millisecon
                            " ms: rank(s) " + list(missing) + " never arrived (world size " +
                            std::to_string(st.world_size) + ")");
       },
+      [self](failed_atom, int rank, const std::string& reason) {
+        auto it = self->state.members.find(rank);
+        if (it == self->state.members.end() || it->second.gone) return true;
+        it->second.gone = true;
+        self->demonitor(it->second.worker);
+        tell_survivors(self, rank,
+                       "rank " + std::to_string(rank) + " (on " + it->second.host +
+                           ") failed: " + reason,
+                       true);
+        return true;
+      },
       [self](leave_atom, int rank) {
         auto it = self->state.members.find(rank);
         if (it == self->state.members.end() || it->second.gone) return true;

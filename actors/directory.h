@@ -7,7 +7,9 @@
 /// rank). Registration fails for everyone, at once, on a duplicate rank, a world size that differs
 /// from rank 0's, or a rank outside [0, world_size); and when the deadline passes first, with a
 /// message naming the ranks that never arrived. After the rendezvous the directory monitors every
-/// worker; when one disappears it tells every survivor which rank it was (peer_down_atom).
+/// worker and tells every survivor of each rank that is gone (peer_down_atom): as a death when its
+/// worker disappears or it announces a failure (failed_atom, with its reason), as a clean exit
+/// when it leaves (leave_atom).
 #include <caf/fwd.hpp>
 
 #include <chrono>

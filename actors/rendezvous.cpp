@@ -14,6 +14,27 @@ namespace {
 std::string where(const RendezvousRequest& r) {
   return r.master_addr + ":" + std::to_string(r.master_port);
 }
+
+// The directory at host:port, through the middleman actor's connect request with a deadline:
+// middleman::remote_actor waits without one, and a peer that accepts the TCP connection but never
+// completes CAF's handshake (a process that is stopped, or not CAF at all) would hold it forever.
+caf::expected<caf::actor> connect_directory(caf::actor_system& system,
+                                            const RendezvousRequest& request,
+                                            std::chrono::milliseconds timeout) {
+  caf::expected<caf::actor> result{caf::actor{}};
+  caf::scoped_actor self{system, true};
+  self->request(system.middleman().actor_handle(), timeout, caf::connect_atom::value,
+                request.master_addr, static_cast<uint16_t>(request.master_port))
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& found, std::set<std::string>&) {
+            if (found)
+              result = caf::actor_cast<caf::actor>(std::move(found));
+            else
+              result = caf::make_error(caf::sec::no_actor_published_at_port);
+          },
+          [&](caf::error& e) { result = std::move(e); });
+  return result;
+}
 }  // namespace
 
 caf::actor publish_directory(caf::actor_system& system, const RendezvousRequest& request,
@@ -38,14 +59,17 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
     std::string last_error;
     auto backoff = std::chrono::milliseconds(20);
     while (true) {
-      auto found =
-          system.middleman().remote_actor(request.master_addr,
-                                          static_cast<uint16_t>(request.master_port));
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+      auto found = connect_directory(system, request, std::max(left, std::chrono::milliseconds(1)));
       if (found) {
         directory = *found;
         break;
       }
-      last_error = system.render(found.error());
+      last_error = found.error() == caf::sec::request_timeout
+                       ? "no CAF handshake in time: something accepts connections there but does "
+                         "not answer, e.g. a stopped rank 0 or another program on that port"
+                       : system.render(found.error());
       const auto now = clock::now();
       if (now >= deadline)
         throw comm::Error("rank " + std::to_string(request.rank) +
@@ -57,9 +81,11 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
   }
-  // The directory answers by its own deadline; give the message some slack beyond it.
+  // The directory answers by its own deadline, which names the missing ranks; a little slack lets
+  // that answer arrive when rank 0 started after this rank.
+  constexpr auto slack = std::chrono::seconds(1);
   auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-  auto wait = std::max(remaining, std::chrono::milliseconds(0)) + std::chrono::seconds(5);
+  auto wait = std::max(remaining, std::chrono::milliseconds(0)) + slack;
   PeerTable table;
   std::string failure;
   caf::scoped_actor self{system};
@@ -75,7 +101,12 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
           },
           [&](caf::error& e) {
             failure = "rendezvous at " + where(request) + " failed for rank " +
-                      std::to_string(request.rank) + ": " + system.render(e);
+                      std::to_string(request.rank) + ": " +
+                      (e == caf::sec::request_timeout
+                           ? "no peer table from the directory within " +
+                                 std::to_string(request.timeout.count()) +
+                                 " ms (+1 s): rank 0 does not answer (stopped?)"
+                           : system.render(e));
           });
   if (!failure.empty()) throw comm::Error(failure);
   table.directory = directory;

@@ -40,9 +40,12 @@ caf::actor publish_directory(caf::actor_system& system, const RendezvousRequest&
                              int* bound_port = nullptr);
 
 /// Registers `worker` with the directory (`directory` on rank 0, else reached at
-/// master_addr:master_port, retrying until the timeout) and waits for the table. Throws comm::Error
-/// naming host:port when the directory cannot be reached in time, and passing on the directory's
-/// refusal (duplicate rank, world size mismatch, missing ranks) otherwise.
+/// master_addr:master_port, retrying until the timeout) and waits for the table. Every attempt to
+/// connect, the CAF handshake included, ends at the timeout, so a port that accepts and never
+/// answers (a stopped rank 0) fails like one that refuses; the table is awaited up to the timeout
+/// plus 1 s. Throws comm::Error naming host:port and the timeout when the directory cannot be
+/// reached or does not answer in time, and passing on the directory's refusal (duplicate rank,
+/// world size mismatch, missing ranks) otherwise.
 PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request,
                      const caf::actor& worker, caf::actor directory);
 

@@ -2,7 +2,8 @@
 /// The worker: one per rank, the rank's address in the actor world.
 ///
 /// It owns the rank's peer links (one per other rank), receives the directory's news of lost ranks,
-/// and turns it into transport failures: a rank that died fails the operations with it at once
+/// and turns it into transport failures: a rank that died (its connection to the directory was
+/// lost, or it announced a failure with Runtime::fail) fails the operations with it at once
 /// (the collectives waiting on it fail, and those of the other survivors stop with them, see
 /// comm::BlockingDriver), so nothing waits for its deadline; a rank that left
 /// cleanly is only recorded, since every message it sent had been delivered (a wait for one it

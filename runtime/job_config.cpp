@@ -529,6 +529,12 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
   return config;
 }
 
+bool tolerates_dead_ranks(const JobAlgorithm& algorithm) {
+  return std::holds_alternative<Decentralized>(algorithm) ||
+         std::holds_alternative<LowPrecisionDecentralized>(algorithm) ||
+         std::holds_alternative<AsyncGossip>(algorithm);
+}
+
 JobConfig load_job_config(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))

@@ -53,6 +53,12 @@ using JobAlgorithm = std::variant<comm::Compression, Decentralized, LowPrecision
 /// The name a job file uses for the algorithm ("powersgd", "decentralized", ...).
 std::string job_algorithm_name(const JobAlgorithm& algorithm);
 
+/// Whether the survivors of the algorithm train on when a rank dies: the gossip algorithms drop a
+/// dead neighbour (decentralized, low_precision_decentralized, async_gossip); the others need
+/// every rank in every reduction (the bucket algorithms, async_model_average). `troupe run` keeps
+/// the other ranks running when one of a tolerant job dies, and stops them all otherwise.
+bool tolerates_dead_ranks(const JobAlgorithm& algorithm);
+
 /// The trainer of the job: the Fashion-MNIST example (examples/fashion_mnist).
 struct TrainerConfig {
   /// The program to run: "fashion_mnist" (looked up beside the troupe binary, then in PATH) or a

@@ -460,6 +460,13 @@ LaunchResult Launcher::run(int port) {
   };
   add("stopped ", stopped_, "");
   add("", not_started, " not started");
+  if (!options_.stop_on_failure) {
+    std::vector<int> failed, finished;
+    for (int r = 0; r < options_.nprocs; ++r)
+      (result_.rank_exit_codes[r] == 0 ? finished : failed).push_back(r);
+    add("failed: ", failed, "");
+    add("", finished, " ran on and exited with status 0");
+  }
   add("", unreaped, " did not exit within " + seconds_text(kReapAfterKillSec) + " of SIGKILL");
   return result_;
 }

@@ -1,7 +1,7 @@
 #pragma once
 /// Launch: start N local processes of one program as the ranks of a job, the way torchrun does
 /// (what `troupe launch -n N -- prog args` runs), forward their output, and stop them all when one
-/// fails.
+/// fails (or, with stop_on_failure off, let the others run on).
 #include <iostream>
 #include <string>
 #include <utility>
@@ -26,7 +26,9 @@ struct LaunchOptions {
   double timeout_sec = 0;
   /// SIGTERM -> SIGKILL delay when stopping the ranks.
   double grace_sec = 5;
-  /// false: a failing rank is reported but the others run on (to test how survivors react).
+  /// false: a failing rank is reported but the others run on (`troupe launch --keep-going`; what
+  /// `troupe run` does for algorithms that tolerate a dead rank); the result's message then names
+  /// every rank that failed and every one that ran on to status 0.
   bool stop_on_failure = true;
 };
 

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -91,8 +93,14 @@ struct Runtime::Impl {
   std::mutex nccl_mutex;
   std::shared_ptr<comm::NcclCommunicator> nccl;
 
+  // Failure: exceptions in flight when the Runtime was made (more at its destruction mean an
+  // exception unwinds it), and whether this rank has told the directory it failed.
+  int uncaught_at_start = 0;
+  std::atomic<bool> failure_announced{false};
+
   void start();
   void publish_nccl_id(actors::RendezvousRequest& request);
+  void announce_failure(const std::string& reason);
   void stop();
 };
 
@@ -229,9 +237,31 @@ void Runtime::Impl::publish_nccl_id(actors::RendezvousRequest& request) {
 #endif
 }
 
+void Runtime::Impl::announce_failure(const std::string& reason) {
+  if (!system || failure_announced.exchange(true)) return;
+  if (directory && worker && !hosts.empty()) {
+    // The directory tells every other rank at once, as a death: their waits on this rank end now
+    // instead of at their deadlines, with this reason.
+    caf::scoped_actor self{*system};
+    self->request(directory, std::chrono::seconds(2), actors::failed_atom::value, info.rank, reason)
+        .receive([](bool) {}, [](caf::error&) {});
+  }
+  // This rank's own operations end too: its collectives, and what its modules (buckets, gossip
+  // rounds, background averages) still wait for from its peers.
+  const std::string why = "rank " + std::to_string(info.rank) + " (this rank) failed: " + reason;
+  if (transport && !hosts.empty())
+    for (int r = 0; r < info.world_size; ++r)
+      if (r != info.rank) transport->fail_peer(r, why);
+  std::lock_guard<std::mutex> lock(dead_mutex);
+  if (comm) comm->abort(why, info.rank);
+#ifdef TROUPE_HAVE_NCCL
+  if (nccl) nccl->abort(why);
+#endif
+}
+
 void Runtime::Impl::stop() {
   if (!system) return;
-  if (directory && worker && !hosts.empty()) {
+  if (directory && worker && !hosts.empty() && !failure_announced) {
     // Tell the directory we leave on purpose, so survivors hear "left" rather than "died".
     caf::scoped_actor self{*system};
     self->request(directory, std::chrono::seconds(2), actors::leave_atom::value, info.rank)
@@ -259,15 +289,27 @@ Runtime::Runtime() : Runtime(RuntimeOptions{}) {}
 
 Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
+  impl_->uncaught_at_start = std::uncaught_exceptions();
   try {
     impl_->start();
+  } catch (const std::exception& e) {
+    impl_->announce_failure(std::string("its Runtime failed to start: ") + e.what());
+    impl_->stop();
+    throw;
   } catch (...) {
     impl_->stop();
     throw;
   }
 }
 
-Runtime::~Runtime() { impl_->stop(); }
+Runtime::~Runtime() {
+  if (std::uncaught_exceptions() > impl_->uncaught_at_start)
+    impl_->announce_failure("an exception unwound its Runtime (the program did not name it with "
+                            "Runtime::fail)");
+  impl_->stop();
+}
+
+void Runtime::fail(const std::string& reason) { impl_->announce_failure(reason); }
 
 int Runtime::rank() const { return impl_->info.rank; }
 int Runtime::world_size() const { return impl_->info.world_size; }

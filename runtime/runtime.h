@@ -10,8 +10,9 @@
 /// with min(2, cores) scheduler threads unless told otherwise, creates the transport, registers
 /// with the directory on rank 0 (which rank 0 publishes at MASTER_ADDR:MASTER_PORT), connects to
 /// every peer and passes a barrier. Every step has a deadline; failures throw comm::Error with a
-/// message naming what was expected. When a rank dies later, every survivor's pending and later
-/// communication fails with an error naming it; dead_ranks() lists the ranks lost so far.
+/// message naming what was expected. When a rank dies later (or fails: see fail()), every
+/// survivor's pending and later communication fails with an error naming it; dead_ranks() lists
+/// the ranks lost so far.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -90,6 +91,15 @@ class Runtime {
   comm::Communicator& comm();
   /// Ranks reported gone (died or left) so far, sorted.
   std::vector<int> dead_ranks() const;
+
+  /// Tells every other rank that this one fails, with `reason` (say, the exception's what()): their
+  /// pending and later communication with it fails at once with an error naming this rank and the
+  /// reason, as if it had died, instead of waiting for it until a deadline; this rank's own
+  /// collectives fail from now on. Call it in the catch block of a trainer, then let the Runtime
+  /// go. A Runtime destroyed by an exception (stack unwinding) announces a failure by itself,
+  /// without the exception's text; one destroyed otherwise tells the others it left cleanly.
+  /// Idempotent; never throws for the announcement (it waits at most 2 s for the directory).
+  void fail(const std::string& reason);
 
   /// Called (on an actor thread) with (rank, reason) when a rank dies; at once if one already has.
   /// Returns an id for remove_failure_listener. Used by DistributedModule to fail its buckets.

@@ -167,6 +167,17 @@ void train_rank(Runtime& rt, const Settings& s) {
   }
 }
 
+// A rank that cannot go on tells the others why, so that they stop at once naming it and the
+// error instead of waiting for it until their deadlines.
+void train_or_fail(Runtime& rt, const Settings& s) {
+  try {
+    train_rank(rt, s);
+  } catch (const std::exception& e) {
+    rt.fail(e.what());
+    throw;
+  }
+}
+
 // Sparsification's momentum correction already applies momentum: SGD's would apply it twice.
 void check_momentum_once(const Settings& s) {
   const auto* c = std::get_if<comm::Compression>(&s.algorithm);
@@ -201,7 +212,7 @@ int run_threads(const Settings& s, int world, const comm::LinkEmulation& links) 
         o.scheduler_threads = 1;
         o.links = links;
         Runtime rt(o);
-        train_rank(rt, s);
+        train_or_fail(rt, s);
         return std::string();
       } catch (const std::exception& e) {
         return std::string(e.what());
@@ -280,7 +291,7 @@ int main(int argc, char** argv) {
       throw comm::Error(job_file + ": job.world_size = " + std::to_string(world) +
                         " but this job has " + std::to_string(rt.world_size()) +
                         " ranks (start it with troupe run)");
-    train_rank(rt, s);
+    train_or_fail(rt, s);
   } catch (const std::exception& e) {
     std::cerr << "fashion_mnist: " << e.what() << "\n";
     return 1;

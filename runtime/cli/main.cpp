@@ -35,7 +35,8 @@ std::string self_exe(const char* argv0) {
 }
 
 // `troupe run job.toml`: checks the whole job file, then starts its trainer with `--job FILE` —
-// world_size processes through launch(), or one process whose ranks are threads.
+// world_size processes through launch(), or one process whose ranks are threads. A rank process
+// that dies stops the others unless the algorithm tolerates dead ranks (gossip).
 int run_job(const std::string& path, const std::string& self) {
   auto job = troupe::load_job_config(path);
   std::string program = job.trainer.program;
@@ -53,6 +54,8 @@ int run_job(const std::string& path, const std::string& self) {
   launch.command = {program, "--job", path};
   launch.timeout_sec = job.timeout_sec;
   launch.prefix_output = processes;
+  // Gossip survives a dead neighbour: stopping the other ranks would defeat that.
+  launch.stop_on_failure = !troupe::tolerates_dead_ranks(job.algorithm);
   auto result = troupe::launch(launch);
   if (result.exit_code != 0) std::cerr << "troupe run: " << result.message << "\n";
   return result.exit_code;
@@ -96,6 +99,9 @@ int main(int argc, char** argv) {
   launch_cmd->add_option("--timeout", launch.timeout_sec, "Stop every rank after this many seconds")
       ->check(troupe::cli::number_at_least(0));
   launch_cmd->add_flag("!--no-prefix", launch.prefix_output, "Do not prefix output lines with the rank");
+  launch_cmd->add_flag("!--keep-going", launch.stop_on_failure,
+                       "When a rank fails, let the others run on (for algorithms that tolerate a "
+                       "dead rank); the exit status still says that one failed");
   std::string link;
   std::vector<std::string> link_ranks;
   launch_cmd->add_option("--link", link,

@@ -163,6 +163,11 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   settings.key_prefix = m.key_prefix;
   m.actor = actors::spawn_averager(runtime.system(), m.access(), settings, runtime.transport(),
                                    m.background);
+  // Every rank takes part in every average: a dead rank ends the rounds, naming it.
+  caf::actor actor = m.actor;
+  m.listener = runtime.add_failure_listener([actor](int rank, const std::string& reason) {
+    caf::anon_send(actor, actors::abort_atom::value, reason, rank);
+  });
   m.gradients.resize(m.flat.count());
   m.start_background();
 }
@@ -206,6 +211,11 @@ AsynchronousModule::~AsynchronousModule() {
 
 void AsynchronousModule::step(torch::optim::Optimizer& optimizer) {
   auto& m = *impl_;
+  {
+    // The averages cannot go on without a dead rank: say so now rather than train on alone.
+    std::lock_guard<std::mutex> lock(m.background->mutex);
+    if (!m.background->error.empty()) throw comm::Error(m.name() + ": " + m.background->error);
+  }
   m.reattach();
   if (m.steps < static_cast<uint64_t>(m.warmup_steps())) {
     // Warm-up: synchronous gradient allreduce, one flat buffer.

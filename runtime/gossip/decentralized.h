@@ -106,6 +106,9 @@ class DecentralizedModule : public DataParallel {
 /// rule needs none), and training never waits for a round: a step lands what has arrived (one
 /// pass over the weights) and goes on. stats().background_rounds counts the rounds completed,
 /// landed or not.
+///
+/// A rank that dies or fails ends AsyncModelAverage's rounds (every rank takes part in each):
+/// the next step() throws comm::Error naming it; AsyncGossip drops it as a neighbour and goes on.
 class AsynchronousModule : public DataParallel {
  public:
   AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,

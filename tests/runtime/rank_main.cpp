@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <stdexcept>
 #include <vector>
 
 #include <torch/torch.h>
@@ -105,6 +106,56 @@ int ddp_kill_one() {
   }
   std::cerr << "rank " << rt.rank() << ": every step succeeded although rank " << victim
             << " was killed\n";
+  return 3;
+}
+
+// Three ranks train with a DistributedModule; the last one meets bad data at its third step and
+// gives up with an exception: naming it with Runtime::fail (`named`), or letting it unwind the
+// Runtime. Every survivor's step must end at once with an error naming that rank and, when named,
+// the error; the victim exits 1 through main's catch.
+int ddp_fail_one(bool named) {
+  torch::set_num_threads(1);
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  o.collective_timeout = std::chrono::seconds(30);
+  Runtime rt(o);
+  const int victim = rt.world_size() - 1;
+  const std::string bad = "bad data in batch 2: label 11 is outside [0, 10)";
+  auto model = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::ReLU(),
+                                     torch::nn::Linear(256, 10));
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  DdpOptions d;
+  d.stall_timeout = std::chrono::seconds(30);
+  DistributedModule ddp(rt, model.ptr(), GradientAllReduce{}, d);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    for (int step = 0; step < 20; ++step) {
+      if (step == 2 && rt.rank() == victim) {
+        try {
+          throw std::runtime_error(bad);
+        } catch (const std::exception& e) {
+          if (named) rt.fail(e.what());
+          throw;
+        }
+      }
+      start = std::chrono::steady_clock::now();
+      opt.zero_grad();
+      model->forward(torch::randn({32, 64})).pow(2).mean().backward();
+      ddp.step(opt);
+    }
+  } catch (const comm::Error& e) {
+    double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string what = e.what();
+    std::cout << "rank " << rt.rank() << " got after " << waited << " s: " << what << std::endl;
+    const std::string expected = named ? "failed: " + bad : "failed: an exception unwound";
+    if (what.find("rank " + std::to_string(victim)) != std::string::npos &&
+        what.find(expected) != std::string::npos && waited < 5)
+      return 0;
+    return 2;
+  }
+  std::cerr << "rank " << rt.rank() << ": every step succeeded although rank " << victim
+            << " failed\n";
   return 3;
 }
 
@@ -247,14 +298,16 @@ int cuda_staging() {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: troupe_test_rank collectives|kill_one|ddp_kill_one|gossip_kill_one|"
-                 "async_gossip_kill_one|hierarchical|cuda_staging\n";
+    std::cerr << "usage: troupe_test_rank collectives|kill_one|ddp_kill_one|ddp_fail_one|"
+                 "ddp_throw_one|gossip_kill_one|async_gossip_kill_one|hierarchical|cuda_staging\n";
     return 64;
   }
   try {
     if (!std::strcmp(argv[1], "collectives")) return collectives();
     if (!std::strcmp(argv[1], "kill_one")) return kill_one();
     if (!std::strcmp(argv[1], "ddp_kill_one")) return ddp_kill_one();
+    if (!std::strcmp(argv[1], "ddp_fail_one")) return ddp_fail_one(true);
+    if (!std::strcmp(argv[1], "ddp_throw_one")) return ddp_fail_one(false);
     if (!std::strcmp(argv[1], "gossip_kill_one")) return gossip_kill_one(false);
     if (!std::strcmp(argv[1], "hierarchical")) return hierarchical();
     if (!std::strcmp(argv[1], "async_gossip_kill_one")) return gossip_kill_one(true);
