@@ -30,7 +30,8 @@ struct CommStats {
   uint64_t last_step_bytes_sent = 0;
   /// Time step() spent waiting for communication.
   double comm_wait_sec = 0;
-  /// Background rounds (asynchronous algorithms): averages or pairwise exchanges applied.
+  /// Background rounds (asynchronous algorithms): averages or pairwise exchanges completed (their
+  /// results land in the weights at the next step(), abort() or finish()).
   uint64_t background_rounds = 0;
   /// Peers this rank stopped talking to because they died, in the order they were dropped.
   std::vector<int> dropped_peers;
