@@ -165,7 +165,8 @@ TEST_CASE("with stop_on_failure off a failing rank is reported and the others ru
   CHECK(r.result.failed_rank == 1);
   CHECK(r.result.exit_code == 3);
   CHECK(r.result.rank_exit_codes == std::vector<int>{0, 3});
-  CHECK(r.result.message == "rank 1 exited with status 3");
+  CHECK(r.result.message ==
+        "rank 1 exited with status 3; failed: rank 1; rank 0 ran on and exited with status 0");
   CHECK(r.out == "[rank 0] done\n");
 }
 
