@@ -11,27 +11,15 @@
 #include <string>
 
 #include "runtime/launch.h"
+#include "tests/support/command.h"
 #include "tests/support/idx_files.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Output {
-  int status;
-  std::string text;
-};
-
-Output run(const std::string& command) {
-  Output out{-1, {}};
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.text.append(buf, n);
-  out.status = pclose(pipe);
-  return out;
-}
+using troupe::test::Output;
+using troupe::test::run;
 
 bool has(const Output& out, const std::string& part) {
   return out.text.find(part) != std::string::npos;

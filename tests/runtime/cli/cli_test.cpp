@@ -10,23 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/command.h"
+
 namespace {
 
-struct Output {
-  int status;
-  std::string text;
-};
-
-Output run(const std::string& command) {
-  Output out{-1, {}};
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.text.append(buf, n);
-  out.status = pclose(pipe);
-  return out;
-}
+using troupe::test::Output;
+using troupe::test::run;
 
 std::vector<nlohmann::json> json_lines(const std::string& text) {
   std::vector<nlohmann::json> rows;
