@@ -128,9 +128,13 @@ TEST_CASE("a checkpoint loaded after constructing a Choco-SGD module moves the w
   });
   // The public copies (known to the neighbours) stay at the weights of construction.
   const auto x = choco_reference(algo, world, steps, lr, construction_weights());
+  // 1e-3, not the 1e-5 of the other Choco tests: here x - x_hat spans the checkpoint's distance
+  // from the construction weights, so one 8-bit step is large, and a last-bit difference that
+  // moves a value across a rounding boundary showed as up to 2.6e-4 in about 1 run of 12. Without
+  // the re-attach the ranks are off by far more.
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
-    CHECK((finals[r] - x[r]).abs().max().item<double>() < 1e-5);
+    CHECK((finals[r] - x[r]).abs().max().item<double>() < 1e-3);
   }
 }
 
