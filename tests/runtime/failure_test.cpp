@@ -92,6 +92,13 @@ void check_names(const std::string& error, int rank, const std::string& text) {
   CHECK(error.find("failed: " + text) != std::string::npos);
 }
 
+// The same seeded two-layer model on every rank.
+torch::nn::Sequential small_model() {
+  torch::manual_seed(1);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 2));
+}
+
 }  // namespace
 
 TEST_CASE("a rendezvous port that accepts and never answers fails at the deadline naming host:port") {
@@ -181,9 +188,7 @@ TEST_CASE("a rank that fails mid-training ends every other rank's DistributedMod
   FailureClock clock;
   std::vector<double> waited(3, -1);
   auto errors = test::run_ranks(ranks_with_deadline(3), [&](int rank, Runtime& rt) {
-    torch::manual_seed(1);
-    auto model = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
-                                       torch::nn::Linear(16, 2));
+    auto model = small_model();
     torch::optim::SGD opt(model->parameters(), 0.01);
     DdpOptions d;
     d.stall_timeout = kDeadline;
@@ -215,9 +220,7 @@ TEST_CASE("a rank that fails ends the asynchronous model average on every other 
   FailureClock clock;
   std::vector<double> waited(4, -1);
   auto errors = test::run_ranks(ranks_with_deadline(4), [&](int rank, Runtime& rt) {
-    torch::manual_seed(1);
-    auto model = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
-                                       torch::nn::Linear(16, 2));
+    auto model = small_model();
     torch::optim::SGD opt(model->parameters(), 0.01);
     AsyncModelAverage a;
     a.sync_interval_ms = 2;
