@@ -22,6 +22,11 @@ using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 /// (fail_atom, reason): tell a peer link that its peer is gone.
 using fail_atom = caf::atom_constant<caf::atom("fail")>;
+/// (closed_atom): the connection a remote rank's stand-in (front_door.h) or a rank's link to the
+/// directory (rendezvous.h) speaks through is gone; the actor ends, as a remote actor would.
+using closed_atom = caf::atom_constant<caf::atom("closed")>;
+/// (flush_atom) -> true: answered once everything sent to the actor before it has been handled.
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
 
 }  // namespace troupe::actors
 

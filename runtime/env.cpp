@@ -222,6 +222,21 @@ RankInfo rank_info_from_env(const GetEnv& getenv) {
   } else {
     read_master(getenv, info);
   }
+  if (const char* secret = getenv("TROUPE_JOB_SECRET")) info.job_secret = secret;
+  if (const char* bind = getenv("TROUPE_BIND_ADDRESS")) info.bind_address = bind;
+  const char* tls[] = {getenv("TROUPE_TLS_CERT"), getenv("TROUPE_TLS_KEY"), getenv("TROUPE_TLS_CA")};
+  if (tls[0] || tls[1] || tls[2]) {
+    const char* names[] = {"TROUPE_TLS_CERT", "TROUPE_TLS_KEY", "TROUPE_TLS_CA"};
+    const int given = tls[0] ? 0 : tls[1] ? 1 : 2;
+    for (int i = 0; i < 3; ++i)
+      if (!tls[i] || !*tls[i])
+        throw Error(std::string(names[i]) + " is not set, but " + names[given] +
+                    " is (expected all three of TROUPE_TLS_CERT, TROUPE_TLS_KEY and TROUPE_TLS_CA, "
+                    "or none)");
+    info.tls_cert = tls[0];
+    info.tls_key = tls[1];
+    info.tls_ca = tls[2];
+  }
   validate(info);
   return info;
 }
@@ -263,6 +278,12 @@ void validate(const RankInfo& info) {
   }
   if (info.master_addr.empty()) {
     throw Error("master_addr is empty (expected a host name or IP address)" + where(info));
+  }
+  // The secret itself is never printed, only its length.
+  if (!info.job_secret.empty() && info.job_secret.size() < kMinJobSecretLength) {
+    throw Error("TROUPE_JOB_SECRET has " + std::to_string(info.job_secret.size()) +
+                " characters (expected at least " + std::to_string(kMinJobSecretLength) +
+                "; troupe launch makes one of 64 hex digits)");
   }
 }
 

@@ -28,7 +28,23 @@ struct RankInfo {
   /// <TORCHELASTIC_RESTART_COUNT>"); the other ranks read it (runtime/tcp_store.h). Empty: the
   /// directory listens on master_port itself.
   std::string agent_store_key;
+  /// The job's secret (TROUPE_JOB_SECRET): a rank proves it holds it before rank 0 registers it,
+  /// and rank 0 proves it back (actors/rendezvous_wire.h). `troupe launch` makes one for its
+  /// ranks; under torchrun, Slurm or mpirun, export the same value to every rank. Empty: none,
+  /// and the Runtime warns when its rendezvous listens beyond the loopback interface.
+  std::string job_secret;
+  /// Where rank 0's rendezvous listens (TROUPE_BIND_ADDRESS, an IPv4 address such as 0.0.0.0);
+  /// empty: MASTER_ADDR's address, so a job with MASTER_ADDR=127.0.0.1 is reachable from this
+  /// host only.
+  std::string bind_address;
+  /// TLS for the control plane (TROUPE_TLS_CERT, TROUPE_TLS_KEY, TROUPE_TLS_CA: PEM files of this
+  /// rank's certificate and key, and of the authority that signed every rank's): all three or
+  /// none, the same choice on every rank.
+  std::string tls_cert, tls_key, tls_ca;
 };
+
+/// The fewest characters TROUPE_JOB_SECRET may have.
+constexpr size_t kMinJobSecretLength = 16;
 
 /// The most ranks a job may have. A larger world size, from the environment or built by hand, is
 /// refused by validate() before anything is allocated per rank.
@@ -56,7 +72,8 @@ GetEnv default_getenv();
 /// SLURM_NTASKS, SLURM_LOCALID (local size from SLURM_NTASKS_PER_NODE, else the entry for
 /// SLURM_NODEID in SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE such as "2(x3),1", best
 /// effort); else a single process. MASTER_ADDR/MASTER_PORT override for mpirun and Slurm too
-/// (Slurm's default address: SLURM_LAUNCH_NODE_IPADDR when set).
+/// (Slurm's default address: SLURM_LAUNCH_NODE_IPADDR when set). TROUPE_JOB_SECRET and
+/// TROUPE_BIND_ADDRESS are read under every launcher.
 /// A missing local rank defaults to the rank and a missing local size to the world size (one node).
 /// Throws comm::Error naming the variable and its value when a value is malformed or out of range,
 /// or when a launcher's variables are only partly set (RANK without WORLD_SIZE). Calls validate().

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "actors/rendezvous_wire.h"
 #include "comm/status.h"
 #include "runtime/env.h"
 
@@ -154,8 +155,14 @@ class Launcher {
                                   std::to_string(rank), std::to_string(options_.nprocs),
                                   options_.master_addr, std::to_string(port)};
     for (size_t i = 0; i < kRankVars.size(); ++i) env.push_back(kRankVars[i] + "=" + values[i]);
+    if (!overridden("TROUPE_JOB_SECRET") && !std::getenv("TROUPE_JOB_SECRET"))
+      env.push_back("TROUPE_JOB_SECRET=" + job_secret_);
     return env;
   }
+
+  // The job's secret when the launcher's environment has none: one per launch, so only its ranks
+  // can join its rendezvous.
+  const std::string job_secret_ = actors::wire::random_secret();
 
   void start_rank(int r, int port);
 

@@ -11,7 +11,9 @@ namespace troupe {
 
 /// What to start and how. Every rank runs `command` with RANK, WORLD_SIZE, LOCAL_RANK,
 /// LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; the rest of the environment is the
-/// launcher's, plus `extra_env` (which cannot override the six rank variables).
+/// launcher's, plus `extra_env` (which cannot override the six rank variables). Unless the
+/// launcher's environment or `extra_env` has one, every rank also gets TROUPE_JOB_SECRET, 64 hex
+/// digits made for this launch, which its rendezvous checks (runtime/env.h).
 struct LaunchOptions {
   int nprocs = 1;
   std::string master_addr = "127.0.0.1";

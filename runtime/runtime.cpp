@@ -1,7 +1,6 @@
 #include "runtime/runtime.h"
 
 #include <caf/all.hpp>
-#include <caf/io/all.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +75,8 @@ struct Runtime::Impl {
   caf::actor worker;
   caf::actor directory;  // on every rank: the directory (local on rank 0)
   bool owns_directory = false;
+  std::unique_ptr<actors::FrontDoor> door;                   // rank 0 of a world > 1
+  std::shared_ptr<actors::DirectoryConnection> connection;  // the other ranks
   std::vector<std::string> hosts;
   std::unique_ptr<comm::Communicator> comm;
   mutable std::mutex dead_mutex;  // guards dead, death, death_rank and the creation of comm
@@ -99,6 +100,8 @@ struct Runtime::Impl {
   std::atomic<bool> failure_announced{false};
 
   void start();
+  // Rank 0 publishes the directory behind its front door; every rank registers and gets the table.
+  actors::PeerTable meet(actors::RendezvousRequest& request);
   void publish_nccl_id(actors::RendezvousRequest& request);
   void announce_failure(const std::string& reason);
   void stop();
@@ -127,7 +130,6 @@ void Runtime::Impl::start() {
   config.set("work-stealing.aggressive-poll-attempts", 0);
   config.set("work-stealing.moderate-poll-attempts", 0);
   config.set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(100)});
-  config.load<caf::io::middleman>();
   system = std::make_unique<caf::actor_system>(config);
 
   std::string address;
@@ -175,7 +177,35 @@ void Runtime::Impl::start() {
   request.host = host_name(options.host);
   request.address = address;
   request.timeout = options.rendezvous_timeout;
+  request.secret = info.job_secret;
+  request.bind_address = info.bind_address;
+  request.tls = {info.tls_cert, info.tls_key, info.tls_ca};
   if (info.rank == 0) publish_nccl_id(request);
+  actors::PeerTable table;
+  if (info.world_size == 1) {
+    // Alone: nobody to meet, so nothing listens (two single-process runs never collide on a port).
+    table.hosts = {request.host};
+    table.addresses = {request.address};
+    table.extras = {request.extra};
+  } else {
+    table = meet(request);
+  }
+  hosts = table.hosts;
+  if (!table.extras.empty()) nccl_id = table.extras[0];
+  if (directory) actors::watch_directory(worker, directory);
+
+  if (ucx) ucx->connect(table.addresses);
+  {
+    std::lock_guard<std::mutex> lock(dead_mutex);
+    comm = std::make_unique<comm::Communicator>(transport, options.collectives,
+                                                options.rendezvous_timeout);
+    if (!death.empty()) comm->abort(death, death_rank);
+  }
+  comm->barrier();
+  comm->set_timeout(options.collective_timeout);
+}
+
+actors::PeerTable Runtime::Impl::meet(actors::RendezvousRequest& request) {
   // Under torchrun's agent store, MASTER_PORT is the agent's: the directory listens on a free
   // port, which travels through the store.
   std::unique_ptr<TcpStore> agent_store;
@@ -193,27 +223,26 @@ void Runtime::Impl::start() {
   }
   caf::actor local;
   if (info.rank == 0) {
-    local = actors::publish_directory(*system, request, &request.master_port);
+    auto published = actors::publish_directory(*system, request);
+    door = std::move(published.door);
+    local = published.directory;
     owns_directory = true;
     directory = local;
+    request.master_port = door->port();
     if (agent_store) agent_store->set(port_key, std::to_string(request.master_port));
+    const bool loopback = door->address().rfind("127.", 0) == 0;
+    if (info.job_secret.empty() && !loopback)
+      std::cerr << "troupe: rank 0: the rendezvous at " << door->address() << ":"
+                << request.master_port
+                << " accepts any process that reaches it: no TROUPE_JOB_SECRET is set (troupe "
+                   "launch sets one; under torchrun, Slurm or mpirun export the same value of 16 "
+                   "or more characters to every rank)\n";
   }
   agent_store.reset();
   auto table = actors::rendezvous(*system, request, worker, local);
   directory = table.directory;
-  hosts = table.hosts;
-  if (!table.extras.empty()) nccl_id = table.extras[0];
-  actors::watch_directory(worker, directory);
-
-  if (ucx) ucx->connect(table.addresses);
-  {
-    std::lock_guard<std::mutex> lock(dead_mutex);
-    comm = std::make_unique<comm::Communicator>(transport, options.collectives,
-                                                options.rendezvous_timeout);
-    if (!death.empty()) comm->abort(death, death_rank);
-  }
-  comm->barrier();
-  comm->set_timeout(options.collective_timeout);
+  connection = table.connection;
+  return table;
 }
 
 void Runtime::Impl::publish_nccl_id(actors::RendezvousRequest& request) {
@@ -267,6 +296,8 @@ void Runtime::Impl::stop() {
     self->request(directory, std::chrono::seconds(2), actors::leave_atom::value, info.rank)
         .receive([](bool) {}, [](caf::error&) {});
   }
+  // Rank 0: what the directory told the others (this rank left) goes out before the door closes.
+  if (door) door->flush(std::chrono::seconds(1));
   std::shared_ptr<comm::NcclCommunicator> nccl_comm;
   {
     std::lock_guard<std::mutex> lock(dead_mutex);
@@ -275,10 +306,9 @@ void Runtime::Impl::stop() {
   }
   nccl_comm.reset();  // may wait for its operations in flight, up to their deadlines
   if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
-  if (owns_directory && directory) {
-    system->middleman().unpublish(directory);
-    caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
-  }
+  door.reset();
+  connection.reset();
+  if (owns_directory && directory) caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
   worker = nullptr;
   directory = nullptr;
   transport.reset();

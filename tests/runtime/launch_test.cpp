@@ -285,3 +285,23 @@ TEST_CASE("pick_free_port returns a port that can be bound on 127.0.0.1") {
   CHECK(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
   close(fd);
 }
+
+TEST_CASE("every rank of a launch gets the same fresh job secret unless the launcher has one") {
+  auto secrets = [](const troupe::LaunchOptions& options) {
+    auto r = run(options);
+    REQUIRE(r.result.exit_code == 0);
+    std::set<std::string> seen;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) seen.insert(line.substr(line.find("] ") + 2));
+    return seen;
+  };
+  auto options = shell(3, "echo \"$TROUPE_JOB_SECRET\"");
+  const auto first = secrets(options);
+  REQUIRE(first.size() == 1);  // the same on every rank
+  CHECK(std::regex_match(*first.begin(), std::regex("[0-9a-f]{64}")));
+  const auto second = secrets(options);
+  REQUIRE(second.size() == 1);
+  CHECK(*second.begin() != *first.begin());  // a new one for each launch
+  options.extra_env = {{"TROUPE_JOB_SECRET", "one-secret-for-many-nodes"}};
+  CHECK(secrets(options) == std::set<std::string>{"one-secret-for-many-nodes"});
+}

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include <caf/all.hpp>
-#include <caf/io/all.hpp>
 
 #include "actors/rendezvous.h"
 #include "runtime/launch.h"
@@ -155,7 +154,7 @@ TEST_CASE("a rank that leaves is reported to the others, and a wait for it ends 
 }
 
 TEST_CASE("every rank receives every rank's opaque bytes through the rendezvous, zero bytes included") {
-  // Each rank its own actor system, as in separate processes: the bytes cross CAF's middleman.
+  // Each rank its own actor system, as in separate processes: the bytes cross the front door.
   const int world = 3;
   const int port = pick_free_port();
   std::vector<std::string> blobs;
@@ -170,7 +169,6 @@ TEST_CASE("every rank receives every rank's opaque bytes through the rendezvous,
     ranks.push_back(std::async(std::launch::async, [&, r] {
       caf::actor_system_config config;
       config.set("scheduler.max-threads", 1);
-      config.load<caf::io::middleman>();
       caf::actor_system system(config);
       auto worker = system.spawn([](caf::event_based_actor* self) -> caf::behavior {
         self->set_default_handler(caf::drop);
@@ -183,13 +181,12 @@ TEST_CASE("every rank receives every rank's opaque bytes through the rendezvous,
       request.host = "host-" + std::to_string(r);
       request.extra = blobs[static_cast<size_t>(r)];
       request.timeout = 10s;
-      caf::actor directory;
-      if (r == 0) directory = actors::publish_directory(system, request);
-      auto table = actors::rendezvous(system, request, worker, directory);
-      if (r == 0) {
-        system.middleman().unpublish(directory);
-        caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
-      }
+      actors::PublishedDirectory published;
+      if (r == 0) published = actors::publish_directory(system, request);
+      auto table = actors::rendezvous(system, request, worker, published.directory);
+      table.connection.reset();
+      published.door.reset();
+      if (r == 0) caf::anon_send_exit(published.directory, caf::exit_reason::user_shutdown);
       caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
       CHECK(table.hosts == std::vector<std::string>{"host-0", "host-1", "host-2"});
       return table.extras;
