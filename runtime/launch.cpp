@@ -21,6 +21,7 @@
 
 #include "actors/rendezvous_wire.h"
 #include "comm/status.h"
+#include "runtime/compute_threads.h"
 #include "runtime/env.h"
 
 extern char** environ;
@@ -35,8 +36,10 @@ constexpr double kReapAfterKillSec = 5;  // SIGKILL to reaped and the pipes clos
 constexpr int kTickMs = 20;              // how often exits are polled while ranks run
 constexpr size_t kMaxLine = 64 * 1024;   // longer lines are forwarded in pieces
 constexpr Clock::time_point kNever = Clock::time_point::max();
+// torchrun's, in the order of rank_env()'s values.
 const std::vector<std::string> kRankVars = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+    "RANK",      "WORLD_SIZE",      "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
 
 Clock::duration as_duration(double seconds) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
@@ -151,11 +154,11 @@ class Launcher {
       if (std::count(kRankVars.begin(), kRankVars.end(), name) == 0)
         env.push_back(name + "=" + value);
     }
-    const std::string values[] = {std::to_string(rank), std::to_string(options_.nprocs),
-                                  std::to_string(rank), std::to_string(options_.nprocs),
-                                  options_.master_addr, std::to_string(port)};
-    for (size_t i = 0; i < kRankVars.size(); ++i) env.push_back(kRankVars[i] + "=" + values[i]);
-    if (!overridden("TROUPE_JOB_SECRET") && !std::getenv("TROUPE_JOB_SECRET"))
+    for (const auto& [name, value] : rank_env(options_, rank, port))
+      env.push_back(name + "=" + value);
+    // One launch per host cannot agree on a secret it makes: with several nodes the user exports
+    // one (rank 0 warns when its rendezvous is open).
+    if (options_.nnodes == 1 && !overridden("TROUPE_JOB_SECRET") && !std::getenv("TROUPE_JOB_SECRET"))
       env.push_back("TROUPE_JOB_SECRET=" + job_secret_);
     return env;
   }
@@ -164,13 +167,16 @@ class Launcher {
   // can join its rendezvous.
   const std::string job_secret_ = actors::wire::random_secret();
 
+  /// What the user calls local rank `r`: its RANK.
+  int global(int r) const { return options_.node_rank * options_.nprocs + r; }
+
   void start_rank(int r, int port);
 
   void forward(int r, int which, const char* data, size_t size, bool eof) {
     std::ostream& os = *streams_[which];
     std::string& partial = ranks_[r].partial[which];
     auto emit = [&](const char* line, size_t length) {
-      os << "[rank " << r << "] ";
+      os << "[rank " << global(r) << "] ";
       os.write(line, static_cast<std::streamsize>(length)) << '\n';
     };
     if (!options_.prefix_output) {
@@ -197,7 +203,7 @@ class Launcher {
       pid_t pid = rank.running ? waitpid(rank.pid, &status, WNOHANG) : 0;
       if (pid == 0 || (pid < 0 && errno == EINTR)) continue;
       rank.running = false;
-      std::string what = "rank " + std::to_string(r);
+      std::string what = "rank " + std::to_string(global(r));
       if (WIFSIGNALED(status)) {
         rank.exit_code = 128 + WTERMSIG(status);
         what += " was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
@@ -207,13 +213,13 @@ class Launcher {
         what += " exited with status " + std::to_string(rank.exit_code);
       }
       if (rank.exit_code != 0 && !stopping_) {
-        fail(what, rank.exit_code, r, options_.stop_on_failure);
+        fail(what, rank.exit_code, global(r), options_.stop_on_failure);
       }
     }
   }
 
-  /// Records a failure (the first one sets the result's code and rank) and, when `stop`,
-  /// starts stopping every rank.
+  /// Records a failure of global rank `failed_rank` (-1: none; the first failure sets the
+  /// result's code and rank) and, when `stop`, starts stopping every rank.
   void fail(const std::string& reason, int exit_code, int failed_rank, bool stop = true) {
     reason_ += (reason_.empty() ? "" : "; ") + reason;
     if (result_.exit_code == 0) {
@@ -223,7 +229,7 @@ class Launcher {
     if (!stop) return;
     stopping_ = true;
     for (int r = 0; r < options_.nprocs; ++r) {
-      if (ranks_[r].running && r != failed_rank) stopped_.push_back(r);
+      if (ranks_[r].running && global(r) != failed_rank) stopped_.push_back(global(r));
     }
     signal_groups(SIGTERM);
     kill_at_ = Clock::now() + as_duration(options_.grace_sec);
@@ -295,9 +301,9 @@ void Launcher::start_rank(int r, int port) {
   if (file.empty()) {
     bool searched = error == ENOENT && program.find('/') == std::string::npos;
     rank.exit_code = error == ENOENT ? 127 : 126;
-    fail("cannot start '" + program + "' for rank " + std::to_string(r) + ": " +
+    fail("cannot start '" + program + "' for rank " + std::to_string(global(r)) + ": " +
              (searched ? "not found in PATH" : strerror(error)) + " (expected an executable file)",
-         rank.exit_code, r);
+         rank.exit_code, global(r));
     return;
   }
   // Everything the child needs is built before fork: between fork and exec it may only make
@@ -320,7 +326,8 @@ void Launcher::start_rank(int r, int port) {
       close_fd(fds[0]);
       close_fd(fds[1]);
     }
-    throw Error("cannot start rank " + std::to_string(r) + ": fork: " + strerror(fork_error));
+    throw Error("cannot start rank " + std::to_string(global(r)) + ": fork: " +
+                strerror(fork_error));
   }
   if (pid == 0) {
     // The child: its own process group (so stopping it reaches its descendants), default signal
@@ -364,9 +371,9 @@ void Launcher::start_rank(int r, int port) {
     close_fd(out_pipe[0]);
     close_fd(err_pipe[0]);
     rank.exit_code = exec_error == ENOENT ? 127 : 126;
-    fail("cannot start '" + program + "' for rank " + std::to_string(r) + ": " +
+    fail("cannot start '" + program + "' for rank " + std::to_string(global(r)) + ": " +
              strerror(exec_error) + " (expected an executable file)",
-         rank.exit_code, r);
+         rank.exit_code, global(r));
     return;
   }
   rank.pid = pid;
@@ -405,7 +412,7 @@ LaunchResult Launcher::run(int port) {
     }
     if (running() && now >= give_up_at) {
       for (int r = 0; r < options_.nprocs; ++r) {
-        if (ranks_[r].running) unreaped.push_back(r);
+        if (ranks_[r].running) unreaped.push_back(global(r));
         ranks_[r].running = false;  // abandoned: waiting longer would break the deadline
       }
       break;
@@ -454,7 +461,7 @@ LaunchResult Launcher::run(int port) {
       if (ranks_[r].fds[which] >= 0) forward(r, which, "", 0, true);
     }
     result_.rank_exit_codes.push_back(ranks_[r].exit_code);
-    if (ranks_[r].pid < 0 && r != result_.failed_rank) not_started.push_back(r);
+    if (ranks_[r].pid < 0 && global(r) != result_.failed_rank) not_started.push_back(global(r));
   }
   if (reason_.empty()) {
     result_.message = "all " + std::to_string(options_.nprocs) + " ranks exited with status 0";
@@ -470,7 +477,7 @@ LaunchResult Launcher::run(int port) {
   if (!options_.stop_on_failure) {
     std::vector<int> failed, finished;
     for (int r = 0; r < options_.nprocs; ++r)
-      (result_.rank_exit_codes[r] == 0 ? finished : failed).push_back(r);
+      (result_.rank_exit_codes[r] == 0 ? finished : failed).push_back(global(r));
     add("failed: ", failed, "");
     add("", finished, " ran on and exited with status 0");
   }
@@ -484,10 +491,28 @@ void check_options(const LaunchOptions& o) {
   };
   if (o.nprocs < 1) bad("nprocs=" + std::to_string(o.nprocs) + " is not positive", "at least 1");
   check_world_size(o.nprocs, "LaunchOptions.nprocs", kMaxLocalRanks);
+  if (o.nnodes < 1) {
+    bad("nnodes (--nnodes) = " + std::to_string(o.nnodes) + " is not positive",
+        "at least 1: the number of hosts, each running one launch");
+  }
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    bad("node_rank (--node-rank) = " + std::to_string(o.node_rank) + " is out of range",
+        "0.." + std::to_string(o.nnodes - 1) + " for nnodes (--nnodes) = " +
+            std::to_string(o.nnodes));
+  }
+  check_world_size(static_cast<long long>(o.nnodes) * o.nprocs,
+                   "LaunchOptions world size nnodes x nprocs (--nnodes " +
+                       std::to_string(o.nnodes) + " x -n " + std::to_string(o.nprocs) + ")");
   if (o.command.empty()) bad("command is empty", "a program and its arguments");
-  if (o.master_addr.empty()) bad("master_addr is empty", "a host name or IP address");
+  if (o.master_addr.empty() && o.nnodes > 1) {
+    bad("master_addr (--master-addr) is not set for nnodes (--nnodes) = " +
+            std::to_string(o.nnodes),
+        "the host name or IP address of node 0, where rank 0 listens, the same on every node");
+  }
   if (o.master_port < 0 || o.master_port > 65535) {
-    bad("master_port=" + std::to_string(o.master_port) + " is out of range", "0..65535; 0: any");
+    bad("master_port=" + std::to_string(o.master_port) + " is out of range",
+        "0..65535; 0: a free one, or " + std::to_string(kDefaultMasterPort) +
+            " with several nodes");
   }
   if (!(o.timeout_sec >= 0))
     bad("timeout_sec=" + seconds_text(o.timeout_sec) + " is invalid", "0 or more");
@@ -495,13 +520,58 @@ void check_options(const LaunchOptions& o) {
     bad("grace_sec=" + seconds_text(o.grace_sec) + " is invalid", "0 or more");
 }
 
+/// `options` with what the ranks get beyond the user's choices (the compute thread variables),
+/// after saying on `err` what that is.
+LaunchOptions with_compute_threads(const LaunchOptions& options, std::ostream& err) {
+  const GetEnv inherited = [&options](const char* name) -> const char* {
+    for (const auto& [key, value] : options.extra_env)
+      if (key == name) return value.c_str();
+    return std::getenv(name);
+  };
+  const ComputeThreads threads = compute_threads(options.nprocs, available_cores(), inherited);
+  if (!threads.notice.empty()) err << "troupe: " << threads.notice << "\n";
+  if (!threads.warning.empty()) err << "troupe: warning: " << threads.warning << "\n";
+  err.flush();
+  LaunchOptions effective = options;
+  effective.extra_env.insert(effective.extra_env.end(), threads.env.begin(), threads.env.end());
+  return effective;
+}
+
 }  // namespace
 
 LaunchResult launch(const LaunchOptions& options, std::ostream& out, std::ostream& err) {
   check_options(options);
-  int port = options.master_port != 0 ? options.master_port : pick_free_port();
-  Launcher launcher(options, out, err);
+  int port = options.master_port != 0 ? options.master_port
+             : options.nnodes > 1     ? kDefaultMasterPort
+                                      : pick_free_port();
+  const LaunchOptions effective = with_compute_threads(options, err);
+  Launcher launcher(effective, out, err);
   return launcher.run(port);
+}
+
+std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& options,
+                                                          int local_rank, int port) {
+  check_options(options);
+  if (local_rank < 0 || local_rank >= options.nprocs) {
+    throw Error("rank_env: local_rank = " + std::to_string(local_rank) +
+                " is out of range (expected 0.." + std::to_string(options.nprocs - 1) +
+                " for nprocs = " + std::to_string(options.nprocs) + ")");
+  }
+  const std::string rank = std::to_string(options.node_rank * options.nprocs + local_rank);
+  const std::string world_size = std::to_string(options.nnodes * options.nprocs);
+  const std::string values[] = {rank,
+                                world_size,
+                                std::to_string(local_rank),
+                                std::to_string(options.nprocs),
+                                std::to_string(options.node_rank),
+                                std::to_string(options.nnodes),
+                                rank,
+                                world_size,
+                                options.master_addr.empty() ? "127.0.0.1" : options.master_addr,
+                                std::to_string(port)};
+  std::vector<std::pair<std::string, std::string>> env;
+  for (size_t i = 0; i < kRankVars.size(); ++i) env.emplace_back(kRankVars[i], values[i]);
+  return env;
 }
 
 int pick_free_port() {

@@ -1,7 +1,8 @@
 #pragma once
 /// Launch: start N local processes of one program as the ranks of a job, the way torchrun does
-/// (what `troupe launch -n N -- prog args` runs), forward their output, and stop them all when one
-/// fails (or, with stop_on_failure off, let the others run on).
+/// (what `troupe launch -n N -- prog args` runs; with --nnodes M --node-rank I, one launch per
+/// host starts that host's N of the job's M x N ranks), forward their output, and stop them all
+/// when one fails (or, with stop_on_failure off, let the others run on).
 #include <iostream>
 #include <string>
 #include <utility>
@@ -9,15 +10,25 @@
 
 namespace troupe {
 
-/// What to start and how. Every rank runs `command` with RANK, WORLD_SIZE, LOCAL_RANK,
-/// LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; the rest of the environment is the
-/// launcher's, plus `extra_env` (which cannot override the six rank variables). Unless the
-/// launcher's environment or `extra_env` has one, every rank also gets TROUPE_JOB_SECRET, 64 hex
-/// digits made for this launch, which its rendezvous checks (runtime/env.h).
+/// What to start and how. Every rank runs `command` with the variables of rank_env() set; the
+/// rest of the environment is the launcher's, plus `extra_env` (which cannot override the rank
+/// variables), plus the thread variables of compute_threads() (runtime/compute_threads.h) that
+/// neither sets. With one node and no TROUPE_JOB_SECRET in the launcher's environment or
+/// `extra_env`, every rank also gets one, 64 hex digits made for this launch, which its
+/// rendezvous checks (runtime/env.h); with several nodes, export the same one on every node.
 struct LaunchOptions {
+  /// Ranks started on this host (torchrun's --nproc_per_node).
   int nprocs = 1;
-  std::string master_addr = "127.0.0.1";
-  /// 0: pick a free TCP port.
+  /// Hosts of the job (torchrun's --nnodes). Each runs one launch with the same nnodes, nprocs,
+  /// master_addr and master_port, and its own node_rank.
+  int nnodes = 1;
+  /// This host's place among the nnodes, 0..nnodes-1 (torchrun's --node_rank): it starts the
+  /// global ranks node_rank * nprocs + (0..nprocs-1). Node 0 holds rank 0, which the others meet.
+  int node_rank = 0;
+  /// Where rank 0 listens. Empty: 127.0.0.1 with one node; with more, node 0's host name or
+  /// address must be given (every node names the same).
+  std::string master_addr;
+  /// 0: a free TCP port with one node; with more, kDefaultMasterPort (every node must agree).
   int master_port = 0;
   /// Program and arguments; a program without '/' is looked up in the launcher's PATH.
   std::vector<std::string> command;
@@ -34,15 +45,21 @@ struct LaunchOptions {
   bool stop_on_failure = true;
 };
 
-/// How a launch ended.
+/// torchrun's MASTER_PORT when a job of several nodes names none.
+constexpr int kDefaultMasterPort = 29500;
+
+/// How a launch ended. Ranks are named by their global rank (RANK) in the output prefixes, the
+/// message and failed_rank; with one node that is the local rank.
 struct LaunchResult {
   /// 0 when every rank exited 0. Else the failed rank's status (128+signal when it was killed),
   /// 124 on timeout, 128+signal when the launcher itself got SIGINT/SIGTERM, 127 when the
   /// program was not found, 126 when it could not be executed.
   int exit_code = 0;
-  /// The first rank that failed (exited nonzero, was killed, or could not start); -1 when none.
+  /// The global rank of the first that failed (exited nonzero, was killed, or could not start);
+  /// -1 when none.
   int failed_rank = -1;
-  /// Per rank: exit status, 128+signal, 127/126 when it could not start, -1 if never started.
+  /// Per local rank (this host's): exit status, 128+signal, 127/126 when it could not start, -1
+  /// if never started.
   std::vector<int> rank_exit_codes;
   /// What happened, e.g. "rank 2 exited with status 3; stopped ranks 0, 1, 3".
   std::string message;
@@ -58,11 +75,23 @@ struct LaunchResult {
 /// a deadline. While it runs, the launcher's SIGINT/SIGTERM handlers are replaced (restored on
 /// return; only the first of concurrent launches takes them). Call it from a thread that lives
 /// until it returns: the ranks' death signal follows the thread that started them. Throws
-/// comm::Error on invalid options (nprocs not in 1..kMaxLocalRanks of runtime/env.h, checked
-/// before any rank starts; empty command or address, negative times, port out of range) and on
+/// comm::Error on invalid options (nprocs not in 1..kMaxLocalRanks of runtime/env.h, nnodes <
+/// 1, node_rank not in 0..nnodes-1, nnodes x nprocs over kMaxWorldSize, no master_addr with
+/// several nodes, empty command, negative times, port out of range; all checked before any rank
+/// starts, each message naming the option, its --flag, the value and what was expected) and on
 /// system errors (pipe, fork); failures of the ranks are reported in the result, not thrown.
+/// Before the ranks start it writes to `err`, once, what compute_threads() says: the thread
+/// variables it set for every rank, and a warning when ranks x threads exceed this host's cores.
 LaunchResult launch(const LaunchOptions& options, std::ostream& out = std::cout,
                     std::ostream& err = std::cerr);
+
+/// The variables that launch() gives local rank `local_rank` (0..nprocs-1) of `options`, as
+/// torchrun names them: RANK (node_rank * nprocs + local_rank), WORLD_SIZE (nnodes * nprocs),
+/// LOCAL_RANK, LOCAL_WORLD_SIZE (nprocs), GROUP_RANK (node_rank), GROUP_WORLD_SIZE (nnodes),
+/// ROLE_RANK and ROLE_WORLD_SIZE (RANK and WORLD_SIZE: one role), MASTER_ADDR (127.0.0.1 when
+/// empty) and MASTER_PORT (`port`). The options are checked as launch() checks them.
+std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& options,
+                                                          int local_rank, int port);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close). Another
 /// process may take it before it is used; fine for tests and single-host launches.

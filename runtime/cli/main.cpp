@@ -89,12 +89,24 @@ int main(int argc, char** argv) {
   CLI::App app{"troupe: an actor runtime for communication-efficient data-parallel training"};
   app.require_subcommand(1);
 
-  auto* launch_cmd = app.add_subcommand("launch", "Start N local processes as the ranks of a job");
+  auto* launch_cmd = app.add_subcommand(
+      "launch", "Start N local processes as the ranks of a job (on each of --nnodes hosts)");
   troupe::LaunchOptions launch;
-  launch_cmd->add_option("-n,--nprocs", launch.nprocs, "Number of processes")->required()
+  launch_cmd->add_option("-n,--nprocs", launch.nprocs, "Number of processes on this host")
+      ->required()
       ->check(troupe::cli::integer_in(1, troupe::kMaxLocalRanks));
-  launch_cmd->add_option("--master-addr", launch.master_addr, "Rendezvous address");
-  launch_cmd->add_option("--master-port", launch.master_port, "Rendezvous port (0: a free one)")
+  launch_cmd->add_option("--nnodes", launch.nnodes,
+                         "Number of hosts, each running troupe launch with the same -n, "
+                         "--master-addr and --master-port")
+      ->check(troupe::cli::integer_in(1, troupe::kMaxWorldSize));
+  launch_cmd->add_option("--node-rank", launch.node_rank,
+                         "This host's place, 0..nnodes-1: it starts ranks node_rank*n .. "
+                         "node_rank*n+n-1")
+      ->check(troupe::cli::integer_in(0, troupe::kMaxWorldSize - 1));
+  launch_cmd->add_option("--master-addr", launch.master_addr,
+                         "Rendezvous address: node 0's (default 127.0.0.1 with one host)");
+  launch_cmd->add_option("--master-port", launch.master_port,
+                         "Rendezvous port (0: a free one with one host, 29500 with several)")
       ->check(troupe::cli::integer_in(0, 65535));
   launch_cmd->add_option("--timeout", launch.timeout_sec, "Stop every rank after this many seconds")
       ->check(troupe::cli::number_at_least(0));
@@ -181,7 +193,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*launch_cmd) {
-      for (auto& var : troupe::link_emulation_env(link, link_ranks, launch.nprocs))
+      for (auto& var : troupe::link_emulation_env(link, link_ranks, launch.nnodes * launch.nprocs))
         launch.extra_env.push_back(var);
       auto result = troupe::launch(launch);
       if (result.exit_code != 0) std::cerr << "troupe launch: " << result.message << "\n";

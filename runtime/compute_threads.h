@@ -1,0 +1,39 @@
+#pragma once
+/// Compute threads: how many BLAS and OpenMP threads each rank that a launcher starts on this host
+/// computes with. torchrun's convention: with more than one rank per host, every rank gets
+/// OMP_NUM_THREADS=1 unless the user set it; troupe sets OPENBLAS_NUM_THREADS=1 too, because
+/// OpenBLAS's pthread build (what scripts/setup installs) otherwise starts a thread per core in
+/// every rank, and torch::set_num_threads does not reach it.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/env.h"
+
+namespace troupe {
+
+/// What a launcher does about compute threads, from compute_threads().
+struct ComputeThreads {
+  /// Variables to give every rank: OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1, each unless the
+  /// user set it (OPENBLAS_NUM_THREADS also not when the user set OMP_NUM_THREADS, which OpenBLAS
+  /// then follows); none with one rank.
+  std::vector<std::pair<std::string, std::string>> env;
+  /// The threads one rank computes with (the larger of its OpenMP and BLAS counts; each library's
+  /// default is a thread per core).
+  int per_rank = 1;
+  /// One line saying what `env` sets, as torchrun prints; "" when it sets nothing.
+  std::string notice;
+  /// One line when ranks x per_rank exceed `cores`; else "".
+  std::string warning;
+};
+
+/// The compute threads of `local_ranks` ranks on a host of `cores` cores, where `getenv` is the
+/// environment the ranks would inherit (the launcher's with its extra variables). A thread count
+/// that is not a positive integer (OMP_NUM_THREADS may be a list such as "4,2": its first entry
+/// counts) is left to the libraries and counted as a thread per core.
+ComputeThreads compute_threads(int local_ranks, int cores, const GetEnv& getenv);
+
+/// The cores this process may run on (its CPU affinity), at least 1.
+int available_cores();
+
+}  // namespace troupe
