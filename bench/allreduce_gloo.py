@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from gloo_job import gloo_group, spawn
+from gloo_job import gloo_group, rank_from_env, spawn
 
 UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 FLOAT32_BYTES = 4
@@ -102,13 +102,13 @@ def measure(torch, dist, size, fixed_iters, target_sec):
     return statistics.median(slowest.tolist()), len(times)
 
 
-def run_rank(rank, args, port):
+def run_rank(rank, args, port, master_addr="127.0.0.1", ifname="lo"):
     import torch
 
-    with gloo_group(rank, args.world, port) as dist:
+    with gloo_group(rank, args.world, port, master_addr, ifname) as dist:
         if rank == 0 and not args.json:
             print(f"torch {torch.__version__} gloo allreduce, world {args.world}, "
-                  f"float32 sum, 1 thread per rank, loopback", flush=True)
+                  f"float32 sum, 1 thread per rank, {ifname}", flush=True)
             print(f"{'size':>8} {'bytes':>11} {'iters':>6} {'sec':>11} "
                   f"{'algbw GB/s':>11} {'busbw GB/s':>11}", flush=True)
         for size in args.bytes:
@@ -138,7 +138,14 @@ def main():
     parser.add_argument("--target-sec", type=float, default=0.5,
                         help="time to spend on each size with --iters auto")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--from-env", metavar="IFNAME",
+                        help="run as the one rank that RANK, WORLD_SIZE, MASTER_ADDR and "
+                             "MASTER_PORT name (as scripts/netbed starts it), gloo on IFNAME")
     args = parser.parse_args()
+    if args.from_env:
+        rank, args.world, master_addr, port = rank_from_env()
+        run_rank(rank, args, port, master_addr, args.from_env)
+        return 0
     if args.world < 2:
         parser.error(f"--world {args.world}: expected at least 2 ranks")
     if not args.bytes:

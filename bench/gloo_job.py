@@ -12,16 +12,17 @@ def free_port():
 
 
 @contextlib.contextmanager
-def gloo_group(rank, world, port):
-    """One intra-op thread, and a gloo process group on loopback for the duration of the block."""
+def gloo_group(rank, world, port, master_addr="127.0.0.1", ifname="lo"):
+    """One intra-op thread, and a gloo process group (on loopback unless told otherwise) for the
+    duration of the block."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = master_addr
     os.environ["MASTER_PORT"] = str(port)
-    # Keep gloo on loopback even where the host name resolves to another interface.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # Keep gloo on that interface even where the host name resolves to another one.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         yield dist
@@ -35,3 +36,14 @@ def spawn(run_rank, world, args):
     import torch.multiprocessing as mp
 
     mp.spawn(run_rank, args=(args, free_port()), nprocs=world, join=True)
+
+
+def rank_from_env():
+    """(rank, world, master_addr, master_port) of a rank started by a launcher (troupe launch,
+    torchrun, scripts/netbed) through RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."""
+    try:
+        return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    except (KeyError, ValueError) as e:
+        raise SystemExit(f"--from-env: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set "
+                         f"to integers and an address ({e!r})")

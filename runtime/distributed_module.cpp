@@ -267,9 +267,9 @@ void DistributedModule::Impl::verify_same_model() {
 void DistributedModule::Impl::connect_local() {
   if (!opt.shared_memory || world < 2 || cuda || !std::holds_alternative<GradientAllReduce>(algorithm))
     return;
-  const auto& hosts = rt.hosts();
-  if (std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; }))
-    return;
+  // Only when every rank really shares this host and its /dev/shm, not merely its host name.
+  const auto& hosts = rt.real_hosts();
+  if (std::any_of(hosts.begin(), hosts.end(), [](int h) { return h != 0; })) return;
   // Room for any layout: every parameter padded to align_bytes, every bucket to a 64-byte line.
   const size_t align = std::max<size_t>(opt.align_bytes, 64);
   size_t bytes = 0;
@@ -359,7 +359,7 @@ void DistributedModule::Impl::spawn_actors() {
   settings.collectives = rt.comm().options();
   if (opt.hierarchical) {
     // By host only where that changes anything: several hosts, and some with several ranks.
-    auto hosts = host_indices(rt.hosts());
+    auto hosts = rt.real_hosts();
     const int distinct = *std::max_element(hosts.begin(), hosts.end()) + 1;
     if (distinct > 1 && distinct < world) settings.collectives.hosts = std::move(hosts);
   }

@@ -15,6 +15,7 @@
 #include "actors/rendezvous.h"
 #include "actors/worker.h"
 #include "comm/transport/ucx/transport.h"
+#include "runtime/host_identity.h"
 #include "runtime/tcp_store.h"
 #ifdef TROUPE_HAVE_NCCL
 #include "comm/transport/nccl/communicator.h"
@@ -78,6 +79,8 @@ struct Runtime::Impl {
   std::unique_ptr<actors::FrontDoor> door;                   // rank 0 of a world > 1
   std::shared_ptr<actors::DirectoryConnection> connection;  // the other ranks
   std::vector<std::string> hosts;
+  std::vector<int> host_index;        // each rank's real host (runtime/host_identity.h)
+  std::vector<std::string> peer_paths;  // how this rank reaches each rank
   std::unique_ptr<comm::Communicator> comm;
   mutable std::mutex dead_mutex;  // guards dead, death, death_rank and the creation of comm
   std::vector<int> dead;
@@ -102,6 +105,7 @@ struct Runtime::Impl {
   void start();
   // Rank 0 publishes the directory behind its front door; every rank registers and gets the table.
   actors::PeerTable meet(actors::RendezvousRequest& request);
+  void find_real_hosts(const comm::UcxTransport* ucx);
   void publish_nccl_id(actors::RendezvousRequest& request);
   void announce_failure(const std::string& reason);
   void stop();
@@ -202,6 +206,7 @@ void Runtime::Impl::start() {
     if (!death.empty()) comm->abort(death, death_rank);
   }
   comm->barrier();
+  find_real_hosts(ucx.get());
   comm->set_timeout(options.collective_timeout);
 }
 
@@ -243,6 +248,31 @@ actors::PeerTable Runtime::Impl::meet(actors::RendezvousRequest& request) {
   directory = table.directory;
   connection = table.connection;
   return table;
+}
+
+void Runtime::Impl::find_real_hosts(const comm::UcxTransport* ucx) {
+  const auto identities =
+      gather_identities(*comm, options.machine.empty() ? machine_identity() : options.machine);
+  host_index = real_host_indices(hosts, identities);
+  peer_paths = describe_peer_paths(info.rank, hosts, host_index,
+                                   ucx ? ucx->peer_transports() : std::vector<std::string>{});
+  if (ucx && info.world_size > 1) {
+    std::string line = "troupe: rank " + std::to_string(info.rank) + " on " +
+                       hosts[static_cast<size_t>(info.rank)] + " reaches";
+    const char* separator = " ";
+    int shown = 0;
+    for (int r = 0; r < info.world_size; ++r) {
+      if (r == info.rank) continue;
+      if (++shown > 8) {  // a line per rank, whatever the world
+        line += "; ... (" + std::to_string(info.world_size - 1) + " peers in all)";
+        break;
+      }
+      line += separator + std::string("rank ") + std::to_string(r) + " " +
+              peer_paths[static_cast<size_t>(r)];
+      separator = "; ";
+    }
+    std::cerr << line << "\n";
+  }
 }
 
 void Runtime::Impl::publish_nccl_id(actors::RendezvousRequest& request) {
@@ -346,6 +376,8 @@ int Runtime::world_size() const { return impl_->info.world_size; }
 int Runtime::local_rank() const { return impl_->info.local_rank; }
 const RankInfo& Runtime::rank_info() const { return impl_->info; }
 const std::vector<std::string>& Runtime::hosts() const { return impl_->hosts; }
+const std::vector<int>& Runtime::real_hosts() const { return impl_->host_index; }
+const std::vector<std::string>& Runtime::peer_paths() const { return impl_->peer_paths; }
 
 std::vector<int> host_indices(const std::vector<std::string>& hosts) {
   std::vector<std::string> seen;

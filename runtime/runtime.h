@@ -56,6 +56,10 @@ struct RuntimeOptions {
   /// group by); empty: $TROUPE_HOST_NAME, else gethostname(). Setting it lets ranks on one machine
   /// pretend to be on several hosts.
   std::string host;
+  /// This rank's machine identity (runtime/host_identity.h: boot id and /dev/shm), which decides
+  /// with the host name which ranks share a host and memory; empty: measured. Setting it lets
+  /// thread ranks of one process pretend to be on different machines under one host name.
+  std::string machine;
   /// Link emulation: this rank's sends to each peer are delayed as if over a link of that
   /// bandwidth and latency (comm/transport/link_emulation.h; emulation, not a network model).
   /// Read from TROUPE_LINK and TROUPE_LINK_RANKS (runtime/env.h) when empty; an inactive one
@@ -82,6 +86,13 @@ class Runtime {
   const RankInfo& rank_info() const;
   /// Host name of every rank, by rank (from the rendezvous).
   const std::vector<std::string>& hosts() const;
+  /// Every rank's real host as a small integer, by rank: ranks share one when they have the same
+  /// host name *and* the same kernel and /dev/shm (runtime/host_identity.h), so only they can use
+  /// shared memory with each other; hierarchical reductions group by it.
+  const std::vector<int>& real_hosts() const;
+  /// How this rank reaches each rank, by rank, as the start-up log line says: "same host, shared
+  /// memory (posix/memory sysv/memory)", "other host, network (tcp/eth0)", "self" ...
+  const std::vector<std::string>& peer_paths() const;
 
   caf::actor_system& system();
   /// This rank's worker actor.
@@ -127,7 +138,8 @@ class Runtime {
 };
 
 /// Each rank's host as a small integer (the index of its name among the distinct names, in order
-/// of first appearance), for comm::CollectiveOptions::hosts.
+/// of first appearance), for comm::CollectiveOptions::hosts. Runtime::real_hosts() is the
+/// real grouping (names and machines); this one trusts the names.
 std::vector<int> host_indices(const std::vector<std::string>& hosts);
 
 }  // namespace troupe

@@ -13,6 +13,7 @@
 #include "runtime/cli/bench_ddp.h"
 #include "runtime/cli/option_checks.h"
 #include "runtime/env.h"
+#include "runtime/host_identity.h"
 #include "runtime/job_config.h"
 #include "runtime/launch.h"
 #ifdef TROUPE_HAVE_CUDA
@@ -68,6 +69,9 @@ void print_info() {
   std::cout << "UCX " << troupe::comm::UcxTransport::version()
             << " (transports: " << troupe::comm::UcxTransport::available_transports() << ")\n";
   std::cout << "LibTorch " << TORCH_VERSION << "\n";
+  // What decides which ranks share memory (runtime/host_identity.h); each rank of a job logs the
+  // path it took to every peer at start.
+  std::cout << "this host: " << troupe::machine_identity() << "\n";
 #ifdef TROUPE_HAVE_CUDA
   int runtime = 0;
   cudaRuntimeGetVersion(&runtime);

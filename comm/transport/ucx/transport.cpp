@@ -102,6 +102,8 @@ struct UcxTransport::Impl {
 
   // Owned by the progress thread (or by the destructor once the thread has joined).
   std::vector<ucp_ep_h> eps_;
+  std::vector<std::string> paths_;  // per peer: the UCX transports of its endpoint's lanes
+  bool single_host_tls_ = false;    // UCX limited to kSingleHostTls
   std::vector<std::string> dead_;  // non-empty: the reason the peer was failed
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;  // every operation UCX may still call back
   std::vector<std::unordered_set<Op*>> pending_;      // per peer: posted, not yet finished
@@ -111,7 +113,8 @@ struct UcxTransport::Impl {
   bool destroying_ = false;
 
   Impl(int rank, int world_size)
-      : rank_(rank), world_size_(world_size), eps_(world_size), dead_(world_size),
+      : rank_(rank), world_size_(world_size), eps_(world_size), paths_(world_size),
+        dead_(world_size),
         pending_(world_size) {}
 
   ~Impl() {
@@ -136,8 +139,10 @@ struct UcxTransport::Impl {
     check_ucx("ucp_config_read", ucp_config_read(nullptr, nullptr, &config));
     // Between processes of one host, shared memory without cross-memory attach moved large
     // messages ~1.5x faster here than UCX's default (which adds cma); UCX_TLS, when set, wins.
-    if (single_host && std::getenv("UCX_TLS") == nullptr)
+    if (single_host && std::getenv("UCX_TLS") == nullptr) {
       check_ucx("ucp_config_modify", ucp_config_modify(config, "TLS", kSingleHostTls));
+      single_host_tls_ = true;
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -411,9 +416,47 @@ struct UcxTransport::Impl {
         eps_[r] = nullptr;
         throw Error("UcxTransport::connect: ucp_ep_create for rank " + std::to_string(r) +
                     " failed (" + std::to_string(addresses[r].size()) + "-byte address): " +
-                    ucs_status_string(status), r);
+                    ucs_status_string(status) +
+                    (single_host_tls_ ? std::string(" (UCX was limited to ") + kSingleHostTls +
+                                            " because LOCAL_WORLD_SIZE equals WORLD_SIZE, i.e. "
+                                            "every rank on this host; on several hosts set "
+                                            "LOCAL_WORLD_SIZE to the ranks per host, or UCX_TLS)"
+                                      : std::string()),
+                    r);
       }
+      paths_[r] = lanes_of(eps_[r]);
     }
+  }
+
+  // The UCX transports of an endpoint's lanes, from ucp_ep_print_info (UCX 1.13 has no query for
+  // them): "posix/memory sysv/memory cma/memory", "tcp/eth0", "self/memory". UCX picks them per
+  // peer when the endpoint is created from the peer's address (shared memory only where the
+  // peer's boot id and IPC namespace match ours), so the list is final here.
+  static std::string lanes_of(ucp_ep_h ep) {
+    char* text = nullptr;
+    size_t size = 0;
+    FILE* stream = ::open_memstream(&text, &size);
+    if (stream == nullptr) return "unknown";
+    ucp_ep_print_info(ep, stream);
+    std::fclose(stream);
+    std::istringstream lines(std::string(text, size));
+    std::free(text);
+    std::vector<std::string> found;
+    for (std::string line; std::getline(lines, line);) {
+      const size_t lane = line.find("lane[");
+      if (lane == std::string::npos) continue;
+      // "lane[0]:  8:posix/memory.0 md[4] ..." -> "posix/memory"
+      std::istringstream words(line.substr(line.find(':', lane) + 1));
+      std::string word;
+      words >> word;
+      word = word.substr(word.find(':') + 1);
+      word = word.substr(0, word.find('.'));
+      if (!word.empty() && std::find(found.begin(), found.end(), word) == found.end())
+        found.push_back(word);
+    }
+    std::string out;
+    for (auto& w : found) out += (out.empty() ? "" : " ") + w;
+    return out.empty() ? "unknown" : out;
   }
 
   void close_ep(int peer) {
@@ -510,6 +553,12 @@ void UcxTransport::connect(const std::vector<std::string>& addresses) {
                 std::to_string(kConnectDeadline.count()) + " s");
   }
   result.get();
+}
+
+std::vector<std::string> UcxTransport::peer_transports() const {
+  // Written once by connect() on the progress thread, which then handed its result over through
+  // the promise: readable here without a lock.
+  return impl_->paths_;
 }
 
 std::string UcxTransport::available_transports() {

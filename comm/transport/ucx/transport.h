@@ -37,6 +37,10 @@ class UcxTransport final : public Transport {
   /// Creates an endpoint to every other rank; `addresses[r]` is rank r's local_address().
   /// Throws comm::Error naming the rank whose address is unusable.
   void connect(const std::vector<std::string>& addresses);
+  /// Per peer (by rank, this rank's own included), the UCX transports its endpoint's lanes use,
+  /// as UCX chose them at connect(): e.g. "posix/memory sysv/memory cma/memory" (shared memory on
+  /// one host), "tcp/eth0" (the network), "self/memory"; empty before connect().
+  std::vector<std::string> peer_transports() const;
   /// The UCX transports the context found on this machine, e.g. "posix, sysv, cma, tcp".
   static std::string available_transports();
   /// UCX's version string, e.g. "1.13.1".

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# allreduce across emulated hosts (scripts/netbed: one network namespace, host name and /dev/shm
+# per host, veth links shaped by tc tbf): troupe (ucx, tcp between hosts) beside
+# torch.distributed gloo and the line-rate bound, in one run, at each link rate.
+#
+#   bench/netbed_allreduce.sh [results-dir]       (root; default build/bench/netbed)
+#
+# HOSTS (default 4), SIZE (default 64MiB) and RATES (default "1gbit 100mbit") override the setup.
+# The bound: a ring allreduce sends 2 (W - 1) / W of the buffer out of every host, so over links
+# of R bit/s the algbw (bytes / time) is at most R / 8 * W / (2 (W - 1)). Each row also gives the
+# bytes that left every host's link during the run (all ranks, warm-up included), from the veths'
+# counters, so a figure cannot come from a path that bypassed the network.
+set -euo pipefail
+
+script=netbed_allreduce
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/bench/common.sh"
+results="${1:-$root/build/bench/netbed}"
+troupe="${TROUPE_BIN:-$root/build/bin/troupe}"
+python=/usr/bin/python3
+hosts=${HOSTS:-4}
+size=${SIZE:-64MiB}
+rates=(${RATES:-1gbit 100mbit})
+export NETBED_NAME=${NETBED_NAME:-ba}
+
+need_positive_int HOSTS "$hosts"
+need_troupe "$troupe"
+need_torch "$python"
+"$root/scripts/netbed" check >/dev/null
+
+mkdir -p "$results"
+table="$results/netbed_allreduce.md"
+{
+  echo "| link | W | size | troupe algbw MB/s | gloo algbw MB/s | line-rate bound MB/s | troupe / bound | gloo / bound | MB sent per host, troupe | MB sent per host, gloo |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+} >"$table"
+
+sent_mb() {  # the MB (1e6) each host sent over its link, as "a/b/c/d"
+  awk '{printf "%s%.0f", (NR > 1 ? "/" : ""), $6 / 1e6}' "$1"
+}
+
+for rate in "${rates[@]}"; do
+  echo "== $hosts hosts, links $rate: troupe" >&2
+  "$root/scripts/netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 \
+    --logs "$results/troupe_$rate" -- \
+    "$troupe" bench allreduce --as-rank --world "$hosts" --transport ucx --bytes "$size" --json
+  echo "== $hosts hosts, links $rate: gloo" >&2
+  "$root/scripts/netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 \
+    --logs "$results/gloo_$rate" -- \
+    "$python" "$root/bench/allreduce_gloo.py" --from-env eth0 --bytes "$size" --iters 3 --json
+  troupe_json=$(grep '^{' "$results/troupe_$rate/rank0.log" | tail -1)
+  gloo_json=$(grep '^{' "$results/gloo_$rate/rank0.log" | tail -1)
+  "$python" - "$rate" "$hosts" "$size" "$troupe_json" "$gloo_json" \
+    "$(sent_mb "$results/troupe_$rate/bytes")" "$(sent_mb "$results/gloo_$rate/bytes")" \
+    >>"$table" <<'EOF'
+import json, re, sys
+rate, world, size, troupe, gloo, troupe_sent, gloo_sent = sys.argv[1:]
+world = int(world)
+num, unit = re.fullmatch(r"(\d+)([a-z]+)", rate).groups()
+bits = int(num) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[unit]
+bound = bits / 8 * world / (2 * (world - 1)) / 1e6
+t = json.loads(troupe)["algbw_GBps"] * 1e3
+g = json.loads(gloo)["algbw_GBps"] * 1e3
+print(f"| {rate} | {world} | {size} | {t:.1f} | {g:.1f} | {bound:.1f} | {t / bound:.0%} | "
+      f"{g / bound:.0%} | {troupe_sent} | {gloo_sent} |")
+EOF
+done
+cat "$table"

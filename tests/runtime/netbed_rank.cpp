@@ -1,0 +1,210 @@
+// troupe_netbed_rank: one rank of a job on the network test bed (scripts/netbed), started by
+// tests/runtime/netbed_test.cpp, one host per network namespace. The scenario is argv[1]; the
+// exit code says whether it held, and the log lines say what the test checks.
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "runtime/distributed_module.h"
+#include "runtime/runtime.h"
+
+using namespace troupe;
+
+namespace {
+
+RuntimeOptions options() {
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  return o;
+}
+
+// Every pair of ranks on different real hosts must go over the network, and every pair on one
+// host through shared memory (UCX's choice, per pair); prints each path. Returns the failures.
+int check_paths(const Runtime& rt) {
+  int failures = 0;
+  const auto& paths = rt.peer_paths();
+  const auto& hosts = rt.real_hosts();
+  for (int r = 0; r < rt.world_size(); ++r) {
+    if (r == rt.rank()) continue;
+    const std::string& path = paths[static_cast<size_t>(r)];
+    const bool same = hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rt.rank())];
+    const bool ok = same ? path.find("same host, shared memory") == 0
+                         : path.find("other host") == 0 && path.find(", network:") != std::string::npos;
+    std::cout << "rank " << rt.rank() << " to rank " << r << ": " << path << (ok ? "" : " (WRONG)")
+              << std::endl;
+    failures += ok ? 0 : 1;
+  }
+  return failures;
+}
+
+// A ring allreduce of `mib` MiB: rank r contributes (r + 1) * (i % 13 + 1) at index i, so every
+// element of the sum is W (W + 1) / 2 * (i % 13 + 1), exact in float32.
+int allreduce(Runtime& rt, size_t mib) {
+  const size_t n = (mib << 20) / sizeof(float);
+  const int world = rt.world_size();
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((rt.rank() + 1) * (i % 13 + 1));
+  rt.comm().allreduce(v.data(), n, comm::DataType::float32, comm::ReduceOp::sum);
+  for (size_t i = 0; i < n; ++i) {
+    const float want = static_cast<float>(world * (world + 1) / 2 * (i % 13 + 1));
+    if (v[i] != want) {
+      std::cerr << "rank " << rt.rank() << ": element " << i << " is " << v[i] << ", expected "
+                << want << "\n";
+      return 1;
+    }
+  }
+  std::cout << "rank " << rt.rank() << ": allreduce of " << mib << " MiB correct" << std::endl;
+  return 0;
+}
+
+// A few steps of a DistributedModule, each rank on its shard of a batch: the parameters must end
+// as those of one process trained on the whole batch, which every rank computes too.
+int ddp(Runtime& rt, bool hierarchical) {
+  torch::set_num_threads(1);
+  const int64_t world = rt.world_size(), rank = rt.rank(), batch = 8;
+  torch::manual_seed(5);  // the same initial weights and batches on every rank
+  auto reference = torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::Tanh(),
+                                         torch::nn::Linear(256, 8));
+  auto model = torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::Tanh(),
+                                     torch::nn::Linear(256, 8));
+  {
+    torch::NoGradGuard no_grad;
+    auto from = reference->parameters(), to = model->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  DdpOptions d;
+  d.bucket_bytes = 16384;  // several buckets
+  d.first_bucket_bytes = 4096;
+  d.hierarchical = hierarchical;
+  DistributedModule net(rt, model.ptr(), GradientAllReduce{}, d);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 4; ++step) {
+    auto x = torch::randn({world * batch, 32});
+    auto y = torch::randn({world * batch, 8});
+    opt.zero_grad();
+    torch::mse_loss(model->forward(x.narrow(0, rank * batch, batch)),
+                    y.narrow(0, rank * batch, batch))
+        .backward();
+    net.step(opt);
+    ref_opt.zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    ref_opt.step();
+  }
+  double worst = 0;
+  auto got = model->parameters(), want = reference->parameters();
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, (got[i].detach() - want[i]).abs().max().item<double>());
+  std::cout << "rank " << rank << " (" << net.gradient_path() << "): ddp largest difference from "
+            << "one process " << worst << std::endl;
+  return worst < 1e-4 ? 0 : 1;
+}
+
+// One rank per host: every peer over the network, an allreduce of argv[2] MiB and a short
+// data-parallel job, both checked.
+int network(size_t mib) {
+  Runtime rt(options());
+  int failures = check_paths(rt);
+  failures += allreduce(rt, mib);
+  failures += ddp(rt, false);
+  return failures == 0 ? 0 : 1;
+}
+
+// Several ranks per host, all under one host name (TROUPE_HOST_NAME): the ranks must still be
+// grouped by their real hosts (netbed: one /dev/shm per host), reach their host's ranks through
+// shared memory and the others over the network, keep gradients off the single-host shared-memory
+// path, and reduce hierarchically by real host to the right result.
+int hosts(int per_host) {
+  Runtime rt(options());
+  std::vector<int> expected;
+  for (int r = 0; r < rt.world_size(); ++r) expected.push_back(r / per_host);
+  int failures = 0;
+  if (rt.real_hosts() != expected) {
+    std::cerr << "rank " << rt.rank() << ": real hosts";
+    for (int h : rt.real_hosts()) std::cerr << " " << h;
+    std::cerr << " (expected ranks grouped by " << per_host << ")\n";
+    ++failures;
+  }
+  std::cout << "rank " << rt.rank() << " on " << rt.hosts()[static_cast<size_t>(rt.rank())]
+            << ": host " << rt.real_hosts()[static_cast<size_t>(rt.rank())] << std::endl;
+  failures += check_paths(rt);
+  std::vector<float> v(300000, static_cast<float>(rt.rank() + 1));
+  rt.comm().hierarchical_allreduce(v.data(), v.size(), comm::DataType::float32,
+                                   comm::ReduceOp::sum, rt.real_hosts());
+  const int world = rt.world_size();
+  for (float x : v)
+    if (x != static_cast<float>(world * (world + 1) / 2)) {
+      std::cerr << "rank " << rt.rank() << ": hierarchical allreduce gave " << x << "\n";
+      ++failures;
+      break;
+    }
+  std::cout << "rank " << rt.rank() << ": hierarchical allreduce by real host correct" << std::endl;
+  failures += ddp(rt, true);
+  return failures == 0 ? 0 : 1;
+}
+
+// Allreduces of 4 MiB until one fails: the test bed takes a link down after "allreduce 3 done".
+// Every rank must then fail within its collective deadline (argv[2] seconds) plus a margin, with
+// an error naming the rank across the cut link (`across`: the last rank for everyone but itself,
+// for which it is rank 0).
+int link_fault(int deadline_s) {
+  RuntimeOptions o = options();
+  o.collective_timeout = std::chrono::seconds(deadline_s);
+  Runtime rt(o);
+  const int cut = rt.world_size() - 1;
+  const int across = rt.rank() == cut ? 0 : cut;
+  std::vector<float> v((4u << 20) / sizeof(float), 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    for (int i = 1; i <= 100000; ++i) {
+      start = std::chrono::steady_clock::now();
+      rt.comm().allreduce(v.data(), v.size(), comm::DataType::float32, comm::ReduceOp::avg);
+      std::cout << "rank " << rt.rank() << ": allreduce " << i << " done" << std::endl;
+    }
+  } catch (const comm::Error& e) {
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string what = e.what();
+    std::cout << "rank " << rt.rank() << " failed after " << waited << " s: " << what << std::endl;
+    // "rank 1 died ..." or "... waiting for rank(s) 1"
+    const std::regex names("rank(\\(s\\))? " + std::to_string(across) + "\\b");
+    const bool named = std::regex_search(what, names);
+    if (named && waited < deadline_s + 10) return 0;
+    std::cerr << "rank " << rt.rank() << ": the error does not name rank " << across
+              << " or came after " << waited << " s (deadline " << deadline_s << " s)\n";
+    return 2;
+  }
+  std::cerr << "rank " << rt.rank() << ": every allreduce succeeded although a link was down\n";
+  return 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string usage = "usage: troupe_netbed_rank network MIB | hosts PER_HOST | link_fault S";
+  if (argc < 3) {
+    std::cerr << usage << "\n";
+    return 64;
+  }
+  const int arg = std::atoi(argv[2]);
+  if (arg < 1) {
+    std::cerr << "troupe_netbed_rank: argument '" << argv[2] << "' (expected a positive number)\n";
+    return 64;
+  }
+  try {
+    if (!std::strcmp(argv[1], "network")) return network(static_cast<size_t>(arg));
+    if (!std::strcmp(argv[1], "hosts")) return hosts(arg);
+    if (!std::strcmp(argv[1], "link_fault")) return link_fault(arg);
+  } catch (const std::exception& e) {
+    std::cerr << "troupe_netbed_rank " << argv[1] << ": " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "troupe_netbed_rank: unknown scenario '" << argv[1] << "'\n" << usage << "\n";
+  return 64;
+}
