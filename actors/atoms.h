@@ -22,6 +22,15 @@ using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
 /// (fail_atom, reason): tell a peer link that its peer is gone.
 using fail_atom = caf::atom_constant<caf::atom("fail")>;
+/// (health_atom) -> (link_state_atom, peer, failure): ask a peer link whether its peer is alive.
+using health_atom = caf::atom_constant<caf::atom("health")>;
+/// (link_state_atom, peer, failure): a peer link's answer to health_atom; failure "" while alive.
+using link_state_atom = caf::atom_constant<caf::atom("link_state")>;
+/// (exchange_atom, EdgeRound): a gossip round over a peer link's edge (actors/peer_link.h).
+using exchange_atom = caf::atom_constant<caf::atom("exchange")>;
+/// (edge_done_atom, EdgeResult): a peer link's answer to exchange_atom, once the round's send and
+/// receive on its edge have ended.
+using edge_done_atom = caf::atom_constant<caf::atom("edge_done")>;
 
 }  // namespace troupe::actors
 
