@@ -11,6 +11,8 @@ namespace {
 
 /// (op_done_atom, round, is_send, ok, error): one of the round's transport operations ended.
 using op_done_atom = caf::atom_constant<caf::atom("op_done")>;
+/// (stream_op_atom, is_send, ok, error, bytes): a stream's send or receive ended.
+using stream_op_atom = caf::atom_constant<caf::atom("stream_op")>;
 
 struct PeerLinkState {
   int peer = -1;
@@ -31,6 +33,12 @@ struct PeerLinkState {
   int pending = 0;
   caf::actor owner;
   EdgeResult result;
+
+  // A message stream: the next message's sequence number each way, and who posts and listens.
+  uint32_t out_seq = 0;
+  uint32_t in_seq = 0;
+  bool listening = false;
+  caf::actor stream_owner;
 
   static inline const char* name = "troupe.peer_link";
 };
@@ -134,6 +142,92 @@ void start_round(PeerLink* self, const EdgeRound& r) {
     });
 }
 
+comm::Tag stream_tag(const PeerLinkState& st, uint32_t seq) {
+  return static_cast<comm::Tag>(st.edge.key_prefix | (seq & 0x0fffffffu)) << 16;
+}
+
+// Why a stream operation cannot be posted, or "".
+std::string stream_refusal(const PeerLinkState& st) {
+  const std::string what = "message stream with rank " + std::to_string(st.peer);
+  if (!st.gossip || st.edge.payload != EdgePayload::messages)
+    return what + ": this peer link carries no message stream";
+  if (!st.failure.empty()) return what + ": " + st.failure;
+  return {};
+}
+
+void listen(PeerLink* self) {
+  auto& st = self->state;
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  std::string why = stream_refusal(st);
+  if (why.empty() && st.listening)
+    why = "message stream with rank " + std::to_string(st.peer) +
+          ": a receive is posted already (one at a time)";
+  if (!why.empty()) {
+    StreamArrival refused;
+    refused.peer = st.peer;
+    refused.error = std::move(why);
+    if (sender) self->send(sender, arrived_atom::value, std::move(refused));
+    return;
+  }
+  st.stream_owner = std::move(sender);
+  st.listening = true;
+  if (st.inbox->size() != st.edge.message_bytes) st.inbox->resize(st.edge.message_bytes);
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  auto inbox = st.inbox;
+  st.transport->recv(st.peer, stream_tag(st, st.in_seq++), inbox->data(), inbox->size(),
+                     [me, inbox](const comm::Status& s) {
+                       caf::anon_send(me, stream_op_atom::value, false, s.ok(), s.message(),
+                                      static_cast<uint64_t>(inbox->size()));
+                     });
+}
+
+void post(PeerLink* self, const StreamMessage& m) {
+  auto& st = self->state;
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  std::string why = stream_refusal(st);
+  if (why.empty() && (!m.bytes || m.bytes->size() != st.edge.message_bytes))
+    why = "message stream with rank " + std::to_string(st.peer) + ": a message of " +
+          std::to_string(m.bytes ? m.bytes->size() : 0) + " bytes, expected " +
+          std::to_string(st.edge.message_bytes);
+  if (!why.empty()) {
+    StreamSent refused;
+    refused.peer = st.peer;
+    refused.error = std::move(why);
+    if (sender) self->send(sender, posted_atom::value, std::move(refused));
+    return;
+  }
+  st.stream_owner = std::move(sender);
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  auto message = m.bytes;  // kept alive by the callback until the send ends
+  st.transport->send(st.peer, stream_tag(st, st.out_seq++), message->data(), message->size(),
+                     [me, message](const comm::Status& s) {
+                       caf::anon_send(me, stream_op_atom::value, true, s.ok(), s.message(),
+                                      static_cast<uint64_t>(message->size()));
+                     });
+}
+
+void stream_op_done(PeerLink* self, bool is_send, bool ok, const std::string& error,
+                    uint64_t bytes) {
+  auto& st = self->state;
+  if (!ok && st.failure.empty()) st.failure = error;
+  if (is_send) {
+    StreamSent sent;
+    sent.peer = st.peer;
+    sent.ok = ok;
+    sent.error = error;
+    sent.bytes = ok ? bytes : 0;
+    if (st.stream_owner) self->send(st.stream_owner, posted_atom::value, std::move(sent));
+    return;
+  }
+  st.listening = false;
+  StreamArrival arrival;
+  arrival.peer = st.peer;
+  arrival.ok = ok;
+  arrival.error = error;
+  arrival.data = ok ? st.inbox->data() : nullptr;
+  if (st.stream_owner) self->send(st.stream_owner, arrived_atom::value, std::move(arrival));
+}
+
 caf::behavior peer_link(PeerLink* self, int peer, std::shared_ptr<comm::Transport> transport,
                         std::shared_ptr<EdgeSettings> edge) {
   auto& st = self->state;
@@ -178,6 +272,11 @@ caf::behavior peer_link(PeerLink* self, int peer, std::shared_ptr<comm::Transpor
         }
         if (--st.pending == 0) end_round(self);
       },
+      [self](listen_atom) { listen(self); },
+      [self](post_atom, const StreamMessage& m) { post(self, m); },
+      [self](stream_op_atom, bool is_send, bool ok, const std::string& error, uint64_t bytes) {
+        stream_op_done(self, is_send, ok, error, bytes);
+      },
   };
 }
 
@@ -203,6 +302,9 @@ caf::actor spawn_gossip_link(caf::actor_system& system, EdgeSettings settings,
                       ">= 1 and a public copy to start from (block " +
                       std::to_string(settings.block) + ", " +
                       std::to_string(settings.public_copy.size()) + " values)");
+  if (settings.payload == EdgePayload::messages && settings.message_bytes == 0)
+    throw comm::Error("gossip link of rank " + std::to_string(me) + " to rank " +
+                      std::to_string(settings.peer) + ": a message stream needs a message size");
   const int peer = settings.peer;
   return system.spawn(peer_link, peer, std::move(transport),
                       std::make_shared<EdgeSettings>(std::move(settings)));

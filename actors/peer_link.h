@@ -11,9 +11,13 @@
 ///   send buffer to the link's own receive buffer, never through a CAF message), keeps the edge's
 ///   state across rounds (the neighbour's buffer, Choco-SGD's public copy of the neighbour, the
 ///   last round it carried) and answers with one edge_done message when both ended.
+///   A link of EdgePayload::messages carries an ordered stream of messages each way instead
+///   (AD-PSGD's requests, replies and byes): its sequence numbers, and its receive buffer.
 ///
 /// Messages (actors/atoms.h):
 ///   (exchange_atom, EdgeRound)  -> later (edge_done_atom, EdgeResult), to the sender
+///   (post_atom, StreamMessage)  -> later (posted_atom, StreamSent)     [message streams]
+///   (listen_atom)               -> later (arrived_atom, StreamArrival) [message streams]
 ///   (fail_atom, reason)         -> no reply; the peer is dead, for good
 ///   (health_atom)               -> (link_state_atom, peer, failure); failure "" while alive
 #include <caf/allowed_unsafe_message_type.hpp>
@@ -36,6 +40,9 @@ enum class EdgePayload {
   /// An 8-bit min-max difference (Choco-SGD, comm/codecs/minmax8.h): added to the link's public
   /// copy of the neighbour's weights, x_hat_j += decode(q_j).
   minmax8_difference,
+  /// A stream of messages of message_bytes each way (AD-PSGD): posted and received one by one,
+  /// in order, under the tags (key_prefix | sequence number) << 16.
+  messages,
 };
 
 /// A gossip link's edge: fixed when it is spawned.
@@ -49,6 +56,30 @@ struct EdgeSettings {
   /// and the codec's block.
   std::vector<float> public_copy;
   size_t block = 0;
+  /// messages: the size of every message of the stream.
+  size_t message_bytes = 0;
+};
+
+/// The next message of a stream link: the link keeps it alive until its send has ended.
+struct StreamMessage {
+  std::shared_ptr<const std::vector<char>> bytes;
+};
+
+/// A stream message's send ended.
+struct StreamSent {
+  int peer = -1;
+  bool ok = false;
+  std::string error;
+  size_t bytes = 0;
+};
+
+/// The stream's next message arrived (or could not). `data` (message_bytes long) points into the
+/// link's buffer: valid until the owner's next listen_atom.
+struct StreamArrival {
+  int peer = -1;
+  bool ok = false;
+  std::string error;
+  const char* data = nullptr;
 };
 
 /// One round over one edge. `send` (bytes long) must stay valid until the link has answered; the
@@ -87,3 +118,6 @@ caf::actor spawn_gossip_link(caf::actor_system& system, EdgeSettings settings,
 // Both stay inside one process: they carry pointers, never tensors across processes.
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EdgeRound)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EdgeResult)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StreamMessage)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StreamSent)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StreamArrival)

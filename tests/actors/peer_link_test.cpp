@@ -31,6 +31,10 @@ namespace {
 struct Answers {
   std::vector<EdgeResult> edges;
   std::vector<std::pair<int, std::string>> states;
+  std::vector<actors::StreamSent> sent;
+  std::vector<actors::StreamArrival> arrivals;
+  std::vector<std::string> arrived;  // each arrival's bytes, copied when it came
+  size_t message_bytes = 0;
 };
 
 caf::behavior recorder(caf::event_based_actor*, Answers* out) {
@@ -38,6 +42,11 @@ caf::behavior recorder(caf::event_based_actor*, Answers* out) {
       [out](actors::edge_done_atom, const EdgeResult& r) { out->edges.push_back(r); },
       [out](actors::link_state_atom, int peer, const std::string& failure) {
         out->states.emplace_back(peer, failure);
+      },
+      [out](actors::posted_atom, const actors::StreamSent& s) { out->sent.push_back(s); },
+      [out](actors::arrived_atom, const actors::StreamArrival& a) {
+        out->arrivals.push_back(a);
+        out->arrived.push_back(a.data ? std::string(a.data, out->message_bytes) : std::string());
       },
   };
 }
@@ -256,6 +265,59 @@ TEST_CASE("a worker's peer link carries no gossip rounds, and a gossip link need
   CHECK_THROWS_WITH(actors::spawn_gossip_link(*t.system, no_copy, t.fabric.transport(0)),
                     "gossip link of rank 0 to rank 1: an 8-bit difference link needs a block >= 1 "
                     "and a public copy to start from (block 4, 0 values)");
+}
+
+TEST_CASE("a message-stream link carries AD-PSGD's messages in order, one receive at a time") {
+  Deterministic t;
+  EdgeSettings stream;
+  stream.payload = EdgePayload::messages;
+  stream.message_bytes = 8;
+  t.answers[0].message_bytes = t.answers[1].message_bytes = 8;
+  auto a = t.link(0, stream), b = t.link(1, stream);
+  auto message = [](const char* text) {
+    return actors::StreamMessage{std::make_shared<const std::vector<char>>(text, text + 8)};
+  };
+  caf::send_as(t.recorders[0], a, actors::post_atom::value, message("request1"));
+  caf::send_as(t.recorders[0], a, actors::post_atom::value, message("bye_____"));
+  caf::send_as(t.recorders[0], a, actors::post_atom::value,
+               actors::StreamMessage{std::make_shared<const std::vector<char>>(9, 'x')});
+  t.sched->run();
+  CHECK(t.answers[0].sent.size() == 1);  // the wrong size, at once; the others wait for rank 1
+  CHECK(t.answers[0].sent[0].error == "message stream with rank 1: a message of 9 bytes, expected 8");
+  CHECK_FALSE(t.answers[0].sent[0].ok);
+
+  caf::send_as(t.recorders[1], b, actors::listen_atom::value);
+  caf::send_as(t.recorders[1], b, actors::listen_atom::value);  // refused: one at a time
+  t.sched->run();
+  REQUIRE(t.answers[1].arrivals.size() == 2);
+  CHECK(t.answers[1].arrivals[0].error ==
+        "message stream with rank 0: a receive is posted already (one at a time)");
+  CHECK(t.answers[1].arrivals[1].ok);
+  CHECK(t.answers[1].arrivals[1].peer == 0);
+  CHECK(t.answers[1].arrived[1] == "request1");
+  REQUIRE(t.answers[0].sent.size() == 2);
+  CHECK(t.answers[0].sent[1].ok);
+  CHECK(t.answers[0].sent[1].bytes == 8);
+
+  caf::send_as(t.recorders[1], b, actors::listen_atom::value);
+  caf::send_as(t.recorders[1], b, actors::post_atom::value, message("reply__1"));
+  caf::send_as(t.recorders[0], a, actors::listen_atom::value);
+  t.sched->run();
+  REQUIRE(t.answers[1].arrivals.size() == 3);
+  CHECK(t.answers[1].arrived[2] == "bye_____");
+  REQUIRE(t.answers[0].arrivals.size() == 1);
+  CHECK(t.answers[0].arrived[0] == "reply__1");
+
+  caf::send_as(t.recorders[0], a, actors::listen_atom::value);  // rank 1 then dies
+  t.sched->run();
+  caf::anon_send(a, actors::fail_atom::value, std::string("rank 1 died"));
+  t.sched->run();
+  REQUIRE(t.answers[0].arrivals.size() == 2);
+  CHECK_FALSE(t.answers[0].arrivals[1].ok);
+  CHECK(t.answers[0].arrivals[1].error == "rank 1 died");
+  caf::send_as(t.recorders[0], a, actors::post_atom::value, message("request2"));
+  t.sched->run();
+  CHECK(t.answers[0].sent.back().error == "message stream with rank 1: rank 1 died");
 }
 
 // GossipLinks waits on the trainer's thread, so it runs on CAF's real scheduler; its deadline is
