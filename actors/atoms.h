@@ -27,6 +27,23 @@ using fail_atom = caf::atom_constant<caf::atom("fail")>;
 using closed_atom = caf::atom_constant<caf::atom("closed")>;
 /// (flush_atom) -> true: answered once everything sent to the actor before it has been handled.
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
+/// (health_atom) -> (link_state_atom, peer, failure): ask a peer link whether its peer is alive.
+using health_atom = caf::atom_constant<caf::atom("health")>;
+/// (link_state_atom, peer, failure): a peer link's answer to health_atom; failure "" while alive.
+using link_state_atom = caf::atom_constant<caf::atom("link_state")>;
+/// (exchange_atom, EdgeRound): a gossip round over a peer link's edge (actors/peer_link.h).
+using exchange_atom = caf::atom_constant<caf::atom("exchange")>;
+/// (edge_done_atom, EdgeResult): a peer link's answer to exchange_atom, once the round's send and
+/// receive on its edge have ended.
+using edge_done_atom = caf::atom_constant<caf::atom("edge_done")>;
+/// (listen_atom): a message-stream peer link posts the receive of its stream's next message.
+using listen_atom = caf::atom_constant<caf::atom("listen")>;
+/// (arrived_atom, StreamArrival): a peer link's answer to listen_atom, once the message came.
+using arrived_atom = caf::atom_constant<caf::atom("arrived")>;
+/// (post_atom, StreamMessage): a message-stream peer link sends the stream's next message.
+using post_atom = caf::atom_constant<caf::atom("post")>;
+/// (posted_atom, StreamSent): a peer link's answer to post_atom, once the send has ended.
+using posted_atom = caf::atom_constant<caf::atom("posted")>;
 
 }  // namespace troupe::actors
 
@@ -65,10 +82,8 @@ using start_atom = caf::atom_constant<caf::atom("start")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 /// (tick_atom): the timer of a background averager or gossiper.
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
-/// (round_atom, ...): a background round's communication ended.
+/// (round_atom, ok, error, bytes_sent, bytes_received): an averager's allreduce ended.
 using round_atom = caf::atom_constant<caf::atom("round")>;
-/// (sent_atom): a gossiper's send has completed.
-using sent_atom = caf::atom_constant<caf::atom("sent")>;
 /// (drop_atom, rank, reason): a gossip neighbour is gone.
 using drop_atom = caf::atom_constant<caf::atom("drop")>;
 

@@ -8,6 +8,7 @@
 
 #include "actors/atoms.h"
 #include "actors/execution_post.h"
+#include "actors/peer_link.h"
 #include "comm/collectives/schedule.h"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
@@ -183,11 +184,9 @@ constexpr size_t kHeader = 8;  // {kind, unused}: keeps the floats 4-byte aligne
 
 struct Neighbour {
   int rank = -1;
+  caf::actor link;  // the peer link of the edge: its message stream, sequence numbers, buffer
   bool alive = true;
   bool bye_received = false;
-  uint32_t out_seq = 0;  // next message to it
-  uint32_t in_seq = 0;   // next message from it
-  std::shared_ptr<std::vector<char>> inbox;
 };
 
 struct GossiperState {
@@ -219,10 +218,6 @@ uint64_t next_random(uint64_t& state) {  // splitmix64
   return z ^ (z >> 31);
 }
 
-comm::Tag stream_tag(const GossiperState& st, uint32_t seq) {
-  return static_cast<comm::Tag>(st.settings.key_prefix | (seq & 0x0fffffffu)) << 16;
-}
-
 void drop(Gossiper* self, size_t index, const std::string& reason);
 void maybe_finish(Gossiper* self);
 
@@ -231,13 +226,14 @@ void post_receive(Gossiper* self, size_t index) {
   auto& nb = st.neighbours[index];
   // After its bye a neighbour sends nothing more but the reply to our request in flight.
   if (!nb.alive || (nb.bye_received && st.outstanding != static_cast<int>(index))) return;
-  caf::actor me = caf::actor_cast<caf::actor>(self);
-  auto inbox = nb.inbox;  // kept alive by the callback until the receive ends
-  st.transport->recv(nb.rank, stream_tag(st, nb.in_seq++), inbox->data(), inbox->size(),
-                     [me, index, inbox](const comm::Status& s) {
-                       caf::anon_send(me, round_atom::value, static_cast<uint64_t>(index), s.ok(),
-                                      s.message());
-                     });
+  self->send(nb.link, listen_atom::value);
+}
+
+// The index in st.neighbours of `rank`, or -1.
+int index_of(const GossiperState& st, int rank) {
+  for (size_t i = 0; i < st.neighbours.size(); ++i)
+    if (st.neighbours[i].rank == rank) return static_cast<int>(i);
+  return -1;
 }
 
 // Sends kind + payload (count floats, or nothing meaningful for bye) to neighbour `index`.
@@ -248,20 +244,8 @@ void send_message(Gossiper* self, size_t index, Kind kind, const float* payload)
   const uint32_t k = static_cast<uint32_t>(kind);
   std::memcpy(message->data(), &k, sizeof(k));
   if (payload) std::memcpy(message->data() + kHeader, payload, st.model.count * sizeof(float));
-  caf::actor me = caf::actor_cast<caf::actor>(self);
-  const int peer = nb.rank;
-  auto stats = st.stats;
   ++st.sends_in_flight;
-  st.transport->send(peer, stream_tag(st, nb.out_seq++), message->data(), message->size(),
-                     [me, index, message, stats](const comm::Status& s) {
-                       if (s.ok()) {
-                         stats->bytes_sent += message->size();
-                       } else {
-                         caf::anon_send(me, drop_atom::value, static_cast<uint64_t>(index),
-                                        s.message());
-                       }
-                       caf::anon_send(me, sent_atom::value);
-                     });
+  self->send(nb.link, post_atom::value, StreamMessage{std::move(message)});
 }
 
 // x += (other - snapshot) / 2: the pairwise average. The two sides apply exact negatives of each
@@ -335,7 +319,13 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
   for (int r : st.settings.neighbours) {
     Neighbour nb;
     nb.rank = r;
-    nb.inbox = std::make_shared<std::vector<char>>(st.message_bytes);
+    EdgeSettings edge;
+    edge.peer = r;
+    edge.key_prefix = st.settings.key_prefix;
+    edge.payload = EdgePayload::messages;
+    edge.message_bytes = st.message_bytes;
+    nb.link = spawn_gossip_link(self->system(), std::move(edge), st.transport);
+    self->link_to(nb.link);  // the links end with the gossiper
     st.neighbours.push_back(std::move(nb));
   }
   return {
@@ -359,17 +349,21 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
         self->delayed_send(self, std::max(st.settings.min_interval, std::chrono::milliseconds(1)),
                            tick_atom::value, uint64_t{0});
       },
-      [self](round_atom, uint64_t index, bool ok, const std::string& error) {
+      [self](arrived_atom, const StreamArrival& arrival) {
         auto& st = self->state;
+        const int at = index_of(st, arrival.peer);
+        if (at < 0) return;
+        const size_t index = static_cast<size_t>(at);
         auto& nb = st.neighbours[index];
         if (!nb.alive) return;
-        if (!ok) {
-          drop(self, index, error);
+        if (!arrival.ok) {
+          drop(self, index, arrival.error);
           return;
         }
         uint32_t kind = 0;
-        std::memcpy(&kind, nb.inbox->data(), sizeof(kind));
-        const float* payload = reinterpret_cast<const float*>(nb.inbox->data() + kHeader);
+        std::memcpy(&kind, arrival.data, sizeof(kind));
+        // Valid until the next listen: the link's buffer.
+        const float* payload = reinterpret_cast<const float*>(arrival.data + kHeader);
         switch (static_cast<Kind>(kind)) {
           case Kind::request: {
             const uint64_t generation = st.model.snapshot(st.scratch.data());
@@ -395,12 +389,16 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
         post_receive(self, index);
         maybe_finish(self);
       },
-      [self](sent_atom) {
-        --self->state.sends_in_flight;
+      [self](posted_atom, const StreamSent& sent) {
+        auto& st = self->state;
+        const int at = index_of(st, sent.peer);
+        if (sent.ok) {
+          st.stats->bytes_sent += sent.bytes;
+        } else if (at >= 0) {
+          drop(self, static_cast<size_t>(at), sent.error);
+        }
+        --st.sends_in_flight;
         maybe_finish(self);
-      },
-      [self](drop_atom, uint64_t index, const std::string& reason) {
-        if (index < self->state.neighbours.size()) drop(self, index, reason);
       },
       [self](drop_atom, int rank, const std::string& reason) {
         auto& st = self->state;

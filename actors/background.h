@@ -90,6 +90,8 @@ struct GossiperSettings {
 /// On start_atom the gossiper starts exchanging. On stop_atom it stops initiating, finishes its
 /// exchange in flight, tells every live neighbour "bye", and answers once every live neighbour has
 /// said bye too (it serves their requests until then). drop_atom (rank, reason) drops a neighbour.
+/// Each neighbour's two message streams are carried by a peer link (actors/peer_link.h,
+/// EdgePayload::messages) that the gossiper spawns and links to itself.
 caf::actor spawn_gossiper(caf::actor_system& system, ModelAccess model, GossiperSettings settings,
                           std::shared_ptr<comm::Transport> transport,
                           std::shared_ptr<BackgroundStats> stats);

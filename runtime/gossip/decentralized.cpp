@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "comm/codecs/minmax8.h"
+#include "actors/gossip_links.h"
 #include "comm/gossip/exchange.h"
 #include "runtime/gossip/flat_model.h"
 #include "runtime/gossip/nccl_gossip.h"
@@ -46,16 +47,18 @@ struct DecentralizedModule::Impl {
   std::string path;
   std::unique_ptr<gossip::NcclGossip> nccl;
 
-  // The round in flight (overlap mode) or being run, over the transport.
-  std::shared_ptr<comm::NeighborExchange> exchange;
+  // Over the transport: one peer link per neighbour (actors/peer_link.h), which carries the
+  // rounds over its edge and keeps the edge's state (the neighbour's last weights; Choco-SGD's
+  // public copy of the neighbour). Rounds are messages to the links; the trainer waits only where
+  // it needs what they brought.
+  std::unique_ptr<actors::GossipLinks> links;
   comm::RoundPeers peers;
   uint64_t round_index = 0;
-  std::vector<char> send_buffer;
-  std::vector<std::vector<char>> recv_buffers;
+  std::vector<char> send_buffer;  // this rank's message of the round in flight
 
-  // Choco-SGD: the public copies of this rank's and each neighbour's weights, and scratch.
+  // Choco-SGD: the public copy of this rank's own weights (the neighbours' are in the links), and
+  // scratch.
   std::vector<float> own_copy;
-  std::vector<std::vector<float>> neighbour_copies;  // by rank (empty for non-neighbours)
   std::vector<float> scratch;
 
   mutable std::mutex stats_mutex;
@@ -77,13 +80,18 @@ struct DecentralizedModule::Impl {
     const bool dpsgd = std::holds_alternative<Decentralized>(algorithm);
     if (!flat.on_cuda()) {
       path = "cpu";
+      links = std::make_unique<actors::GossipLinks>(runtime.system(), transport, key_prefix);
       return;
     }
     const bool over_nccl = dpsgd && runtime.nccl_available() && !options.stage_through_host;
     path = over_nccl ? "cuda via nccl" : "cuda via host staging";
     // Every rank must take the same path: NCCL's rounds and the transport's never meet.
     check_same_on_every_rank(runtime.comm(), what + " gossips on " + path + "\n");
-    if (over_nccl) nccl = std::make_unique<gossip::NcclGossip>(runtime, flat.device(), options.timeout);
+    if (over_nccl) {
+      nccl = std::make_unique<gossip::NcclGossip>(runtime, flat.device(), options.timeout);
+    } else {
+      links = std::make_unique<actors::GossipLinks>(runtime.system(), transport, key_prefix);
+    }
   }
 
   std::string name() const {
@@ -114,6 +122,7 @@ struct DecentralizedModule::Impl {
   void mark_dead(int peer, const std::string& reason) {
     std::lock_guard<std::mutex> lock(stats_mutex);
     if (!dead.insert(peer).second || !is_peer(peer)) return;
+    if (links) links->fail(peer, reason);
     if (nccl) {  // NCCL cannot drop a peer: the rounds fail instead of waiting for their deadline
       nccl->abort("rank " + std::to_string(peer) + " died: " + reason);
       return;
@@ -131,35 +140,27 @@ struct DecentralizedModule::Impl {
     peers = topology.round(rank, round_index, dead_ranks());
   }
 
-  bool round_in_flight() const { return exchange || (nccl && nccl->in_flight()); }
-
-  // Posts the next round over the transport with `bytes` of send_buffer.
-  void start_round(size_t bytes) {
-    next_round();
-    recv_buffers.resize(peers.recv_from.size());
-    std::vector<void*> targets;
-    for (auto& b : recv_buffers) {
-      b.resize(bytes);
-      targets.push_back(b.data());
-    }
-    const comm::Tag tag =
-        static_cast<comm::Tag>(key_prefix | static_cast<uint32_t>(round_index & 0x0fffffffu)) << 16;
-    exchange = comm::NeighborExchange::start(transport, tag, send_buffer.data(), bytes,
-                                             peers.send_to, peers.recv_from, targets);
+  bool round_in_flight() const {
+    return (links && links->in_flight()) || (nccl && nccl->in_flight());
   }
 
-  // Waits for the round in flight. Returns the peers whose buffers to use, each with its buffer
-  // and weight, and this rank's own weight, renormalised over the peers that are still alive.
+  // Hands the next round to the peer links with `bytes` of send_buffer; returns at once.
+  void start_round(size_t bytes) {
+    next_round();
+    links->start(round_index, send_buffer.data(), bytes, peers.send_to, peers.recv_from);
+  }
+
+  // Waits for the round in flight. Returns the peers whose values to use (from their links), each
+  // with its weight, and this rank's own weight, renormalised over the peers that are still alive.
   struct Mixing {
     double self_weight = 1;
     std::vector<int> peers;
-    std::vector<const char*> buffers;
+    std::vector<const float*> values;
     std::vector<double> weights;
   };
   Mixing finish_round() {
     auto started = std::chrono::steady_clock::now();
-    auto outcome = exchange->wait(started + options.timeout, round_name());
-    exchange.reset();
+    auto outcome = links->wait(started + options.timeout, round_name());
     count_round(started, outcome.bytes_sent, outcome.bytes_received);
     for (auto& [peer, reason] : outcome.failed) mark_dead(peer, reason);
     auto live = topology.round(rank, round_index, dead_ranks());
@@ -167,9 +168,12 @@ struct DecentralizedModule::Impl {
     m.self_weight = live.self_weight;
     // Every peer still alive has delivered: a peer whose send or receive failed is dead now.
     for (size_t i = 0; i < live.recv_from.size(); ++i) {
-      auto at = std::find(peers.recv_from.begin(), peers.recv_from.end(), live.recv_from[i]);
+      auto at = std::find(outcome.received.begin(), outcome.received.end(), live.recv_from[i]);
+      if (at == outcome.received.end())
+        throw comm::Error(round_name() + ": rank " + std::to_string(live.recv_from[i]) +
+                          " is alive but its peer link brought nothing");
       m.peers.push_back(live.recv_from[i]);
-      m.buffers.push_back(recv_buffers[static_cast<size_t>(at - peers.recv_from.begin())].data());
+      m.values.push_back(outcome.values[static_cast<size_t>(at - outcome.received.begin())]);
       m.weights.push_back(live.recv_weights[i]);
     }
     return m;
@@ -206,11 +210,9 @@ struct DecentralizedModule::Impl {
       return;
     }
     const Mixing m = finish_round();
-    std::vector<const float*> others;
-    for (const char* b : m.buffers) others.push_back(reinterpret_cast<const float*>(b));
     std::lock_guard<std::mutex> lock(flat.mutex());
     comm::mix(flat.host(), reinterpret_cast<const float*>(send_buffer.data()), m.self_weight,
-              others, m.weights, flat.count());
+              m.values, m.weights, flat.count());
     flat.push();
   }
 
@@ -297,19 +299,18 @@ struct DecentralizedModule::Impl {
     for (size_t i = 0; i < n; ++i) scratch[i] = x[i] - own_copy[i];
     send_buffer.resize(comm::minmax8_bytes(n, block));
     comm::minmax8_encode(scratch.data(), n, block, reinterpret_cast<uint8_t*>(send_buffer.data()));
+    // The links send q_i and add each neighbour's q_j to their public copy of it while this
+    // thread adds q_i to its own: x_hat_i += q_i.
     start_round(send_buffer.size());
-    auto m = finish_round();
     comm::minmax8_decode_add(reinterpret_cast<const uint8_t*>(send_buffer.data()), n, block,
                              own_copy.data());
-    for (size_t j = 0; j < m.peers.size(); ++j)
-      comm::minmax8_decode_add(reinterpret_cast<const uint8_t*>(m.buffers[j]), n, block,
-                               neighbour_copies[static_cast<size_t>(m.peers[j])].data());
+    auto m = finish_round();
     // x += gamma * sum_j W_ij (x_hat_j - x_hat_i), over the live neighbours.
     std::lock_guard<std::mutex> lock(flat.mutex());
     float* out = flat.host();
     for (size_t j = 0; j < m.peers.size(); ++j) {
       const float w = static_cast<float>(l.gamma * m.weights[j]);
-      const float* xj = neighbour_copies[static_cast<size_t>(m.peers[j])].data();
+      const float* xj = m.values[j];
       const float* xi = own_copy.data();
       for (size_t i = 0; i < n; ++i) out[i] += w * (xj[i] - xi[i]);
     }
@@ -370,9 +371,14 @@ DecentralizedModule::DecentralizedModule(Runtime& runtime,
   m.flat.pull();
   m.own_copy.assign(m.flat.host(), m.flat.host() + n);
   m.scratch.resize(n);
-  m.neighbour_copies.resize(static_cast<size_t>(runtime.world_size()));
-  for (int p : m.topology.round(m.rank, 0).recv_from)
-    m.neighbour_copies[static_cast<size_t>(p)] = m.own_copy;
+  for (int p : m.topology.round(m.rank, 0).recv_from) {
+    actors::EdgeSettings edge;
+    edge.peer = p;
+    edge.payload = actors::EdgePayload::minmax8_difference;
+    edge.public_copy = m.own_copy;
+    edge.block = static_cast<size_t>(algorithm.block);
+    m.links->add(std::move(edge));
+  }
   Impl* impl = impl_.get();
   impl_->listener = runtime.add_failure_listener(
       [impl](int rank, const std::string& reason) { impl->mark_dead(rank, reason); });

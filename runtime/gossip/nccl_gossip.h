@@ -10,7 +10,7 @@
 /// blocks until the round's completion event has fired; the received weights are then in device
 /// memory, visible to torch's stream, for the mix.
 ///
-/// Unlike the transport's rounds (comm::NeighborExchange), NCCL cannot drop one peer from a group:
+/// Unlike the transport's rounds (actors/peer_link.h), NCCL cannot drop one peer from a group:
 /// a peer that dies or stays silent fails the round — and the communicator, so every later round
 /// too — with an error naming the round. Deadlines: each round's NCCL operation has the module's
 /// timeout from the moment it was queued, and wait() gives up at its own deadline.
