@@ -146,6 +146,7 @@ caf::behavior directory(Directory* self, int world_size, std::chrono::millisecon
                        true);
         return true;
       },
+      [](flush_atom) { return true; },
       [self](leave_atom, int rank) {
         auto it = self->state.members.find(rank);
         if (it == self->state.members.end() || it->second.gone) return true;

@@ -9,7 +9,7 @@
 /// message naming the ranks that never arrived. After the rendezvous the directory monitors every
 /// worker and tells every survivor of each rank that is gone (peer_down_atom): as a death when its
 /// worker disappears or it announces a failure (failed_atom, with its reason), as a clean exit
-/// when it leaves (leave_atom).
+/// when it leaves (leave_atom). (flush_atom) -> true answers once what came before is handled.
 #include <caf/fwd.hpp>
 
 #include <chrono>

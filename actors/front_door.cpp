@@ -200,6 +200,7 @@ FrontDoor::FrontDoor(caf::actor_system& system, caf::actor directory, FrontDoorO
 
 FrontDoor::~FrontDoor() {
   auto& m = *impl_;
+  flush(std::chrono::seconds(1));
   m.stopping = true;
   {
     std::lock_guard<std::mutex> lock(m.outbox->mutex);
@@ -227,14 +228,16 @@ FrontDoorCounts FrontDoor::counts() const {
 void FrontDoor::flush(std::chrono::milliseconds timeout) {
   auto& m = *impl_;
   const auto deadline = Clock::now() + timeout;
-  // The stand-ins answer once they have handled what the directory sent them before: their
-  // frames are then in the outbox.
+  // The directory answers once it has handled what came before (a leave, its deadline); the
+  // stand-ins then answer once they have handled what it sent them meanwhile: their frames are
+  // then in the outbox.
+  caf::scoped_actor self{*m.system};
+  self->request(m.directory, timeout, flush_atom::value).receive([](bool) {}, [](caf::error&) {});
   std::vector<caf::actor> stand_ins;
   {
     std::lock_guard<std::mutex> lock(m.stand_ins_mutex);
     stand_ins = m.stand_ins;
   }
-  caf::scoped_actor self{*m.system};
   for (auto& s : stand_ins) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) break;

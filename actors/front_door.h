@@ -53,7 +53,8 @@ class FrontDoor {
   /// Binds and starts listening (its own thread). Throws comm::Error naming the address and port
   /// when it cannot bind, and the file when a TLS file cannot be used.
   FrontDoor(caf::actor_system& system, caf::actor directory, FrontDoorOptions options);
-  /// Closes every connection (their stand-ins end) and the listener.
+  /// Sends what is still to be sent (flush, up to 1 s), then closes every connection (their
+  /// stand-ins end) and the listener.
   ~FrontDoor();
   FrontDoor(const FrontDoor&) = delete;
   FrontDoor& operator=(const FrontDoor&) = delete;

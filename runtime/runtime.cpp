@@ -326,8 +326,6 @@ void Runtime::Impl::stop() {
     self->request(directory, std::chrono::seconds(2), actors::leave_atom::value, info.rank)
         .receive([](bool) {}, [](caf::error&) {});
   }
-  // Rank 0: what the directory told the others (this rank left) goes out before the door closes.
-  if (door) door->flush(std::chrono::seconds(1));
   std::shared_ptr<comm::NcclCommunicator> nccl_comm;
   {
     std::lock_guard<std::mutex> lock(dead_mutex);
@@ -336,7 +334,7 @@ void Runtime::Impl::stop() {
   }
   nccl_comm.reset();  // may wait for its operations in flight, up to their deadlines
   if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
-  door.reset();
+  door.reset();  // sends what the directory told the others (this rank left) first
   connection.reset();
   if (owns_directory && directory) caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
   worker = nullptr;
