@@ -241,8 +241,12 @@ class DistributedModule {
   std::string algorithm_name() const;
   size_t bucket_count() const;
   /// How the gradients are reduced: "cpu" (through the transport), "cpu via shared memory"
-  /// (DdpOptions::shared_memory), "cuda via nccl" or "cuda via host staging".
+  /// (DdpOptions::shared_memory), "cuda via nccl" or "cuda via host staging": the first gradient
+  /// path (runtime/gradient_path.h) that could serve this module.
   std::string gradient_path() const;
+  /// Why the paths tried before it declined, in order ("cuda via nccl: the parameters are on the
+  /// CPU").
+  std::vector<std::string> declined_gradient_paths() const;
   /// The names of the parameters of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameters() const;
   /// Writes the Chrome trace recorded so far to `path` (empty unless DdpOptions::trace_path is
