@@ -49,9 +49,10 @@ using posted_atom = caf::atom_constant<caf::atom("posted")>;
 
 namespace troupe::actors {
 
-/// (ready_atom, step, divisor): one parameter of a bucket has its gradient.
+/// (ready_atom, step, denominator): one parameter of a bucket has its gradient; the step's sum
+/// over ranks is to be divided by `denominator` (1: a plain sum).
 using ready_atom = caf::atom_constant<caf::atom("ready")>;
-/// (launch_atom, step, divisor): start the bucket's reduction now, ready or not.
+/// (launch_atom, step, denominator): start the bucket's reduction now, ready or not.
 using launch_atom = caf::atom_constant<caf::atom("launch")>;
 /// (run_atom, closure): work of a running collective, posted from a transport thread.
 using run_atom = caf::atom_constant<caf::atom("run")>;
@@ -63,11 +64,8 @@ using await_atom = caf::atom_constant<caf::atom("await")>;
 using stall_atom = caf::atom_constant<caf::atom("stall")>;
 /// (abort_atom, reason, peer): a rank died; fail what is running.
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
-/// (force_atom): the failure grace has passed; fail what is still in flight.
+/// (force_atom, ...): the failure grace has passed; fail what is still in flight.
 using force_atom = caf::atom_constant<caf::atom("force")>;
-/// (staged_atom, step, divisor, error): a staged CUDA bucket's gradients are in its host mirror
-/// (error empty) or could not be copied there.
-using staged_atom = caf::atom_constant<caf::atom("staged")>;
 /// (setup_atom, ...): configuration after spawn.
 using setup_atom = caf::atom_constant<caf::atom("setup")>;
 

@@ -16,10 +16,10 @@
 #include "actors/atoms.h"
 #include "actors/bucket.h"
 #include "actors/reducer.h"
-#include "comm/shm/local_allreduce.h"
 #include "runtime/bucket_layout.h"
 #include "runtime/cuda_gradients.h"
 #include "runtime/data_parallel.h"
+#include "runtime/gradient_path.h"
 #include "runtime/model_check.h"
 #include "runtime/module_buffers.h"
 #include "runtime/wrapped_modules.h"
@@ -84,14 +84,14 @@ struct DistributedModule::Impl {
 
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
-  // CUDA parameters: their events and the path of their buckets (null for a CPU module).
+  // CUDA parameters: their events (null for a CPU module).
   std::unique_ptr<CudaGradients> cuda;
-  // CPU buckets of a single-host job: the shared memory they live in (null: the transport's
-  // path). Its data region has two halves; each build of the buckets takes the other one, so a
-  // rebuild can copy the gradients over from the old buckets.
-  std::shared_ptr<comm::LocalAllreduce> local;
-  size_t local_half_bytes = 0;
-  int local_half = 0;
+  // How the buckets are reduced (runtime/gradient_path.h), chosen at construction, and why the
+  // candidates before it declined. Declared after `cuda`: a path's device work waits on its
+  // events, so the path goes first.
+  GradientPathContext path_context;
+  std::unique_ptr<GradientPath> path;
+  std::vector<std::string> declined;
 
   struct Bucket {
     torch::Tensor flat;
@@ -152,8 +152,8 @@ struct DistributedModule::Impl {
 
   void check_options();
   void collect_parameters();
+  void choose_path();
   void verify_same_model();
-  void connect_local();
   BucketLayout plan(const std::vector<int>& order_hint, const std::vector<int64_t>& ready_us = {});
   void build_buckets(const BucketLayout& layout);
   void spawn_actors();
@@ -168,6 +168,9 @@ struct DistributedModule::Impl {
   void load_averaged_weights();
   void shadow_step();
   void next_step();
+  // What the buckets divide the sum over ranks by: the step's denominator when averaging, 1 for a
+  // sum.
+  double bucket_denominator() const { return opt.average ? denominator : 1.0; }
 };
 
 namespace {
@@ -242,50 +245,35 @@ void DistributedModule::Impl::collect_parameters() {
   if (params.empty()) throw comm::Error("DistributedModule: the module has no trainable parameter");
   const bool on_cuda = std::any_of(params.begin(), params.end(),
                                    [](const torch::Tensor& p) { return p.is_cuda(); });
-  if (on_cuda)
-    cuda = std::make_unique<CudaGradients>(rt, params, names,
-                                           std::holds_alternative<GradientAllReduce>(algorithm),
-                                           opt.stage_through_host, opt.stall_timeout);
+  if (on_cuda) cuda = std::make_unique<CudaGradients>(params, names);
+}
+
+void DistributedModule::Impl::choose_path() {
+  path_context.runtime = &rt;
+  path_context.algorithm = &algorithm;
+  path_context.options = &opt;
+  path_context.params = &params;
+  path_context.cuda = cuda.get();
+  path_context.key_prefix = key_prefix;
+  auto choice = choose_gradient_path(gradient_path_candidates(), path_context);
+  path = std::move(choice.path);
+  declined = std::move(choice.declined);
 }
 
 // Every rank describes its model; rank by rank, the first difference is reported by name.
 void DistributedModule::Impl::verify_same_model() {
   std::string mine = "algorithm " + comm::algorithm_name(algorithm) + "\n";
-  if (cuda) mine += cuda->path() + "\n";
   mine += std::string("shared_memory ") + (opt.shared_memory ? "on" : "off") + "\n";
   mine += std::string("broadcast_buffers ") + (opt.broadcast_buffers ? "on" : "off") + "\n";
   mine += std::string("join ") +
           (!opt.join ? "off" : opt.divide_by_initial_world_size ? "on, divide by world size"
                                                                 : "on, divide by ranks training") +
           "\n";
+  mine += "gradient path " + path->name() + "\n";
   for (size_t i = 0; i < params.size(); ++i) mine += names[i] + " " + shape_of(params[i]) + "\n";
   for (auto& b : module->named_buffers(true))
     mine += "buffer " + b.key() + " " + shape_of(b.value()) + "\n";
   check_same_on_every_rank(rt.comm(), mine);
-}
-
-void DistributedModule::Impl::connect_local() {
-  if (!opt.shared_memory || world < 2 || cuda || !std::holds_alternative<GradientAllReduce>(algorithm))
-    return;
-  // Only when every rank really shares this host and its /dev/shm, not merely its host name.
-  const auto& hosts = rt.real_hosts();
-  if (std::any_of(hosts.begin(), hosts.end(), [](int h) { return h != 0; })) return;
-  // Room for any layout: every parameter padded to align_bytes, every bucket to a 64-byte line.
-  const size_t align = std::max<size_t>(opt.align_bytes, 64);
-  size_t bytes = 0;
-  for (auto& p : params)
-    bytes += (static_cast<size_t>(p.numel()) * p.element_size() + 2 * align - 1) / align * align;
-  local_half_bytes = (bytes + align + 4095) / 4096 * 4096;
-  try {
-    local = comm::LocalAllreduce::connect(rt.comm(), 2 * local_half_bytes,
-                                          opt.stall_timeout + std::chrono::seconds(10));
-  } catch (const comm::Error& e) {  // every rank throws (connect agrees on failures)
-    throw comm::Error("DistributedModule: shared memory for the buckets (" +
-                      std::to_string(2 * local_half_bytes) + " bytes per rank): " + e.what() +
-                      " (enlarge /dev/shm, or set DdpOptions::shared_memory = false to reduce "
-                      "through the transport)",
-                      e.peer());
-  }
 }
 
 BucketLayout DistributedModule::Impl::plan(const std::vector<int>& order_hint,
@@ -310,30 +298,13 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
     fill.push_back(planned.elements);
   }
   torch::NoGradGuard no_grad;
-  const size_t align = std::max<size_t>(opt.align_bytes, 64);
-  size_t cursor = static_cast<size_t>(local_half) * local_half_bytes;
-  const size_t half_end = cursor + local_half_bytes;
-  local_half ^= 1;
+  path->begin_buckets(static_cast<int>(buckets.size()));
   for (size_t b = 0; b < buckets.size(); ++b) {
     auto& bucket = buckets[b];
     const auto& first = params[static_cast<size_t>(bucket.params[0])];
     const auto options = first.options().requires_grad(false);
     const int64_t elements = std::max<int64_t>(fill[b], 1);
-    if (local) {  // in this rank's shared region, at the same place on every rank
-      cursor = (cursor + align - 1) / align * align;
-      const size_t bytes = static_cast<size_t>(elements) * first.element_size();
-      if (cursor + bytes > half_end)
-        throw comm::Error("DistributedModule: bucket " + std::to_string(b) + " (" +
-                          std::to_string(bytes) + " bytes at " + std::to_string(cursor) +
-                          ") does not fit the shared region's half ending at " +
-                          std::to_string(half_end));
-      bucket.flat = torch::from_blob(local->data() + cursor, {elements}, [keep = local](void*) {},
-                                     options);
-      bucket.flat.zero_();
-      cursor += bytes;
-    } else {
-      bucket.flat = torch::zeros({elements}, options);
-    }
+    bucket.flat = path->bucket_memory(static_cast<int>(b), elements, options);
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       auto& p = params[static_cast<size_t>(bucket.params[k])];
       if (!opt.agg_grad) continue;
@@ -353,19 +324,6 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
 void DistributedModule::Impl::spawn_actors() {
   auto& system = rt.system();
   reducer = actors::spawn_reducer(system, static_cast<int>(buckets.size()));
-  actors::ReduceSettings settings;
-  settings.average = opt.average || !opt.agg_grad;
-  settings.divide_before = opt.divide_before && opt.agg_grad;
-  settings.collectives = rt.comm().options();
-  if (opt.hierarchical) {
-    // By host only where that changes anything: several hosts, and some with several ranks.
-    auto hosts = rt.real_hosts();
-    const int distinct = *std::max_element(hosts.begin(), hosts.end()) + 1;
-    if (distinct > 1 && distinct < world) settings.collectives.hosts = std::move(hosts);
-  }
-  settings.key_prefix = key_prefix;
-  settings.device_timeout = opt.stall_timeout;
-  const auto order = cuda ? cuda->make_order(static_cast<int>(buckets.size())) : nullptr;
   std::vector<caf::actor> handles;
   std::vector<std::vector<std::string>> bucket_names;
   std::vector<int> expected;
@@ -375,35 +333,26 @@ void DistributedModule::Impl::spawn_actors() {
   for (size_t b = 0; b < buckets.size(); ++b) {
     auto& bucket = buckets[b];
     bucket.stats = std::make_shared<actors::BucketStats>();
-    actors::BucketPlan plan;
-    plan.index = static_cast<int>(b);
-    plan.data = bucket.flat.data_ptr();
-    plan.count = static_cast<size_t>(bucket.flat.numel());
-    plan.type = bucket.type;
-    plan.parameters = static_cast<int>(bucket.params.size());
+    comm::BucketBuffer buffer{static_cast<int>(b), bucket.flat.data_ptr(),
+                              static_cast<size_t>(bucket.flat.numel()), bucket.type, {}};
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const auto& p = params[static_cast<size_t>(bucket.params[k])];
       comm::TensorSlot slot;
       slot.offset = static_cast<size_t>(bucket.offsets[k]);
       slot.count = static_cast<size_t>(p.numel());
       slot.rows = p.dim() >= 2 ? static_cast<size_t>(p.size(0)) : 1;
-      plan.tensors.push_back(slot);
+      buffer.tensors.push_back(slot);
     }
-    if (cuda)  // the events to wait on, and NCCL or a host mirror (then plan.data is the mirror)
-      cuda->prepare(plan, bucket.params, plan.data,
-                    plan.count * static_cast<size_t>(bucket.flat.element_size()), order);
-    plan.local = local;
-    if (local)  // the bucket lies in the shared region
-      plan.local_offset = static_cast<size_t>(static_cast<char*>(plan.data) - local->data());
-    comm::BucketBuffer buffer{plan.index, plan.data, plan.count, plan.type, plan.tensors};
-    auto reduction = comm::make_reduction(algorithm, buffer);
-    bucket.actor = actors::spawn_bucket(system, plan, settings, std::move(reduction),
-                                        rt.transport(), reducer, bucket.stats);
+    auto bucket_path =
+        path->bucket(buffer, cuda ? cuda->ready_events(bucket.params) : std::vector<void*>{});
+    const int parameters = static_cast<int>(bucket.params.size());
+    bucket.actor = actors::spawn_bucket(system, buffer.index, parameters, std::move(bucket_path),
+                                        reducer, bucket.stats);
     handles.push_back(bucket.actor);
     std::vector<std::string> n;
     for (int p : bucket.params) n.push_back(names[static_cast<size_t>(p)]);
     bucket_names.push_back(n);
-    expected.push_back(plan.parameters);
+    expected.push_back(parameters);
   }
   actors::set_buckets(reducer, handles, bucket_names, expected);
   std::lock_guard<std::mutex> lock(targets->mutex);
@@ -460,7 +409,7 @@ void DistributedModule::Impl::on_grad_ready(int index) {
   }
   if (cuda) cuda->record_gradient(index);
   if (!opt.delay_reduce)
-    caf::anon_send(bucket.actor, actors::ready_atom::value, step, denominator);
+    caf::anon_send(bucket.actor, actors::ready_atom::value, step, bucket_denominator());
 }
 
 void DistributedModule::Impl::await_step() {
@@ -538,9 +487,9 @@ void DistributedModule::Impl::agree_on_training(bool mine) {
 }
 
 // The buckets divided by `denominator`; the step divides by `requested` (set_denominator after
-// backward), or with join by the number of ranks training. The result is linear in 1/divisor for
-// every algorithm (the error feedback memories do not depend on it) except the majority vote,
-// whose result is a sign, so a factor old / new makes it what `requested` would have given.
+// backward), or with join by the number of ranks training. The result is linear in
+// 1/denominator for every algorithm (the error feedback memories do not depend on it) except the
+// majority vote, whose result is a sign, so a factor old / new makes it what `requested` would have given.
 void DistributedModule::Impl::rescale_reduced() {
   double want = requested;
   if (want == 0)
@@ -570,9 +519,8 @@ void DistributedModule::Impl::shadow_step() {
     for (auto& bucket : buckets) bucket.flat.zero_();
   }
   if (cuda) cuda->record_step();
-  const double divisor = opt.agg_grad ? denominator : training_count;
-  for (auto& bucket : buckets)
-    caf::anon_send(bucket.actor, actors::launch_atom::value, step, divisor);
+  const double by = opt.agg_grad ? bucket_denominator() : training_count;
+  for (auto& bucket : buckets) caf::anon_send(bucket.actor, actors::launch_atom::value, step, by);
   await_step();
   if (!opt.agg_grad) load_averaged_weights();
   next_step();
@@ -607,9 +555,9 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.denominator = m.world;
   m.tracing = !m.opt.trace_path.empty();
   m.collect_parameters();
+  m.choose_path();
   m.verify_same_model();
-  if (m.cuda) m.cuda->connect();  // collective: every rank has passed the model check
-  m.connect_local();              // collective too
+  m.path->connect(m.path_context);  // may be collective: every rank has passed the model check
   broadcast_parameters(0);
   if (m.opt.broadcast_buffers && m.world > 1) {
     m.buffers = std::make_unique<ModuleBuffers>(*m.module);
@@ -722,7 +670,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
     // delay_reduce or of unused parameters. CUDA buckets wait for what was enqueued here.
     if (m.cuda) m.cuda->record_step();
     for (auto& bucket : m.buckets)
-      caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, m.denominator);
+      caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, m.bucket_denominator());
     m.await_step();
     m.rescale_reduced();
     if (!m.opt.gradient_as_bucket_view)
@@ -819,9 +767,10 @@ std::string DistributedModule::algorithm_name() const {
 
 size_t DistributedModule::bucket_count() const { return impl_->buckets.size(); }
 
-std::string DistributedModule::gradient_path() const {
-  if (!impl_->cuda) return impl_->local ? "cpu via shared memory" : "cpu";
-  return impl_->cuda->uses_nccl() ? "cuda via nccl" : "cuda via host staging";
+std::string DistributedModule::gradient_path() const { return impl_->path->name(); }
+
+std::vector<std::string> DistributedModule::declined_gradient_paths() const {
+  return impl_->declined;
 }
 
 std::vector<std::vector<std::string>> DistributedModule::bucket_parameters() const {

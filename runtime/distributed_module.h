@@ -39,7 +39,7 @@
 /// inside no_sync() instead (with agg_grad = false gradients stay local and may accumulate).
 ///
 /// CUDA parameters (all on one device) get CUDA buckets, reduced with NCCL where the Runtime has
-/// it, else through pinned host memory (runtime/cuda_gradients.h says which and how).
+/// it, else through pinned host memory (runtime/gradient_path.h says which and how).
 ///
 /// Buffers (BatchNorm's running statistics, any registered buffer) are copied from rank 0 to every
 /// rank at the end of each step (`broadcast_buffers`), so the next forward sees rank 0's: what
@@ -122,7 +122,8 @@ struct DdpOptions {
   /// host, or on the compressed algorithms.
   bool hierarchical = false;
   /// CUDA parameters: reduce through pinned host memory and the job's transport even where NCCL
-  /// is available (runtime/cuda_gradients.h). Every rank must agree (the model check compares it).
+  /// is available (runtime/gradient_path/host_staging.cpp). Every rank must agree (the model check
+  /// compares the path).
   /// Compressed algorithms always stage; CPU parameters ignore it.
   bool stage_through_host = false;
   /// CPU buckets of a job whose ranks are all on one host are reduced through shared memory
@@ -241,8 +242,12 @@ class DistributedModule {
   std::string algorithm_name() const;
   size_t bucket_count() const;
   /// How the gradients are reduced: "cpu" (through the transport), "cpu via shared memory"
-  /// (DdpOptions::shared_memory), "cuda via nccl" or "cuda via host staging".
+  /// (DdpOptions::shared_memory), "cuda via nccl" or "cuda via host staging": the first gradient
+  /// path (runtime/gradient_path.h) that could serve this module.
   std::string gradient_path() const;
+  /// Why the paths tried before it declined, in order ("cuda via nccl: the parameters are on the
+  /// CPU").
+  std::vector<std::string> declined_gradient_paths() const;
   /// The names of the parameters of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameters() const;
   /// Writes the Chrome trace recorded so far to `path` (empty unless DdpOptions::trace_path is
