@@ -10,6 +10,7 @@
 #include "actors/execution_post.h"
 #include "actors/peer_link.h"
 #include "comm/collectives/schedule.h"
+#include "comm/tags.h"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
 
@@ -58,7 +59,7 @@ void start_round(Averager* self) {
                                            comm::ReduceOp::avg, st.settings.collectives);
   caf::actor me = caf::actor_cast<caf::actor>(self);
   comm::Post post = execution_post(me, *st.transport, st.inline_lock);
-  const uint32_t key = st.settings.key_prefix | (st.round & 0x0fffffffu);
+  const uint32_t key = comm::tags::round_key(st.settings.key_prefix, st.round);
   auto execution = std::make_shared<comm::Execution>(st.transport, key, std::move(schedule), post);
   execution->on_done([me, raw = execution.get()](const comm::Status& status) {
     caf::anon_send(me, round_atom::value, status.ok(), status.message(),

@@ -58,7 +58,7 @@ struct BackgroundStats {
 
 struct AveragerSettings {
   std::chrono::milliseconds interval{100};
-  /// Keys of its allreduces: key_prefix | (round & 0x0fffffff); key_prefix uses bits 28-31.
+  /// Keys of its allreduces: comm::tags::round_key(key_prefix, round) (comm/tags.h).
   uint32_t key_prefix = 0;
   comm::CollectiveOptions collectives;
   /// After abort_atom, how long the round's operations with live ranks may still end by themselves
@@ -81,7 +81,8 @@ struct GossiperSettings {
   std::vector<int> neighbours;
   /// At least this long between the starts of two exchanges this rank initiates.
   std::chrono::milliseconds min_interval{10};
-  /// Tags of the message stream from this rank to each neighbour: (key_prefix | seq) << 16.
+  /// Tags of the message stream from this rank to each neighbour: tag_of(round_key(key_prefix,
+  /// seq)) (comm/tags.h).
   uint32_t key_prefix = 0;
   /// Seeds the choice of neighbours (mixed with the rank).
   uint64_t seed = 0;

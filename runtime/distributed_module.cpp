@@ -16,6 +16,7 @@
 #include "actors/atoms.h"
 #include "actors/bucket.h"
 #include "actors/reducer.h"
+#include "comm/tags.h"
 #include "runtime/bucket_layout.h"
 #include "runtime/cuda_gradients.h"
 #include "runtime/data_parallel.h"
@@ -327,9 +328,10 @@ void DistributedModule::Impl::spawn_actors() {
   std::vector<caf::actor> handles;
   std::vector<std::vector<std::string>> bucket_names;
   std::vector<int> expected;
-  if (buckets.size() > 4096)
-    throw comm::Error("DistributedModule: " + std::to_string(buckets.size()) +
-                      " buckets (at most 4096; raise bucket_bytes or use Aggregation::bucket)");
+  if (buckets.size() > static_cast<size_t>(comm::tags::kMaxBuckets))
+    throw comm::Error("DistributedModule: " + std::to_string(buckets.size()) + " buckets (at most " +
+                      std::to_string(comm::tags::kMaxBuckets) +
+                      "; raise bucket_bytes or use Aggregation::bucket)");
   for (size_t b = 0; b < buckets.size(); ++b) {
     auto& bucket = buckets[b];
     bucket.stats = std::make_shared<actors::BucketStats>();
