@@ -22,6 +22,7 @@
 #include "runtime/data_parallel.h"
 #include "runtime/gradient_path.h"
 #include "runtime/model_check.h"
+#include "runtime/module_id.h"
 #include "runtime/module_buffers.h"
 #include "runtime/wrapped_modules.h"
 
@@ -75,6 +76,7 @@ struct Targets {
 
 struct DistributedModule::Impl {
   Runtime& rt;
+  ModuleId id;  // given back last, once the actors that use its keys are gone
   std::shared_ptr<torch::nn::Module> module;
   WrappedModule wrapped;  // refuses a second wrapper of the module while this one lives
   Algorithm algorithm;
@@ -146,6 +148,7 @@ struct DistributedModule::Impl {
 
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
       : rt(r),
+        id(r),
         module(std::move(m)),
         wrapped(module.get(), "DistributedModule"),
         algorithm(std::move(a)),
@@ -553,7 +556,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.rank = runtime.rank();
   m.world = runtime.world_size();
   if (!m.opt.trace_path.empty()) check_trace_writable(m.opt.trace_path, m.rank);
-  m.key_prefix = static_cast<uint32_t>(runtime.next_module_id()) << 28;
+  m.key_prefix = m.id.key_prefix();
   m.denominator = m.world;
   m.tracing = !m.opt.trace_path.empty();
   m.collect_parameters();

@@ -116,9 +116,12 @@ class Runtime {
   /// Returns an id for remove_failure_listener. Used by DistributedModule to fail its buckets.
   int add_failure_listener(std::function<void(int, const std::string&)> listener);
   void remove_failure_listener(int id);
-  /// A number for the next DistributedModule of this runtime (1, 2, ...): the same on every rank
-  /// when every rank wraps its modules in the same order.
+  /// A number for a new module of this runtime: the lowest not taken by a live module
+  /// (1..comm::tags::kMaxModules), so the same on every rank when every rank creates and destroys
+  /// its modules in the same order. Throws comm::Error when kMaxModules are alive. A module gives
+  /// it back with release_module_id when destroyed (runtime/module_id.h does both).
   int next_module_id();
+  void release_module_id(int id);
 
   /// Whether rank 0 published an NCCL unique id at the rendezvous (see RuntimeOptions::nccl): the
   /// same answer on every rank, so every rank takes the same path for its CUDA tensors.

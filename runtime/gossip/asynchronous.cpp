@@ -9,12 +9,14 @@
 #include "actors/background.h"
 #include "runtime/gossip/decentralized.h"
 #include "runtime/gossip/flat_model.h"
+#include "runtime/module_id.h"
 #include "runtime/wrapped_modules.h"
 
 namespace troupe {
 
 struct AsynchronousModule::Impl {
   Runtime& rt;
+  ModuleId id;  // given back last, once the actor that uses its keys is gone
   std::variant<AsyncModelAverage, AsyncGossip> algorithm;
   GossipOptions options;
   WrappedModule wrapped;  // refuses a second wrapper of the module while this one lives
@@ -36,11 +38,12 @@ struct AsynchronousModule::Impl {
   Impl(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
        std::variant<AsyncModelAverage, AsyncGossip> algo, GossipOptions opts, std::string what)
       : rt(runtime),
+        id(runtime),
         algorithm(std::move(algo)),
         options(opts),
         wrapped(module.get(), "AsynchronousModule"),
         flat(runtime, std::move(module), std::move(what), opts.broadcast_parameters),
-        key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),
+        key_prefix(id.key_prefix()),
         pending(flat.count(), 0.0f) {}
 
   // The background rounds' results waiting to land in the weights (see land()), whether there

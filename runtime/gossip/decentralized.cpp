@@ -15,6 +15,7 @@
 #include "runtime/gossip/flat_model.h"
 #include "runtime/gossip/nccl_gossip.h"
 #include "runtime/model_check.h"
+#include "runtime/module_id.h"
 #include "runtime/wrapped_modules.h"
 
 namespace troupe {
@@ -29,6 +30,7 @@ std::string exchange_name(Decentralized::Exchange e) {
 
 struct DecentralizedModule::Impl {
   Runtime& rt;
+  ModuleId id;  // given back last, once the links that use its keys are gone
   std::variant<Decentralized, LowPrecisionDecentralized> algorithm;
   GossipOptions options;
   comm::Topology topology;
@@ -69,13 +71,14 @@ struct DecentralizedModule::Impl {
        std::variant<Decentralized, LowPrecisionDecentralized> algo, GossipOptions opts,
        const comm::TopologySpec& spec, const std::string& what)
       : rt(runtime),
+        id(runtime),
         algorithm(std::move(algo)),
         options(opts),
         topology(spec, runtime.world_size()),
         wrapped(module.get(), "DecentralizedModule"),
         flat(runtime, std::move(module), what, opts.broadcast_parameters),
         transport(runtime.transport()),
-        key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),
+        key_prefix(id.key_prefix()),
         rank(runtime.rank()) {
     const bool dpsgd = std::holds_alternative<Decentralized>(algorithm);
     if (!flat.on_cuda()) {
