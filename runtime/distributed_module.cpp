@@ -427,7 +427,7 @@ void DistributedModule::Impl::await_step() {
   // expires, whether or not the answer came (one per step, for a minute: the memory of a long
   // job grew with them); a reducer that is gone answers at once with an error.
   self->request(reducer, caf::infinite, actors::await_atom::value, step, stall_ms)
-      .receive([&](bool k, const std::string& e) {
+      .receive([&](actors::step_done_atom, uint32_t, bool k, const std::string& e) {
                  ok = k;
                  error = e;
                },

@@ -124,7 +124,7 @@ struct AsynchronousModule::Impl {
       caf::scoped_actor self{rt.system()};
       ok = false;
       self->request(actor, options.timeout, actors::stop_atom::value)
-          .receive([&](bool k, const std::string& e) {
+          .receive([&](actors::stopped_atom, bool k, const std::string& e) {
                      ok = k;
                      error = e;
                    },
