@@ -23,6 +23,7 @@
 #include "runtime/gradient_path.h"
 #include "runtime/model_check.h"
 #include "runtime/module_id.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/module_buffers.h"
 #include "runtime/wrapped_modules.h"
 
@@ -179,9 +180,11 @@ struct DistributedModule::Impl {
 
 namespace {
 
+// Target is DistributedModule::Impl (private: named where the hooks are made).
+template <class Target>
 class ReadyHook : public torch::autograd::FunctionPostHook {
  public:
-  ReadyHook(std::shared_ptr<std::atomic<DistributedModule::Impl*>> target, int index)
+  ReadyHook(std::shared_ptr<std::atomic<Target*>> target, int index)
       : target_(std::move(target)), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
@@ -190,7 +193,7 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
   }
 
  private:
-  std::shared_ptr<std::atomic<DistributedModule::Impl*>> target_;
+  std::shared_ptr<std::atomic<Target*>> target_;
   int index_;
 };
 
@@ -326,7 +329,7 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
 }
 
 void DistributedModule::Impl::spawn_actors() {
-  auto& system = rt.system();
+  auto& system = detail::actor_system(rt);
   reducer = actors::spawn_reducer(system, static_cast<int>(buckets.size()));
   std::vector<caf::actor> handles;
   std::vector<std::vector<std::string>> bucket_names;
@@ -418,7 +421,7 @@ void DistributedModule::Impl::on_grad_ready(int index) {
 }
 
 void DistributedModule::Impl::await_step() {
-  caf::scoped_actor self{rt.system()};
+  caf::scoped_actor self{detail::actor_system(rt)};
   bool ok = false;
   std::string error;
   const int64_t stall_ms = opt.stall_timeout.count();
@@ -433,7 +436,7 @@ void DistributedModule::Impl::await_step() {
                },
                [&](caf::error& e) {
                  error = "step " + std::to_string(step) + ": no answer from the reducer: " +
-                         rt.system().render(e);
+                         detail::actor_system(rt).render(e);
                });
   if (!ok) throw comm::Error(error);
 }
@@ -576,7 +579,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   for (size_t i = 0; i < m.params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(m.params[i]);
     m.hook_keys.push_back(
-        acc->add_post_hook(std::make_unique<ReadyHook>(m.hook_target, static_cast<int>(i))));
+        acc->add_post_hook(std::make_unique<ReadyHook<Impl>>(m.hook_target, static_cast<int>(i))));
     m.accumulators.push_back(std::move(acc));
   }
   auto targets = m.targets;

@@ -17,6 +17,7 @@
 #include "comm/tags.h"
 #include "comm/transport/ucx/transport.h"
 #include "runtime/host_identity.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/tcp_store.h"
 #ifdef TROUPE_HAVE_NCCL
 #include "comm/transport/nccl/communicator.h"
@@ -388,8 +389,12 @@ std::vector<int> host_indices(const std::vector<std::string>& hosts) {
   }
   return out;
 }
-caf::actor_system& Runtime::system() { return *impl_->system; }
-const caf::actor& Runtime::worker() const { return impl_->worker; }
+caf::actor_system& detail::RuntimeAccess::system(Runtime& runtime) {
+  return *runtime.impl_->system;
+}
+const caf::actor& detail::RuntimeAccess::worker(const Runtime& runtime) {
+  return runtime.impl_->worker;
+}
 std::shared_ptr<comm::Transport> Runtime::transport() { return impl_->transport; }
 comm::Communicator& Runtime::comm() { return *impl_->comm; }
 

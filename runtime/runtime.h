@@ -25,16 +25,15 @@
 #include "comm/transport/link_emulation.h"
 #include "runtime/env.h"
 
-namespace caf {
-class actor_system;
-class actor;
-}  // namespace caf
-
 namespace troupe::comm {
 class NcclCommunicator;  // comm/transport/nccl/communicator.h, built with NCCL only
 }  // namespace troupe::comm
 
 namespace troupe {
+
+namespace detail {
+struct RuntimeAccess;  // runtime/runtime_internal.h: the actor system, for troupe's own code
+}  // namespace detail
 
 /// How a Runtime starts. Defaults fit a process started by `troupe launch`, torchrun, mpirun or
 /// srun.
@@ -94,9 +93,6 @@ class Runtime {
   /// memory (posix/memory sysv/memory)", "other host, network (tcp/eth0)", "self" ...
   const std::vector<std::string>& peer_paths() const;
 
-  caf::actor_system& system();
-  /// This rank's worker actor.
-  const caf::actor& worker() const;
   std::shared_ptr<comm::Transport> transport();
   /// Blocking collectives over this job's transport.
   comm::Communicator& comm();
@@ -136,6 +132,7 @@ class Runtime {
   std::shared_ptr<comm::NcclCommunicator> nccl(int device);
 
  private:
+  friend struct detail::RuntimeAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

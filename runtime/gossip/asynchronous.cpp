@@ -10,6 +10,7 @@
 #include "runtime/gossip/decentralized.h"
 #include "runtime/gossip/flat_model.h"
 #include "runtime/module_id.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/wrapped_modules.h"
 
 namespace troupe {
@@ -121,7 +122,7 @@ struct AsynchronousModule::Impl {
     std::string error;
     if (running) {
       running = false;
-      caf::scoped_actor self{rt.system()};
+      caf::scoped_actor self{detail::actor_system(rt)};
       ok = false;
       self->request(actor, options.timeout, actors::stop_atom::value)
           .receive([&](actors::stopped_atom, bool k, const std::string& e) {
@@ -131,7 +132,7 @@ struct AsynchronousModule::Impl {
                    [&](caf::error& e) {
                      error = "no answer from the background actor within " +
                              std::to_string(options.timeout.count()) +
-                             " ms: " + rt.system().render(e);
+                             " ms: " + detail::actor_system(rt).render(e);
                    });
     }
     {
@@ -164,8 +165,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   actors::AveragerSettings settings;
   settings.interval = std::chrono::milliseconds(algorithm.sync_interval_ms);
   settings.key_prefix = m.key_prefix;
-  m.actor = actors::spawn_averager(runtime.system(), m.access(), settings, runtime.transport(),
-                                   m.background);
+  m.actor = actors::spawn_averager(detail::actor_system(runtime), m.access(), settings,
+                                   runtime.transport(), m.background);
   // Every rank takes part in every average: a dead rank ends the rounds, naming it.
   caf::actor actor = m.actor;
   m.listener = runtime.add_failure_listener([actor](int rank, const std::string& reason) {
@@ -193,8 +194,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   settings.min_interval = std::chrono::milliseconds(algorithm.min_interval_ms);
   settings.key_prefix = m.key_prefix;
   settings.seed = algorithm.topology.seed;
-  m.actor = actors::spawn_gossiper(runtime.system(), m.access(), settings, runtime.transport(),
-                                   m.background);
+  m.actor = actors::spawn_gossiper(detail::actor_system(runtime), m.access(), settings,
+                                   runtime.transport(), m.background);
   caf::actor actor = m.actor;
   m.listener = runtime.add_failure_listener([actor](int rank, const std::string& reason) {
     caf::anon_send(actor, actors::drop_atom::value, rank, reason);

@@ -16,6 +16,7 @@
 #include "runtime/gossip/nccl_gossip.h"
 #include "runtime/model_check.h"
 #include "runtime/module_id.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/wrapped_modules.h"
 
 namespace troupe {
@@ -83,7 +84,8 @@ struct DecentralizedModule::Impl {
     const bool dpsgd = std::holds_alternative<Decentralized>(algorithm);
     if (!flat.on_cuda()) {
       path = "cpu";
-      links = std::make_unique<actors::GossipLinks>(runtime.system(), transport, key_prefix);
+      links = std::make_unique<actors::GossipLinks>(detail::actor_system(runtime), transport,
+                                                    key_prefix);
       return;
     }
     const bool over_nccl = dpsgd && runtime.nccl_available() && !options.stage_through_host;
@@ -93,7 +95,8 @@ struct DecentralizedModule::Impl {
     if (over_nccl) {
       nccl = std::make_unique<gossip::NcclGossip>(runtime, flat.device(), options.timeout);
     } else {
-      links = std::make_unique<actors::GossipLinks>(runtime.system(), transport, key_prefix);
+      links = std::make_unique<actors::GossipLinks>(detail::actor_system(runtime), transport,
+                                                    key_prefix);
     }
   }
 
