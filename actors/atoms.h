@@ -18,7 +18,8 @@ using leave_atom = caf::atom_constant<caf::atom("leave")>;
 using failed_atom = caf::atom_constant<caf::atom("failed")>;
 /// (deadline_atom): the directory's rendezvous deadline has passed.
 using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
-/// (status_atom): ask a worker for the ranks it knows to be gone.
+/// (status_atom) -> std::vector<int>: ask a worker for the ranks it knows to be gone (a worker's
+/// request only).
 using status_atom = caf::atom_constant<caf::atom("status")>;
 /// (fail_atom, reason): tell a peer link that its peer is gone.
 using fail_atom = caf::atom_constant<caf::atom("fail")>;
@@ -56,10 +57,22 @@ using ready_atom = caf::atom_constant<caf::atom("ready")>;
 using launch_atom = caf::atom_constant<caf::atom("launch")>;
 /// (run_atom, closure): work of a running collective, posted from a transport thread.
 using run_atom = caf::atom_constant<caf::atom("run")>;
-/// (bucket_done_atom, index, step, ok, error, peer): a bucket's reduction ended.
+/// (bucket_done_atom, index, step, ok, error, peer): a bucket's reduction ended (bucket to
+/// reducer; no answer).
 using bucket_done_atom = caf::atom_constant<caf::atom("bdone")>;
-/// (await_atom, step, stall_ms): wake me when every bucket of the step is done.
+/// (progress_atom) -> (bucket_state_atom, index, launched, ready, waiting): ask a bucket where it
+/// stands (the reducer does at a stall).
+using progress_atom = caf::atom_constant<caf::atom("progress")>;
+/// (bucket_state_atom, index, launched, ready, waiting): a bucket's answer to progress_atom:
+/// whether its reduction has started this step, how many ready messages it counted, and the ranks
+/// the reduction waits for.
+using bucket_state_atom = caf::atom_constant<caf::atom("bstate")>;
+/// (await_atom, step, stall_ms) -> (step_done_atom, step, ok, error): wake me when every bucket of
+/// the step is done.
 using await_atom = caf::atom_constant<caf::atom("await")>;
+/// (step_done_atom, step, ok, error): the reducer's answer to await_atom: every bucket of `step`
+/// is done (ok), or one failed or the step stalled (error says which and why).
+using step_done_atom = caf::atom_constant<caf::atom("step_done")>;
 /// (stall_atom): the reducer's stall timer has fired (a waiting step may have stalled).
 using stall_atom = caf::atom_constant<caf::atom("stall")>;
 /// (abort_atom, reason, peer): a rank died; fail what is running.
@@ -75,9 +88,12 @@ namespace troupe::actors {
 
 /// (start_atom): a background averager or gossiper starts (or resumes) its rounds.
 using start_atom = caf::atom_constant<caf::atom("start")>;
-/// (stop_atom) -> (ok, error): end the background rounds together with the other ranks; answered
-/// once they have ended.
+/// (stop_atom) -> (stopped_atom, ok, error): end the background rounds together with the other
+/// ranks; answered once they have ended.
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
+/// (stopped_atom, ok, error): a background actor's answer to stop_atom; error says why the rounds
+/// ended early when they did.
+using stopped_atom = caf::atom_constant<caf::atom("stopped")>;
 /// (tick_atom): the timer of a background averager or gossiper.
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 /// (round_atom, ok, error, bytes_sent, bytes_received): an averager's allreduce ended.

@@ -10,6 +10,7 @@
 #include "actors/execution_post.h"
 #include "actors/peer_link.h"
 #include "comm/collectives/schedule.h"
+#include "comm/tags.h"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
 
@@ -42,7 +43,7 @@ using Averager = caf::stateful_actor<AveragerState>;
 
 void answer_stop(Averager* self) {
   auto& st = self->state;
-  for (auto& p : st.waiting_stop) p.deliver(st.error.empty(), st.error);
+  for (auto& p : st.waiting_stop) p.deliver(stopped_atom::value, st.error.empty(), st.error);
   st.waiting_stop.clear();
 }
 
@@ -58,7 +59,7 @@ void start_round(Averager* self) {
                                            comm::ReduceOp::avg, st.settings.collectives);
   caf::actor me = caf::actor_cast<caf::actor>(self);
   comm::Post post = execution_post(me, *st.transport, st.inline_lock);
-  const uint32_t key = st.settings.key_prefix | (st.round & 0x0fffffffu);
+  const uint32_t key = comm::tags::round_key(st.settings.key_prefix, st.round);
   auto execution = std::make_shared<comm::Execution>(st.transport, key, std::move(schedule), post);
   execution->on_done([me, raw = execution.get()](const comm::Status& status) {
     caf::anon_send(me, round_atom::value, status.ok(), status.message(),
@@ -165,13 +166,13 @@ caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings setti
         }
         for (int p : waiting) st.transport->fail_peer(p, reason);
       },
-      [self](stop_atom) -> caf::result<bool, std::string> {
+      [self](stop_atom) -> caf::result<stopped_atom, bool, std::string> {
         auto& st = self->state;
-        if (!st.running) return caf::result<bool, std::string>(st.error.empty(), st.error);
+        if (!st.running) return {stopped_atom::value, st.error.empty(), st.error};
         st.waiting_stop.push_back(self->make_response_promise());
         st.stop_requested = true;
         if (!st.in_round) start_round(self);
-        return caf::delegated<bool, std::string>();
+        return caf::delegated<stopped_atom, bool, std::string>();
       },
   };
 }
@@ -273,7 +274,7 @@ void maybe_finish(Gossiper* self) {
   // A send may still wait in a queue below (link emulation): it must leave before the rank goes.
   if (st.sends_in_flight > 0) return;
   st.finished = true;
-  for (auto& p : st.waiting_stop) p.deliver(true, std::string());
+  for (auto& p : st.waiting_stop) p.deliver(stopped_atom::value, true, std::string());
   st.waiting_stop.clear();
 }
 
@@ -405,13 +406,13 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
         for (size_t i = 0; i < st.neighbours.size(); ++i)
           if (st.neighbours[i].rank == rank) drop(self, i, reason);
       },
-      [self](stop_atom) -> caf::result<bool, std::string> {
+      [self](stop_atom) -> caf::result<stopped_atom, bool, std::string> {
         auto& st = self->state;
-        if (st.finished || !st.started) return caf::result<bool, std::string>(true, std::string());
+        if (st.finished || !st.started) return {stopped_atom::value, true, std::string()};
         st.waiting_stop.push_back(self->make_response_promise());
         st.stopping = true;
         maybe_finish(self);
-        return caf::delegated<bool, std::string>();
+        return caf::delegated<stopped_atom, bool, std::string>();
       },
   };
 }

@@ -12,7 +12,8 @@
 ///   the sum of the models is kept exactly. A neighbour that dies is dropped (and logged), and
 ///   gossip goes on with the others.
 /// Both stop together with the other ranks on stop_atom (see each spawn function), answered with
-/// (ok, error). Buffers are raw float32 memory here: actors/ knows nothing of tensors.
+/// (stopped_atom, ok, error). Buffers are raw float32 memory here: actors/ knows nothing of
+/// tensors.
 #include <caf/fwd.hpp>
 
 #include <atomic>
@@ -58,7 +59,7 @@ struct BackgroundStats {
 
 struct AveragerSettings {
   std::chrono::milliseconds interval{100};
-  /// Keys of its allreduces: key_prefix | (round & 0x0fffffff); key_prefix uses bits 28-31.
+  /// Keys of its allreduces: comm::tags::round_key(key_prefix, round) (comm/tags.h).
   uint32_t key_prefix = 0;
   comm::CollectiveOptions collectives;
   /// After abort_atom, how long the round's operations with live ranks may still end by themselves
@@ -69,7 +70,7 @@ struct AveragerSettings {
 /// On start_atom the averager starts (or resumes) a round every interval. On stop_atom it runs one
 /// more round at once, flagged: every rank that sees the flag ends its rounds after that round,
 /// so all ranks stop after the same round (ranks then stop_atom'd or start_atom'd again resume in
-/// step). A failed round ends the rounds; stop_atom then answers (false, error), and
+/// step). A failed round ends the rounds; stop_atom then answers (stopped_atom, false, error), and
 /// BackgroundStats::error says why. (abort_atom, reason, rank) — a rank died — fails the round in
 /// flight (within failure_grace) or, between rounds, ends the rounds at once, naming the reason.
 caf::actor spawn_averager(caf::actor_system& system, ModelAccess model, AveragerSettings settings,
@@ -81,7 +82,8 @@ struct GossiperSettings {
   std::vector<int> neighbours;
   /// At least this long between the starts of two exchanges this rank initiates.
   std::chrono::milliseconds min_interval{10};
-  /// Tags of the message stream from this rank to each neighbour: (key_prefix | seq) << 16.
+  /// Tags of the message stream from this rank to each neighbour: tag_of(round_key(key_prefix,
+  /// seq)) (comm/tags.h).
   uint32_t key_prefix = 0;
   /// Seeds the choice of neighbours (mixed with the rank).
   uint64_t seed = 0;

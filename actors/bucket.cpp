@@ -126,11 +126,12 @@ caf::behavior bucket(Bucket* self, int index, int parameters, std::shared_ptr<Bu
         st.broken_peer = peer;
         st.path->abort(caf::actor_cast<caf::actor>(self), comm::Status::failure(reason, peer));
       },
-      [self](status_atom) {
+      [self](progress_atom) {
         auto& st = self->state;
         std::vector<int> waiting;
         if (st.launched) waiting = st.path->waiting_on();
-        return caf::make_message(st.launched, st.ready, waiting);
+        return caf::make_message(bucket_state_atom::value, st.index, st.launched, st.ready,
+                                 std::move(waiting));
       },
   };
 }

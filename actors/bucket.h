@@ -81,6 +81,9 @@ struct BucketStats {
 int64_t now_us();
 
 /// Bucket `index` of its module, full after `parameters` ready messages, reduced by `path`.
+/// Messages (actors/atoms.h): ready_atom and launch_atom start a step's reduction; abort_atom fails
+/// it; run_atom runs the path's posted work; progress_atom is answered with (bucket_state_atom,
+/// index, launched, ready, waiting). It reports each step to `reducer` with bucket_done_atom.
 caf::actor spawn_bucket(caf::actor_system& system, int index, int parameters,
                         std::shared_ptr<BucketPath> path, caf::actor reducer,
                         std::shared_ptr<BucketStats> stats);

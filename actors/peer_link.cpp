@@ -4,6 +4,7 @@
 
 #include "actors/atoms.h"
 #include "comm/codecs/minmax8.h"
+#include "comm/tags.h"
 
 namespace troupe::actors {
 
@@ -121,9 +122,7 @@ void start_round(PeerLink* self, const EdgeRound& r) {
     end_round(self);
     return;
   }
-  const comm::Tag tag =
-      static_cast<comm::Tag>(st.edge.key_prefix | static_cast<uint32_t>(r.round & 0x0fffffffu))
-      << 16;
+  const comm::Tag tag = comm::tags::tag_of(comm::tags::round_key(st.edge.key_prefix, r.round));
   caf::actor me = caf::actor_cast<caf::actor>(self);
   const uint64_t round = r.round;
   // Both are posted before either callback can run the round's end (they only send messages).
@@ -143,7 +142,7 @@ void start_round(PeerLink* self, const EdgeRound& r) {
 }
 
 comm::Tag stream_tag(const PeerLinkState& st, uint32_t seq) {
-  return static_cast<comm::Tag>(st.edge.key_prefix | (seq & 0x0fffffffu)) << 16;
+  return comm::tags::tag_of(comm::tags::round_key(st.edge.key_prefix, seq));
 }
 
 // Why a stream operation cannot be posted, or "".

@@ -41,15 +41,15 @@ enum class EdgePayload {
   /// copy of the neighbour's weights, x_hat_j += decode(q_j).
   minmax8_difference,
   /// A stream of messages of message_bytes each way (AD-PSGD): posted and received one by one,
-  /// in order, under the tags (key_prefix | sequence number) << 16.
+  /// in order, under the tags comm::tags::tag_of(round_key(key_prefix, sequence number)).
   messages,
 };
 
 /// A gossip link's edge: fixed when it is spawned.
 struct EdgeSettings {
   int peer = -1;
-  /// Tags of the edge's rounds: (key_prefix | (round & 0x0fffffff)) << 16, as the neighbour
-  /// computes them for the same round.
+  /// Tags of the edge's rounds: tag_of(round_key(key_prefix, round)) (comm/tags.h), as the
+  /// neighbour computes them for the same round.
   uint32_t key_prefix = 0;
   EdgePayload payload = EdgePayload::weights;
   /// minmax8_difference: the public copy's first value (every rank starts from the same weights)

@@ -57,9 +57,9 @@ void deliver_if_ready(Reducer* self, uint32_t step) {
   auto& s = it->second;
   if (!s.waiter.pending()) return;
   if (!s.failure.empty()) {
-    s.waiter.deliver(false, s.failure);
+    s.waiter.deliver(step_done_atom::value, step, false, s.failure);
   } else if (s.done == self->state.buckets) {
-    s.waiter.deliver(true, std::string{});
+    s.waiter.deliver(step_done_atom::value, step, true, std::string{});
   } else {
     return;
   }
@@ -92,9 +92,9 @@ void report_stall(Reducer* self, uint32_t step) {
     if (it->second.finished[static_cast<size_t>(b)]) continue;
     ++*pending;
     self->request(self->state.handles[static_cast<size_t>(b)], std::chrono::seconds(2),
-                  status_atom::value)
+                  progress_atom::value)
         .then(
-            [self, b, pending, report, finish](bool launched, int ready,
+            [self, b, pending, report, finish](bucket_state_atom, int, bool launched, int ready,
                                                const std::vector<int>& waiting) {
               if (launched)
                 *report += " " + describe(self, b) + " is reducing and waits for rank(s) " +
@@ -140,19 +140,20 @@ caf::behavior reducer(Reducer* self, int buckets) {
                       " failed: " + error;
         deliver_if_ready(self, step);
       },
-      [self](await_atom, uint32_t step, int64_t stall_ms) -> caf::result<bool, std::string> {
+      [self](await_atom, uint32_t step,
+             int64_t stall_ms) -> caf::result<step_done_atom, uint32_t, bool, std::string> {
         auto& s = step_state(self, step);
         if (!s.failure.empty() || s.done == self->state.buckets) {
           bool ok = s.failure.empty();
           std::string failure = s.failure;
           self->state.steps.erase(step);
-          return {ok, failure};
+          return {step_done_atom::value, step, ok, failure};
         }
         s.waiter = self->make_response_promise();
         s.since = Clock::now();
         s.stall_ms = stall_ms;
         arm_stall_timer(self, std::chrono::milliseconds(stall_ms));
-        return caf::delegated<bool, std::string>{};
+        return caf::delegated<step_done_atom, uint32_t, bool, std::string>{};
       },
       [self](stall_atom) {
         self->state.timer_armed = false;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "comm/cpu_features.h"
 #include "comm/status.h"
 
 namespace troupe::comm {
@@ -150,9 +151,9 @@ void divide_float(T* p, size_t n, int divisor) {
   }
 }
 
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                          __builtin_cpu_supports("fma");
+// The vector loops below use F16C conversions and FMA beside AVX2.
+bool have_vector_loops() {
+  static const bool yes = have_avx2() && cpu_features().f16c && cpu_features().fma;
   return yes;
 }
 
@@ -211,7 +212,7 @@ uint16_t float_to_bfloat16(float f) { return f32_to_bf16(f); }
 
 void reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op) {
   if (count == 0) return;
-  if (have_avx2()) reduce_avx2(dst, a, b, count, type, op);
+  if (have_vector_loops()) reduce_avx2(dst, a, b, count, type, op);
   else reduce_generic(dst, a, b, count, type, op);
 }
 

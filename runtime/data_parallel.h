@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "runtime/distributed_module.h"
-#include "runtime/job_config.h"
+#include "runtime/job_algorithm.h"
 
 namespace troupe {
 

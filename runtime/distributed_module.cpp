@@ -16,11 +16,14 @@
 #include "actors/atoms.h"
 #include "actors/bucket.h"
 #include "actors/reducer.h"
+#include "comm/tags.h"
 #include "runtime/bucket_layout.h"
 #include "runtime/cuda_gradients.h"
 #include "runtime/data_parallel.h"
 #include "runtime/gradient_path.h"
 #include "runtime/model_check.h"
+#include "runtime/module_id.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/module_buffers.h"
 #include "runtime/wrapped_modules.h"
 
@@ -74,6 +77,7 @@ struct Targets {
 
 struct DistributedModule::Impl {
   Runtime& rt;
+  ModuleId id;  // given back last, once the actors that use its keys are gone
   std::shared_ptr<torch::nn::Module> module;
   WrappedModule wrapped;  // refuses a second wrapper of the module while this one lives
   Algorithm algorithm;
@@ -145,6 +149,7 @@ struct DistributedModule::Impl {
 
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
       : rt(r),
+        id(r),
         module(std::move(m)),
         wrapped(module.get(), "DistributedModule"),
         algorithm(std::move(a)),
@@ -175,9 +180,11 @@ struct DistributedModule::Impl {
 
 namespace {
 
+// Target is DistributedModule::Impl (private: named where the hooks are made).
+template <class Target>
 class ReadyHook : public torch::autograd::FunctionPostHook {
  public:
-  ReadyHook(std::shared_ptr<std::atomic<DistributedModule::Impl*>> target, int index)
+  ReadyHook(std::shared_ptr<std::atomic<Target*>> target, int index)
       : target_(std::move(target)), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
@@ -186,7 +193,7 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
   }
 
  private:
-  std::shared_ptr<std::atomic<DistributedModule::Impl*>> target_;
+  std::shared_ptr<std::atomic<Target*>> target_;
   int index_;
 };
 
@@ -322,14 +329,15 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
 }
 
 void DistributedModule::Impl::spawn_actors() {
-  auto& system = rt.system();
+  auto& system = detail::actor_system(rt);
   reducer = actors::spawn_reducer(system, static_cast<int>(buckets.size()));
   std::vector<caf::actor> handles;
   std::vector<std::vector<std::string>> bucket_names;
   std::vector<int> expected;
-  if (buckets.size() > 4096)
-    throw comm::Error("DistributedModule: " + std::to_string(buckets.size()) +
-                      " buckets (at most 4096; raise bucket_bytes or use Aggregation::bucket)");
+  if (buckets.size() > static_cast<size_t>(comm::tags::kMaxBuckets))
+    throw comm::Error("DistributedModule: " + std::to_string(buckets.size()) + " buckets (at most " +
+                      std::to_string(comm::tags::kMaxBuckets) +
+                      "; raise bucket_bytes or use Aggregation::bucket)");
   for (size_t b = 0; b < buckets.size(); ++b) {
     auto& bucket = buckets[b];
     bucket.stats = std::make_shared<actors::BucketStats>();
@@ -413,7 +421,7 @@ void DistributedModule::Impl::on_grad_ready(int index) {
 }
 
 void DistributedModule::Impl::await_step() {
-  caf::scoped_actor self{rt.system()};
+  caf::scoped_actor self{detail::actor_system(rt)};
   bool ok = false;
   std::string error;
   const int64_t stall_ms = opt.stall_timeout.count();
@@ -422,13 +430,13 @@ void DistributedModule::Impl::await_step() {
   // expires, whether or not the answer came (one per step, for a minute: the memory of a long
   // job grew with them); a reducer that is gone answers at once with an error.
   self->request(reducer, caf::infinite, actors::await_atom::value, step, stall_ms)
-      .receive([&](bool k, const std::string& e) {
+      .receive([&](actors::step_done_atom, uint32_t, bool k, const std::string& e) {
                  ok = k;
                  error = e;
                },
                [&](caf::error& e) {
                  error = "step " + std::to_string(step) + ": no answer from the reducer: " +
-                         rt.system().render(e);
+                         detail::actor_system(rt).render(e);
                });
   if (!ok) throw comm::Error(error);
 }
@@ -551,7 +559,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   m.rank = runtime.rank();
   m.world = runtime.world_size();
   if (!m.opt.trace_path.empty()) check_trace_writable(m.opt.trace_path, m.rank);
-  m.key_prefix = static_cast<uint32_t>(runtime.next_module_id()) << 28;
+  m.key_prefix = m.id.key_prefix();
   m.denominator = m.world;
   m.tracing = !m.opt.trace_path.empty();
   m.collect_parameters();
@@ -571,7 +579,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   for (size_t i = 0; i < m.params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(m.params[i]);
     m.hook_keys.push_back(
-        acc->add_post_hook(std::make_unique<ReadyHook>(m.hook_target, static_cast<int>(i))));
+        acc->add_post_hook(std::make_unique<ReadyHook<Impl>>(m.hook_target, static_cast<int>(i))));
     m.accumulators.push_back(std::move(acc));
   }
   auto targets = m.targets;

@@ -254,9 +254,8 @@ class DistributedModule {
   /// set).
   void write_trace(const std::string& path) const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/compression/settings.h"
 #include "comm/status.h"
 #include "runtime/env.h"
 
@@ -40,19 +41,10 @@ const Keys kTrainerKeys = {"program", "model", "epochs", "batch", "lr", "momentu
                            "lr_schedule", "data", "log_every", "seed", "threads"};
 const Keys kLinksKeys = {"all", "ranks"};
 
-/// Each algorithm name a job file may use, with the settings it takes beside `name`.
-const std::vector<std::pair<std::string, Keys>> kAlgorithms = {
-    {"allreduce", {}},
-    {"fp16", {}},
-    {"bf16", {}},
-    {"bytegrad", {"block"}},
-    {"sign", {"error_feedback"}},
-    {"sign-vote", {"error_feedback"}},
-    {"topk", {"ratio", "count", "error_feedback", "seed", "momentum"}},
-    {"randomk", {"ratio", "count", "error_feedback", "seed", "momentum"}},
-    {"blockk", {"ratio", "count", "error_feedback", "seed", "momentum"}},
-    {"powersgd",
-     {"rank", "warm_start", "error_feedback", "min_compression_rate", "start_iter", "seed"}},
+/// The decentralized and asynchronous algorithms, with the settings each takes beside `name`.
+/// The bucket algorithms' names and settings come from comm/compression/settings.h, the table the
+/// command line's --algorithm reads too.
+const std::vector<std::pair<std::string, Keys>> kGossipAlgorithms = {
     {"decentralized", {"exchange", "communication_interval"}},
     {"low_precision_decentralized", {"gamma", "block"}},
     {"async_model_average", {"warmup_steps", "sync_interval_ms"}},
@@ -105,6 +97,8 @@ class Section {
       : source_(source), name_(std::move(name)), table_(table) {}
 
   bool present() const { return table_ != nullptr; }
+  /// The table itself; only when present().
+  const toml::table& table() const { return *table_; }
   std::string key_path(const std::string& key) const { return name_ + "." + key; }
   const toml::node* find(const std::string& key) const {
     return table_ ? table_->get(key) : nullptr;
@@ -289,59 +283,46 @@ void check_topology(const comm::TopologySpec& spec, int world_size, const std::s
                 "\"complete\" or \"edge_list\")");
 }
 
+/// A bucket algorithm: each key of [algorithm] but `name` is a setting of its table entry, read
+/// as that setting's type and checked against its range.
+comm::Compression read_compression(const Section& a, const comm::AlgorithmEntry& entry,
+                                   const std::string& source) {
+  comm::Compression c = entry.defaults;
+  std::vector<const comm::AlgorithmSetting*> seen;
+  for (const auto& [key_view, node] : a.table()) {
+    const std::string key(key_view.str());
+    if (key == "name") continue;
+    const comm::AlgorithmSetting* setting = entry.find(key);
+    if (!setting)
+      a.error("unknown key " + a.key_path(key) + " (allowed for " + entry.name + ": name" +
+              (entry.settings.empty() ? "" : ", " + entry.keys()) + ")");
+    if (std::find(seen.begin(), seen.end(), setting) != seen.end())
+      a.error(a.key_path(key) + ": " + a.key_path(setting->key) + " is given twice");
+    seen.push_back(setting);
+    std::optional<comm::SettingValue> value;
+    if (auto* b = node.as_boolean()) value = b->get();
+    else if (auto* i = node.as_integer()) value = static_cast<int64_t>(i->get());
+    else if (auto* f = node.as_floating_point()) value = f->get();
+    const std::string expected = value ? setting->check(*value) : setting->expected();
+    if (!expected.empty()) a.fail(key, node, expected);
+    setting->set(c, *value);
+  }
+  try {
+    comm::validate(c);
+  } catch (const Error& e) {
+    throw Error(source + ": algorithm (" + entry.name + "): " + e.what());
+  }
+  return c;
+}
+
 JobAlgorithm read_algorithm(const Section& a, const std::string& name,
                             const comm::TopologySpec& topology, const std::string& source) {
   const auto in_range = [](double lo_open, double hi_closed) {
     return [=](double x) { return x > lo_open && x <= hi_closed; };
   };
-  const auto at_least = [](double lo) { return [=](double x) { return x >= lo; }; };
-  const auto below_one = [](double x) { return x >= 0 && x < 1; };
 
-  auto validated = [&](comm::Compression c) -> JobAlgorithm {
-    try {
-      comm::validate(c);
-    } catch (const Error& e) {
-      throw Error(source + ": algorithm (" + name + "): " + e.what());
-    }
-    return c;
-  };
-
-  if (name == "allreduce") return validated(comm::GradientAllReduce{});
-  if (name == "fp16" || name == "bf16") return validated(comm::HalfPrecision{name == "bf16"});
-  if (name == "bytegrad") {
-    comm::ByteGrad c;
-    a.integer("block", c.block, 1);
-    return validated(c);
-  }
-  if (name == "sign" || name == "sign-vote") {
-    comm::SignCompression c;
-    c.mode = name == "sign" ? comm::SignMode::scaled : comm::SignMode::majority_vote;
-    c.error_feedback = name == "sign";
-    a.boolean("error_feedback", c.error_feedback);
-    return validated(c);
-  }
-  if (name == "topk" || name == "randomk" || name == "blockk") {
-    comm::Sparsification c;
-    c.mode = name == "topk"      ? comm::SparseMode::top_k
-             : name == "randomk" ? comm::SparseMode::random_k
-                                 : comm::SparseMode::block;
-    a.number("ratio", c.ratio, in_range(0, 1), "a number in (0, 1]");
-    a.integer("count", c.count, 0);
-    a.boolean("error_feedback", c.error_feedback);
-    a.integer("seed", c.seed, 0);
-    a.number("momentum", c.momentum, below_one, "a number in [0, 1)");
-    return validated(c);
-  }
-  if (name == "powersgd") {
-    comm::PowerSGD c;
-    a.integer("rank", c.rank, 1);
-    a.boolean("warm_start", c.warm_start);
-    a.boolean("error_feedback", c.error_feedback);
-    a.number("min_compression_rate", c.min_compression_rate, at_least(0), "a number >= 0");
-    a.integer("start_iter", c.start_iter, 0);
-    a.integer("seed", c.seed, 0);
-    return validated(c);
-  }
+  if (const comm::AlgorithmEntry* entry = comm::find_compression_algorithm(name))
+    return read_compression(a, *entry, source);
   if (name == "decentralized") {
     Decentralized d;
     d.topology = topology;
@@ -425,26 +406,7 @@ comm::LinkEmulation read_links(const Section& l, int world_size, const std::stri
 std::string job_algorithm_name(const JobAlgorithm& algorithm) {
   return std::visit(
       Overloaded{
-          [](const comm::Compression& c) -> std::string {
-            return std::visit(
-                Overloaded{
-                    [](const comm::GradientAllReduce&) -> std::string { return "allreduce"; },
-                    [](const comm::HalfPrecision& h) -> std::string {
-                      return h.bfloat16 ? "bf16" : "fp16";
-                    },
-                    [](const comm::ByteGrad&) -> std::string { return "bytegrad"; },
-                    [](const comm::SignCompression& s) -> std::string {
-                      return s.mode == comm::SignMode::scaled ? "sign" : "sign-vote";
-                    },
-                    [](const comm::Sparsification& s) -> std::string {
-                      return s.mode == comm::SparseMode::top_k      ? "topk"
-                             : s.mode == comm::SparseMode::random_k ? "randomk"
-                                                                    : "blockk";
-                    },
-                    [](const comm::PowerSGD&) -> std::string { return "powersgd"; },
-                },
-                c);
-          },
+          [](const comm::Compression& c) -> std::string { return comm::compression_entry(c).name; },
           [](const Decentralized&) -> std::string { return "decentralized"; },
           [](const LowPrecisionDecentralized&) -> std::string {
             return "low_precision_decentralized";
@@ -495,7 +457,8 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
              "a number >= 0 (0: no limit)");
 
   Keys names;
-  for (const auto& [name, keys] : kAlgorithms) names.push_back(name);
+  for (const auto& entry : comm::compression_algorithms()) names.push_back(entry.name);
+  for (const auto& [name, keys] : kGossipAlgorithms) names.push_back(name);
   const Section algorithm(source, "algorithm", table_of(root, "algorithm", source));
   if (!algorithm.present())
     throw Error(source + ": the table [algorithm] is missing (expected at least algorithm.name, "
@@ -503,10 +466,12 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
   const toml::node* name_node = algorithm.find("name");
   if (!name_node) algorithm.missing("name", "one of " + join(names, "\""));
   const std::string name = names[static_cast<size_t>(algorithm.choice("name", names))];
-  Keys allowed = {"name"};
-  for (const auto& [n, keys] : kAlgorithms)
-    if (n == name) allowed.insert(allowed.end(), keys.begin(), keys.end());
-  algorithm.only(allowed, name);
+  for (const auto& [n, keys] : kGossipAlgorithms) {
+    if (n != name) continue;
+    Keys allowed = {"name"};
+    allowed.insert(allowed.end(), keys.begin(), keys.end());
+    algorithm.only(allowed, name);  // the bucket algorithms' keys are checked by their table
+  }
 
   const bool uses_topology =
       name == "decentralized" || name == "low_precision_decentralized" || name == "async_gossip";

@@ -39,25 +39,10 @@
 #include <string>
 #include <variant>
 
-#include "comm/compression/algorithms.h"
 #include "comm/transport/link_emulation.h"
-#include "runtime/gossip/algorithms.h"
+#include "runtime/job_algorithm.h"
 
 namespace troupe {
-
-/// Every algorithm a job can run: the bucket algorithms of DistributedModule, and the
-/// decentralized and asynchronous ones of runtime/gossip.
-using JobAlgorithm = std::variant<comm::Compression, Decentralized, LowPrecisionDecentralized,
-                                  AsyncModelAverage, AsyncGossip>;
-
-/// The name a job file uses for the algorithm ("powersgd", "decentralized", ...).
-std::string job_algorithm_name(const JobAlgorithm& algorithm);
-
-/// Whether the survivors of the algorithm train on when a rank dies: the gossip algorithms drop a
-/// dead neighbour (decentralized, low_precision_decentralized, async_gossip); the others need
-/// every rank in every reduction (the bucket algorithms, async_model_average). `troupe run` keeps
-/// the other ranks running when one of a tolerant job dies, and stops them all otherwise.
-bool tolerates_dead_ranks(const JobAlgorithm& algorithm);
 
 /// The trainer of the job: the Fashion-MNIST example (examples/fashion_mnist).
 struct TrainerConfig {

@@ -31,8 +31,8 @@ class ModelSwitch : public DataParallel {
                     std::move(options)) {}
   ~ModelSwitch() override;
 
-  /// Every rank, at the same step. Each switch takes new module ids of the Runtime (at most 15
-  /// algorithms in all per Runtime).
+  /// Every rank, at the same step. Each switch gives back the old module's id and takes a new one
+  /// (runtime/module_id.h), so a Runtime may switch any number of times.
   void switch_to(const JobAlgorithm& algorithm);
   /// How many times switch_to has run.
   int switches() const { return switches_; }

@@ -14,8 +14,10 @@
 #include "actors/atoms.h"
 #include "actors/rendezvous.h"
 #include "actors/worker.h"
+#include "comm/tags.h"
 #include "comm/transport/ucx/transport.h"
 #include "runtime/host_identity.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/tcp_store.h"
 #ifdef TROUPE_HAVE_NCCL
 #include "comm/transport/nccl/communicator.h"
@@ -88,7 +90,7 @@ struct Runtime::Impl {
   int death_rank = -1;
   std::map<int, std::function<void(int, const std::string&)>> listeners;
   int next_listener = 0;
-  int modules = 0;
+  uint32_t module_ids = 0;  // bit i: module id i is taken (next_module_id)
   // NCCL: rank 0's unique id from the rendezvous (empty: none), why rank 0 made none (rank 0
   // only), and the communicator once nccl() has created it (guarded by dead_mutex; creation is
   // serialised by nccl_mutex).
@@ -387,8 +389,12 @@ std::vector<int> host_indices(const std::vector<std::string>& hosts) {
   }
   return out;
 }
-caf::actor_system& Runtime::system() { return *impl_->system; }
-const caf::actor& Runtime::worker() const { return impl_->worker; }
+caf::actor_system& detail::RuntimeAccess::system(Runtime& runtime) {
+  return *runtime.impl_->system;
+}
+const caf::actor& detail::RuntimeAccess::worker(const Runtime& runtime) {
+  return runtime.impl_->worker;
+}
 std::shared_ptr<comm::Transport> Runtime::transport() { return impl_->transport; }
 comm::Communicator& Runtime::comm() { return *impl_->comm; }
 
@@ -414,9 +420,20 @@ void Runtime::remove_failure_listener(int id) {
 
 int Runtime::next_module_id() {
   std::lock_guard<std::mutex> lock(impl_->dead_mutex);
-  if (impl_->modules >= 15)
-    throw comm::Error("a Runtime wraps at most 15 DistributedModules (tried a 16th)");
-  return ++impl_->modules;
+  for (int id = 1; id <= comm::tags::kMaxModules; ++id)
+    if (!(impl_->module_ids & (uint32_t{1} << id))) {
+      impl_->module_ids |= uint32_t{1} << id;
+      return id;
+    }
+  throw comm::Error("a Runtime holds at most " + std::to_string(comm::tags::kMaxModules) +
+                    " modules at once (DistributedModule, DecentralizedModule, "
+                    "AsynchronousModule; tried a " + std::to_string(comm::tags::kMaxModules + 1) +
+                    "th: destroy one first)");
+}
+
+void Runtime::release_module_id(int id) {
+  std::lock_guard<std::mutex> lock(impl_->dead_mutex);
+  if (id >= 1 && id <= comm::tags::kMaxModules) impl_->module_ids &= ~(uint32_t{1} << id);
 }
 
 bool Runtime::nccl_available() const {

@@ -25,16 +25,15 @@
 #include "comm/transport/link_emulation.h"
 #include "runtime/env.h"
 
-namespace caf {
-class actor_system;
-class actor;
-}  // namespace caf
-
 namespace troupe::comm {
 class NcclCommunicator;  // comm/transport/nccl/communicator.h, built with NCCL only
 }  // namespace troupe::comm
 
 namespace troupe {
+
+namespace detail {
+struct RuntimeAccess;  // runtime/runtime_internal.h: the actor system, for troupe's own code
+}  // namespace detail
 
 /// How a Runtime starts. Defaults fit a process started by `troupe launch`, torchrun, mpirun or
 /// srun.
@@ -94,9 +93,6 @@ class Runtime {
   /// memory (posix/memory sysv/memory)", "other host, network (tcp/eth0)", "self" ...
   const std::vector<std::string>& peer_paths() const;
 
-  caf::actor_system& system();
-  /// This rank's worker actor.
-  const caf::actor& worker() const;
   std::shared_ptr<comm::Transport> transport();
   /// Blocking collectives over this job's transport.
   comm::Communicator& comm();
@@ -116,9 +112,12 @@ class Runtime {
   /// Returns an id for remove_failure_listener. Used by DistributedModule to fail its buckets.
   int add_failure_listener(std::function<void(int, const std::string&)> listener);
   void remove_failure_listener(int id);
-  /// A number for the next DistributedModule of this runtime (1, 2, ...): the same on every rank
-  /// when every rank wraps its modules in the same order.
+  /// A number for a new module of this runtime: the lowest not taken by a live module
+  /// (1..comm::tags::kMaxModules), so the same on every rank when every rank creates and destroys
+  /// its modules in the same order. Throws comm::Error when kMaxModules are alive. A module gives
+  /// it back with release_module_id when destroyed (runtime/module_id.h does both).
   int next_module_id();
+  void release_module_id(int id);
 
   /// Whether rank 0 published an NCCL unique id at the rendezvous (see RuntimeOptions::nccl): the
   /// same answer on every rank, so every rank takes the same path for its CUDA tensors.
@@ -133,6 +132,7 @@ class Runtime {
   std::shared_ptr<comm::NcclCommunicator> nccl(int device);
 
  private:
+  friend struct detail::RuntimeAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,7 +1,7 @@
 #pragma once
-/// troupe's public API in one include: `#include "runtime/troupe.h"` (installed as
-/// <prefix>/include/troupe/runtime/troupe.h; troupe::troupe puts <prefix>/include/troupe on the
-/// include path).
+/// troupe's API in one include, inside the source tree: `#include "runtime/troupe.h"`. An
+/// installed troupe's users include <troupe/troupe.h> (include/troupe/: the curated public headers,
+/// which bring the same classes).
 ///
 /// ```cpp
 /// #include <torch/torch.h>

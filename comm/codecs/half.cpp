@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "comm/cpu_features.h"
 #include "comm/reduce.h"
 
 namespace troupe::comm {
@@ -95,10 +96,7 @@ __attribute__((target("avx2"))) void decode_bf16_avx2(const uint16_t* src, size_
   decode_bf16_loop(src, n, scale, dst);
 }
 
-bool have_f16c() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return yes;
-}
+bool have_f16c() { return have_avx2() && cpu_features().f16c; }
 
 }  // namespace
 

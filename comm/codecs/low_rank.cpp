@@ -4,6 +4,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "comm/cpu_features.h"
+
 namespace troupe::comm {
 namespace {
 
@@ -156,11 +158,6 @@ __attribute__((target("avx2"))) void back_project_avx2(const float* m, size_t ro
 __attribute__((target("avx2"))) void expand_avx2(const float* p, const float* qt, size_t rows,
                                                  size_t cols, size_t r, float scale, float* m) {
   expand<Float8>(p, qt, rows, cols, r, scale, m);
-}
-
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
 }
 
 // splitmix64's finaliser.

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "comm/cpu_features.h"
+
 namespace troupe::comm {
 namespace {
 
@@ -121,11 +123,6 @@ __attribute__((target("avx2"))) void decode_avx2(const uint8_t* in, size_t n, si
 __attribute__((target("avx2"))) void decode_add_avx2(const uint8_t* in, size_t n, size_t block,
                                                      float* dst) {
   decode_blocks<true>(in, n, block, dst);
-}
-
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "comm/cpu_features.h"
+
 namespace troupe::comm {
 namespace {
 
@@ -92,11 +94,6 @@ TROUPE_INLINE void unpack_loop(const uint8_t* bits, size_t n, float scale, float
     if (kAdd) dst[8 * full + l] += scale * row[l];
     else dst[8 * full + l] = scale * row[l];
   }
-}
-
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
 }
 
 typedef uint32_t Bits4 __attribute__((vector_size(16)));

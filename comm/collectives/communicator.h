@@ -20,7 +20,7 @@ namespace troupe::comm {
 
 /// Keys at or above this value are never taken by a Communicator: code that names its own
 /// collectives (e.g. one key per (module, step, bucket)) uses them.
-constexpr uint32_t kFirstUserKey = uint32_t{1} << 28;
+constexpr uint32_t kFirstUserKey = tags::module_prefix(1);  // comm/tags.h
 
 class Communicator {
  public:

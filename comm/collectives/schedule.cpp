@@ -61,7 +61,7 @@ void Execution::post_step(size_t lane) {
   peers_[lane].assign(step.ops.size(), -1);
   for (size_t i = 0; i < step.ops.size(); ++i) peers_[lane][i] = step.ops[i].peer;
   in_flight_ += step.ops.size();
-  const Tag base = static_cast<Tag>(key_) << 16;
+  const Tag base = tags::tag_of(key_);
   for (size_t slot = 0; slot < step.ops.size(); ++slot) {
     const Op& op = step.ops[slot];
     // The callback may run on another thread at once; it only posts back to the driver.

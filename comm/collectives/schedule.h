@@ -73,7 +73,8 @@ Post locked_post(std::shared_ptr<std::mutex> lock);
 class Execution : public std::enable_shared_from_this<Execution> {
  public:
   /// `key` names this collective invocation; it must be the same on every rank and differ from
-  /// every other collective in flight on the transport. Tags are (key << 16) | op.sub.
+  /// every other collective in flight on the transport. Tags are tags::tag_of(key, op.sub)
+  /// (comm/tags.h).
   Execution(std::shared_ptr<Transport> transport, uint32_t key, Schedule schedule, Post post);
   /// An execution of stages run one after the other (each stage's key must differ from the keys of
   /// everything else in flight). Fails if a stage's build throws.

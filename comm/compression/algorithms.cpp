@@ -1,12 +1,15 @@
 #include "comm/compression/algorithms.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "comm/compression/reductions.h"
+#include "comm/compression/settings.h"
 #include "comm/reduce.h"
 #include "comm/shm/local_allreduce.h"
 #include "comm/status.h"
@@ -103,119 +106,57 @@ std::shared_ptr<Reduction> make_reduction(const Compression& algorithm, const Bu
       algorithm);
 }
 
-namespace {
-
-struct Settings {
-  std::string algorithm;
-  std::vector<std::pair<std::string, std::string>> pairs;
-  std::vector<std::string> used;
-
-  const std::string* find(const std::string& key) {
-    for (auto& [k, v] : pairs)
-      if (k == key) {
-        used.push_back(k);
-        return &v;
-      }
-    return nullptr;
-  }
-  std::string where(const std::string& key) const { return "--algorithm " + algorithm + ": " + key; }
-  void number(const std::string& key, double& out) {
-    if (auto* v = find(key)) {
-      char* end = nullptr;
-      out = std::strtod(v->c_str(), &end);
-      if (v->empty() || *end) throw Error(where(key) + "=" + *v + " (expected a number)");
-    }
-  }
-  template <class T>
-  void integer(const std::string& key, T& out) {
-    if (auto* v = find(key)) {
-      char* end = nullptr;
-      const long long x = std::strtoll(v->c_str(), &end, 10);
-      if (v->empty() || *end || x < 0)
-        throw Error(where(key) + "=" + *v + " (expected a non-negative integer)");
-      out = static_cast<T>(x);
-    }
-  }
-  void boolean(const std::string& key, bool& out) {
-    if (auto* v = find(key)) {
-      if (*v == "true" || *v == "1") out = true;
-      else if (*v == "false" || *v == "0") out = false;
-      else throw Error(where(key) + "=" + *v + " (expected true, false, 1 or 0)");
-    }
-  }
-  void check_all_used(const std::string& allowed) const {
-    for (auto& [k, v] : pairs)
-      if (std::find(used.begin(), used.end(), k) == used.end())
-        throw Error("--algorithm " + algorithm + ": unknown key '" + k + "' (allowed: " +
-                    (allowed.empty() ? "none" : allowed) + ")");
-  }
-};
-
-}  // namespace
-
 Compression parse_compression(const std::string& spec) {
-  Settings s;
   const auto colon = spec.find(':');
-  s.algorithm = spec.substr(0, colon);
-  if (colon != std::string::npos) {
-    std::string rest = spec.substr(colon + 1);
-    size_t at = 0;
-    while (at <= rest.size()) {
-      size_t comma = rest.find(',', at);
-      if (comma == std::string::npos) comma = rest.size();
-      const std::string item = rest.substr(at, comma - at);
-      const auto eq = item.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw Error("--algorithm " + spec + ": '" + item + "' is not key=value");
-      s.pairs.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-      at = comma + 1;
+  const std::string name = spec.substr(0, colon);
+  const AlgorithmEntry* entry = find_compression_algorithm(name);
+  if (!entry)
+    throw Error("--algorithm '" + name + "' is not an algorithm (expected " +
+                compression_algorithm_names("", " or ") + ")");
+  Compression out = entry->defaults;
+  if (colon == std::string::npos) return out;
+
+  const std::string where = "--algorithm " + name + ": ";
+  const std::string rest = spec.substr(colon + 1);
+  std::vector<const AlgorithmSetting*> seen;
+  size_t at = 0;
+  while (at <= rest.size()) {
+    size_t comma = rest.find(',', at);
+    if (comma == std::string::npos) comma = rest.size();
+    const std::string item = rest.substr(at, comma - at);
+    at = comma + 1;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw Error("--algorithm " + spec + ": '" + item + "' is not key=value");
+    const std::string key = item.substr(0, eq);
+    const std::string text = item.substr(eq + 1);
+    const AlgorithmSetting* setting = entry->find(key);
+    if (!setting)
+      throw Error(where + "unknown key '" + key + "' (allowed for " + name + ": " +
+                  entry->keys() + ")");
+    if (std::find(seen.begin(), seen.end(), setting) != seen.end())
+      throw Error(where + "'" + setting->key + "' is given twice");
+    seen.push_back(setting);
+
+    // The text as the setting's type reads it; check() then applies the table's range.
+    std::optional<SettingValue> value;
+    char* end = nullptr;
+    if (setting->type == SettingType::boolean) {
+      if (text == "true" || text == "1") value = true;
+      else if (text == "false" || text == "0") value = false;
+    } else if (setting->type == SettingType::integer) {
+      errno = 0;
+      const long long x = std::strtoll(text.c_str(), &end, 10);
+      if (!text.empty() && !*end && errno == 0) value = static_cast<int64_t>(x);
+    } else {
+      const double x = std::strtod(text.c_str(), &end);
+      if (!text.empty() && !*end) value = x;
     }
-  }
-  const std::string& name = s.algorithm;
-  Compression out;
-  if (name == "allreduce") {
-    s.check_all_used("");
-    out = GradientAllReduce{};
-  } else if (name == "fp16" || name == "bf16") {
-    s.check_all_used("");
-    out = HalfPrecision{name == "bf16"};
-  } else if (name == "bytegrad") {
-    ByteGrad c;
-    s.integer("block", c.block);
-    s.check_all_used("block");
-    out = c;
-  } else if (name == "sign" || name == "sign-vote") {
-    SignCompression c;
-    c.mode = name == "sign" ? SignMode::scaled : SignMode::majority_vote;
-    c.error_feedback = name == "sign";
-    s.boolean("ef", c.error_feedback);
-    s.check_all_used("ef");
-    out = c;
-  } else if (name == "topk" || name == "randomk" || name == "blockk") {
-    Sparsification c;
-    c.mode = name == "topk" ? SparseMode::top_k : name == "randomk" ? SparseMode::random_k
-                                                                    : SparseMode::block;
-    s.number("ratio", c.ratio);
-    s.integer("count", c.count);
-    s.integer("seed", c.seed);
-    s.boolean("ef", c.error_feedback);
-    s.number("momentum", c.momentum);
-    s.check_all_used("ratio, count, seed, ef, momentum");
-    out = c;
-  } else if (name == "powersgd") {
-    PowerSGD c;
-    s.integer("rank", c.rank);
-    s.boolean("warm_start", c.warm_start);
-    s.boolean("ef", c.error_feedback);
-    s.number("min_compression_rate", c.min_compression_rate);
-    s.integer("start_iter", c.start_iter);
-    s.integer("seed", c.seed);
-    s.check_all_used("rank, warm_start, ef, min_compression_rate, start_iter, seed");
-    out = c;
-  } else {
-    throw Error("--algorithm '" + name +
-                "' is not an algorithm (expected allreduce, fp16, bf16, bytegrad, sign, sign-vote, "
-                "topk, randomk, blockk or powersgd)");
+    const std::string expected = value ? setting->check(*value) : setting->expected();
+    if (!expected.empty())
+      throw Error(where + key + "=" + text + ": expected " +
+                  (setting->type == SettingType::boolean ? "true, false, 1 or 0" : expected));
+    setting->set(out, *value);
   }
   validate(out);
   return out;

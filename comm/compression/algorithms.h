@@ -89,12 +89,11 @@ using Compression =
 /// Short name of an algorithm and its main setting: "allreduce", "fp16", "powersgd(rank=2)", ...
 std::string algorithm_name(const Compression& algorithm);
 
-/// Parses "name" or "name:key=value,key=value" (the CLI's --algorithm). Names: allreduce, fp16,
-/// bf16, bytegrad, sign, sign-vote, topk, randomk, blockk, powersgd. Keys: block (bytegrad);
-/// ef (sign, topk, randomk, blockk, powersgd); ratio, count, seed, momentum (topk, randomk,
-/// blockk); rank, warm_start, min_compression_rate, start_iter, seed (powersgd). Booleans are
-/// true/false/1/0.
-/// Throws comm::Error naming the name or key, the value and what is allowed.
+/// Parses "name" or "name:key=value,key=value" (the CLI's --algorithm). The names and keys are
+/// those of comm/compression/settings.h, the table the job file's [algorithm] reads too: allreduce,
+/// fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk, powersgd; keys by their struct
+/// field names ("ef" is still accepted for error_feedback). Booleans are true/false/1/0.
+/// Throws comm::Error naming the algorithm, the key, the value and what is allowed.
 Compression parse_compression(const std::string& spec);
 
 /// Throws comm::Error naming the setting, its value and what is allowed.

@@ -23,13 +23,9 @@
 #include <string>
 
 #include "comm/status.h"
+#include "comm/tags.h"  // Tag, kTagBits: the layout of a tag
 
 namespace troupe::comm {
-
-/// A message tag. Only the low kTagBits bits are carried; higher bits must be zero.
-using Tag = uint64_t;
-constexpr int kTagBits = 48;
-constexpr Tag kTagMask = (Tag{1} << kTagBits) - 1;
 
 /// Called once when an operation ends, successfully or not.
 using Callback = std::function<void(const Status&)>;

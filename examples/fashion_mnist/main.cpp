@@ -22,6 +22,7 @@
 #include "examples/fashion_mnist/models.h"
 #include "runtime/cli/option_checks.h"
 #include "runtime/data_parallel.h"
+#include "runtime/job_config.h"
 #include "runtime/launch.h"
 
 using namespace troupe;

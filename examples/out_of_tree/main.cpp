@@ -1,9 +1,9 @@
 // Out-of-tree consumer: find_package(troupe), one Runtime, one allreduce of a float. It includes
-// only the umbrella header, as an installed troupe's users do.
+// only the umbrella header of the public API, as an installed troupe's users do.
 #include <cstdio>
 #include <exception>
 
-#include "runtime/troupe.h"
+#include <troupe/troupe.h>
 
 int main() {
   try {

@@ -9,12 +9,15 @@
 #include "actors/background.h"
 #include "runtime/gossip/decentralized.h"
 #include "runtime/gossip/flat_model.h"
+#include "runtime/module_id.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/wrapped_modules.h"
 
 namespace troupe {
 
 struct AsynchronousModule::Impl {
   Runtime& rt;
+  ModuleId id;  // given back last, once the actor that uses its keys is gone
   std::variant<AsyncModelAverage, AsyncGossip> algorithm;
   GossipOptions options;
   WrappedModule wrapped;  // refuses a second wrapper of the module while this one lives
@@ -36,11 +39,12 @@ struct AsynchronousModule::Impl {
   Impl(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
        std::variant<AsyncModelAverage, AsyncGossip> algo, GossipOptions opts, std::string what)
       : rt(runtime),
+        id(runtime),
         algorithm(std::move(algo)),
         options(opts),
         wrapped(module.get(), "AsynchronousModule"),
         flat(runtime, std::move(module), std::move(what), opts.broadcast_parameters),
-        key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),
+        key_prefix(id.key_prefix()),
         pending(flat.count(), 0.0f) {}
 
   // The background rounds' results waiting to land in the weights (see land()), whether there
@@ -118,17 +122,17 @@ struct AsynchronousModule::Impl {
     std::string error;
     if (running) {
       running = false;
-      caf::scoped_actor self{rt.system()};
+      caf::scoped_actor self{detail::actor_system(rt)};
       ok = false;
       self->request(actor, options.timeout, actors::stop_atom::value)
-          .receive([&](bool k, const std::string& e) {
+          .receive([&](actors::stopped_atom, bool k, const std::string& e) {
                      ok = k;
                      error = e;
                    },
                    [&](caf::error& e) {
                      error = "no answer from the background actor within " +
                              std::to_string(options.timeout.count()) +
-                             " ms: " + rt.system().render(e);
+                             " ms: " + detail::actor_system(rt).render(e);
                    });
     }
     {
@@ -161,8 +165,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   actors::AveragerSettings settings;
   settings.interval = std::chrono::milliseconds(algorithm.sync_interval_ms);
   settings.key_prefix = m.key_prefix;
-  m.actor = actors::spawn_averager(runtime.system(), m.access(), settings, runtime.transport(),
-                                   m.background);
+  m.actor = actors::spawn_averager(detail::actor_system(runtime), m.access(), settings,
+                                   runtime.transport(), m.background);
   // Every rank takes part in every average: a dead rank ends the rounds, naming it.
   caf::actor actor = m.actor;
   m.listener = runtime.add_failure_listener([actor](int rank, const std::string& reason) {
@@ -190,8 +194,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   settings.min_interval = std::chrono::milliseconds(algorithm.min_interval_ms);
   settings.key_prefix = m.key_prefix;
   settings.seed = algorithm.topology.seed;
-  m.actor = actors::spawn_gossiper(runtime.system(), m.access(), settings, runtime.transport(),
-                                   m.background);
+  m.actor = actors::spawn_gossiper(detail::actor_system(runtime), m.access(), settings,
+                                   runtime.transport(), m.background);
   caf::actor actor = m.actor;
   m.listener = runtime.add_failure_listener([actor](int rank, const std::string& reason) {
     caf::anon_send(actor, actors::drop_atom::value, rank, reason);

@@ -15,6 +15,8 @@
 #include "runtime/gossip/flat_model.h"
 #include "runtime/gossip/nccl_gossip.h"
 #include "runtime/model_check.h"
+#include "runtime/module_id.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/wrapped_modules.h"
 
 namespace troupe {
@@ -29,6 +31,7 @@ std::string exchange_name(Decentralized::Exchange e) {
 
 struct DecentralizedModule::Impl {
   Runtime& rt;
+  ModuleId id;  // given back last, once the links that use its keys are gone
   std::variant<Decentralized, LowPrecisionDecentralized> algorithm;
   GossipOptions options;
   comm::Topology topology;
@@ -69,18 +72,20 @@ struct DecentralizedModule::Impl {
        std::variant<Decentralized, LowPrecisionDecentralized> algo, GossipOptions opts,
        const comm::TopologySpec& spec, const std::string& what)
       : rt(runtime),
+        id(runtime),
         algorithm(std::move(algo)),
         options(opts),
         topology(spec, runtime.world_size()),
         wrapped(module.get(), "DecentralizedModule"),
         flat(runtime, std::move(module), what, opts.broadcast_parameters),
         transport(runtime.transport()),
-        key_prefix(static_cast<uint32_t>(runtime.next_module_id()) << 28),
+        key_prefix(id.key_prefix()),
         rank(runtime.rank()) {
     const bool dpsgd = std::holds_alternative<Decentralized>(algorithm);
     if (!flat.on_cuda()) {
       path = "cpu";
-      links = std::make_unique<actors::GossipLinks>(runtime.system(), transport, key_prefix);
+      links = std::make_unique<actors::GossipLinks>(detail::actor_system(runtime), transport,
+                                                    key_prefix);
       return;
     }
     const bool over_nccl = dpsgd && runtime.nccl_available() && !options.stage_through_host;
@@ -90,7 +95,8 @@ struct DecentralizedModule::Impl {
     if (over_nccl) {
       nccl = std::make_unique<gossip::NcclGossip>(runtime, flat.device(), options.timeout);
     } else {
-      links = std::make_unique<actors::GossipLinks>(runtime.system(), transport, key_prefix);
+      links = std::make_unique<actors::GossipLinks>(detail::actor_system(runtime), transport,
+                                                    key_prefix);
     }
   }
 

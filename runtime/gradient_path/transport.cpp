@@ -6,8 +6,8 @@
 // them with one comm::Execution over its flat buffer while backward goes on. Over UCX, whose
 // callbacks all run on its one progress thread, the execution's steps run right in those
 // callbacks, under a lock; over inproc the completions come back to the bucket actor as run
-// messages and it drives the steps. Keys are `module << 28 | (step & 0xfff) << 16 | stage << 12 |
-// bucket`, so buckets may start in any order on different ranks and a compressed reduction's
+// messages and it drives the steps. Keys are comm::tags::bucket_key (module, step, stage,
+// bucket: comm/tags.h), so buckets may start in any order on different ranks and a compressed reduction's
 // stages never meet each other's messages. With DdpOptions::hierarchical and several hosts,
 // GradientAllReduce reduces by host (comm/collectives/hierarchical.cpp).
 //
@@ -17,6 +17,7 @@
 #include <algorithm>
 
 #include "actors/execution_post.h"
+#include "comm/tags.h"
 #include "runtime/distributed_module.h"
 #include "runtime/gradient_path.h"
 
@@ -50,10 +51,9 @@ class TransportBucket : public actors::BucketPath,
     auto builders = reduction_->stages(reduce_step);
     std::vector<comm::Stage> stages;
     for (size_t i = 0; i < builders.size(); ++i)
-      stages.push_back(comm::Stage{settings_->key_prefix | (step & 0xfffu) << 16 |
-                                       static_cast<uint32_t>(i) << 12 |
-                                       static_cast<uint32_t>(index_),
-                                   std::move(builders[i])});
+      stages.push_back(comm::Stage{
+          comm::tags::bucket_key(settings_->key_prefix, step, static_cast<int>(i), index_),
+          std::move(builders[i])});
     auto post = actors::execution_post(self, *transport, inline_lock_);
     auto execution = std::make_shared<comm::Execution>(transport, std::move(stages), post);
     // Runs on whichever thread ends the execution: touches only what it captured.

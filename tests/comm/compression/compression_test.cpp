@@ -512,12 +512,14 @@ TEST_CASE("algorithm specs from the command line parse, and mistakes name the ke
                     "--algorithm 'zip' is not an algorithm (expected allreduce, fp16, bf16, "
                     "bytegrad, sign, sign-vote, topk, randomk, blockk or powersgd)");
   CHECK_THROWS_WITH(comm::parse_compression("powersgd:rank=two"),
-                    "--algorithm powersgd: rank=two (expected a non-negative integer)");
+                    "--algorithm powersgd: rank=two: expected an integer >= 1");
   CHECK_THROWS_WITH(comm::parse_compression("topk:k=5"),
-                    "--algorithm topk: unknown key 'k' (allowed: ratio, count, seed, ef, momentum)");
+                    "--algorithm topk: unknown key 'k' (allowed for topk: ratio, count, "
+                    "error_feedback, seed, momentum)");
   CHECK_THROWS_WITH(comm::parse_compression("fp16:ratio=1"),
-                    "--algorithm fp16: unknown key 'ratio' (allowed: none)");
+                    "--algorithm fp16: unknown key 'ratio' (allowed for fp16: none)");
   CHECK_THROWS_WITH(comm::parse_compression("topk:ratio"),
                     "--algorithm topk:ratio: 'ratio' is not key=value");
-  CHECK_THROWS_WITH(comm::parse_compression("powersgd:rank=0"), "PowerSGD.rank=0 (expected >= 1)");
+  CHECK_THROWS_WITH(comm::parse_compression("powersgd:rank=0"),
+                    "--algorithm powersgd: rank=0: expected an integer >= 1");
 }

@@ -1,0 +1,3 @@
+#pragma once
+/// Starting the ranks of a job from a program: what `troupe launch` runs (LaunchOptions, launch).
+#include "runtime/launch.h"

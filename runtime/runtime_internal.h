@@ -1,0 +1,20 @@
+#pragma once
+/// What troupe's own code reaches inside a Runtime and an embedder does not: its CAF actor system
+/// and this rank's worker actor. The modules spawn their actors in that system. Not installed:
+/// the public runtime.h names no CAF type.
+#include <caf/fwd.hpp>
+
+#include "runtime/runtime.h"
+
+namespace troupe::detail {
+
+struct RuntimeAccess {
+  static caf::actor_system& system(Runtime& runtime);
+  /// This rank's worker actor.
+  static const caf::actor& worker(const Runtime& runtime);
+};
+
+/// The actor system of `runtime`.
+inline caf::actor_system& actor_system(Runtime& runtime) { return RuntimeAccess::system(runtime); }
+
+}  // namespace troupe::detail
