@@ -20,6 +20,10 @@
 
 #include "comm/status.h"
 
+namespace troupe::comm {
+class Reduction;
+}
+
 namespace troupe::actors {
 
 /// Issues the NCCL reductions of a module's buckets in bucket order, whatever order they fill in:
@@ -63,6 +67,10 @@ class BucketPath {
   virtual void abort(const caf::actor& self, const comm::Status& why) = 0;
   /// At a stall, while a reduction has been started: the ranks it still waits for.
   virtual std::vector<int> waiting_on() = 0;
+  /// The algorithm's state this bucket keeps across steps (comm::Reduction::save_state), for
+  /// checkpoints; null for a path that keeps none (a plain allreduce on NCCL or shared memory).
+  /// Touched only between steps, while no reduction runs.
+  virtual comm::Reduction* reduction() { return nullptr; }
 };
 
 /// What one bucket did in one step, written by the bucket before it reports to the reducer (so the

@@ -30,6 +30,14 @@ class BucketParallel : public DataParallel {
   }
   std::string algorithm_name() const override { return ddp_.algorithm_name(); }
   CommStats stats() const override { return totals_; }
+  void save_state(comm::StateWriter& out) const override {
+    ddp_.save_state(out);
+    out.value(totals_.steps);
+  }
+  void load_state(comm::StateReader& in) override {
+    ddp_.load_state(in);
+    totals_.steps = in.value<uint64_t>();
+  }
 
  private:
   DistributedModule ddp_;
@@ -37,6 +45,14 @@ class BucketParallel : public DataParallel {
 };
 
 }  // namespace
+
+void DataParallel::save_state(comm::StateWriter&) const {
+  throw comm::Error(algorithm_name() + ": this algorithm cannot save its state (no checkpoint)");
+}
+
+void DataParallel::load_state(comm::StateReader&) {
+  throw comm::Error(algorithm_name() + ": this algorithm cannot load a state (no checkpoint)");
+}
 
 std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
                                                  std::shared_ptr<torch::nn::Module> module,

@@ -49,6 +49,13 @@ class DataParallel {
   /// "allreduce", "powersgd(rank=2)", "decentralized(ring(8, uniform), overlap)", ...
   virtual std::string algorithm_name() const = 0;
   virtual CommStats stats() const = 0;
+  /// The algorithm's state across steps, for checkpoints (runtime/checkpoint.h): what each
+  /// algorithm keeps (the bucket algorithms' error feedback and Qs, D-PSGD's round in flight,
+  /// Choco-SGD's public copies, the asynchronous averager's pending rounds) and the step counter.
+  /// Between steps only. The default refuses with comm::Error naming the algorithm.
+  virtual void save_state(comm::StateWriter& out) const;
+  /// Restores what save_state wrote under the same algorithm; comm::Error names what differs.
+  virtual void load_state(comm::StateReader& in);
 };
 
 /// The algorithm's DataParallel over `module`: a DistributedModule (with `options`) for the

@@ -104,6 +104,7 @@ struct DistributedModule::Impl {
     comm::DataType type = comm::DataType::float32;
     caf::actor actor;
     std::shared_ptr<actors::BucketStats> stats;
+    std::shared_ptr<actors::BucketPath> path;  // its algorithm state lives here (save_state)
   };
   std::vector<Bucket> buckets;
   std::vector<int> bucket_of;
@@ -146,6 +147,10 @@ struct DistributedModule::Impl {
   std::vector<float> training;
   int training_count = 0;
   int lead = 0;
+  // The gradient-ready order and times the buckets were rebuilt from (empty before the rebuild):
+  // what save_state records of the layout.
+  std::vector<int> layout_order;
+  std::vector<int64_t> layout_ready_us;
 
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
       : rt(r),
@@ -351,11 +356,11 @@ void DistributedModule::Impl::spawn_actors() {
       slot.rows = p.dim() >= 2 ? static_cast<size_t>(p.size(0)) : 1;
       buffer.tensors.push_back(slot);
     }
-    auto bucket_path =
+    bucket.path =
         path->bucket(buffer, cuda ? cuda->ready_events(bucket.params) : std::vector<void*>{});
     const int parameters = static_cast<int>(bucket.params.size());
-    bucket.actor = actors::spawn_bucket(system, buffer.index, parameters, std::move(bucket_path),
-                                        reducer, bucket.stats);
+    bucket.actor = actors::spawn_bucket(system, buffer.index, parameters, bucket.path, reducer,
+                                        bucket.stats);
     handles.push_back(bucket.actor);
     std::vector<std::string> n;
     for (int p : bucket.params) n.push_back(names[static_cast<size_t>(p)]);
@@ -463,6 +468,8 @@ void DistributedModule::Impl::rebuild_from_observed_order(int root) {
   rt.comm().broadcast(seen.data(), seen.size(), comm::DataType::int64, root);
   std::vector<int> new_order(seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(n));
   std::vector<int64_t> ready_us(seen.begin() + static_cast<std::ptrdiff_t>(n), seen.end());
+  layout_order = new_order;
+  layout_ready_us = ready_us;
   auto planned = plan(new_order, ready_us);
   bool same = planned.buckets.size() == buckets.size();
   for (size_t b = 0; same && b < buckets.size(); ++b)
@@ -788,6 +795,69 @@ std::vector<std::vector<std::string>> DistributedModule::bucket_parameters() con
     for (int p : b.params) out.back().push_back(impl_->names[static_cast<size_t>(p)]);
   }
   return out;
+}
+
+void DistributedModule::save_state(comm::StateWriter& out) const {
+  const auto& m = *impl_;
+  if (!m.order.empty())
+    throw comm::Error("DistributedModule::save_state at step " + std::to_string(m.step) +
+                      ": a backward ran without its step() (expected a state between steps)");
+  out.string(comm::algorithm_name(m.algorithm));
+  out.value<uint32_t>(m.step);
+  out.vector(m.layout_order);
+  out.vector(m.layout_ready_us);
+  out.value<uint64_t>(m.buckets.size());
+  std::string bucket_state;
+  for (const auto& b : m.buckets) {
+    bucket_state.clear();
+    comm::StateWriter inner(bucket_state);
+    if (auto* r = b.path->reduction()) r->save_state(inner);
+    out.string(bucket_state);
+  }
+}
+
+void DistributedModule::load_state(comm::StateReader& in) {
+  auto& m = *impl_;
+  if (!m.order.empty())
+    throw comm::Error("DistributedModule::load_state at step " + std::to_string(m.step) +
+                      ": a backward ran without its step() (expected to load between steps)");
+  const std::string name = comm::algorithm_name(m.algorithm);
+  const auto saved = in.string();
+  if (saved != name)
+    in.fail("saved under algorithm " + saved + ", this DistributedModule runs " + name);
+  const auto step = in.value<uint32_t>();
+  auto order = in.vector<int>();
+  auto ready_us = in.vector<int64_t>();
+  if (!order.empty() && order.size() != m.params.size())
+    in.fail("a bucket order of " + std::to_string(order.size()) + " parameters, the model has " +
+            std::to_string(m.params.size()));
+  for (int i : order)
+    if (i < 0 || static_cast<size_t>(i) >= m.params.size())
+      in.fail("parameter index " + std::to_string(i) + " in the bucket order (expected < " +
+              std::to_string(m.params.size()) + ")");
+  const auto count = in.value<uint64_t>();
+  std::vector<std::string> states;
+  for (uint64_t b = 0; b < count; ++b) states.push_back(in.string());
+  auto layout = m.plan(order, ready_us);
+  if (layout.buckets.size() != count)
+    in.fail(std::to_string(count) + " buckets saved, this model and these options make " +
+            std::to_string(layout.buckets.size()));
+  bool same = layout.buckets.size() == m.buckets.size();
+  for (size_t b = 0; same && b < m.buckets.size(); ++b)
+    same = layout.buckets[b].params == m.buckets[b].params;
+  if (!same) {
+    m.stop_actors();
+    m.build_buckets(layout);
+    m.spawn_actors();
+  }
+  for (size_t b = 0; b < m.buckets.size(); ++b) {
+    comm::StateReader bucket(states[b], "bucket " + std::to_string(b) + " of " + in.what());
+    if (auto* r = m.buckets[b].path->reduction()) r->load_state(bucket);
+    bucket.expect_end();
+  }
+  m.step = step;
+  m.layout_order = std::move(order);
+  m.layout_ready_us = std::move(ready_us);
 }
 
 void DistributedModule::write_trace(const std::string& path) const {

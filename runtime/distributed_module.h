@@ -250,6 +250,15 @@ class DistributedModule {
   std::vector<std::string> declined_gradient_paths() const;
   /// The names of the parameters of each bucket, in bucket order.
   std::vector<std::vector<std::string>> bucket_parameters() const;
+  /// The state this module keeps across steps, for checkpoints (runtime/checkpoint.h) and for
+  /// healing a rank: the step counter, the bucket layout (after the rebuild) and each bucket's
+  /// algorithm state (error feedback, momentum correction, PowerSGD's Qs). Not the parameters or
+  /// the optimizer. Call between steps (not after a backward without its step()).
+  void save_state(comm::StateWriter& out) const;
+  /// Restores what save_state wrote on a module of the same model, algorithm and options: the
+  /// buckets are rebuilt in the saved layout, then each takes its state. Local (no collective).
+  /// Throws comm::Error naming the difference (algorithm, layout, a bucket's sizes).
+  void load_state(comm::StateReader& in);
   /// Writes the Chrome trace recorded so far to `path` (empty unless DdpOptions::trace_path is
   /// set).
   void write_trace(const std::string& path) const;

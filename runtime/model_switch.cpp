@@ -45,6 +45,23 @@ void ModelSwitch::finish() { current_->finish(); }
 
 std::string ModelSwitch::algorithm_name() const { return current_->algorithm_name(); }
 
+void ModelSwitch::save_state(comm::StateWriter& out) const {
+  out.string(current_->algorithm_name());
+  out.value<int32_t>(switches_);
+  current_->save_state(out);
+}
+
+void ModelSwitch::load_state(comm::StateReader& in) {
+  const auto saved = in.string();
+  const auto switches = in.value<int32_t>();
+  if (saved != current_->algorithm_name())
+    in.fail("saved while running " + saved + " (after " + std::to_string(switches) +
+            " switches); this ModelSwitch runs " + current_->algorithm_name() +
+            " (expected switch_to the saved algorithm before loading)");
+  current_->load_state(in);
+  switches_ = switches;
+}
+
 CommStats ModelSwitch::stats() const { return add(before_, current_->stats()); }
 
 }  // namespace troupe

@@ -42,6 +42,10 @@ class ModelSwitch : public DataParallel {
   std::string algorithm_name() const override;
   /// Summed over every algorithm run so far (dropped peers of all of them).
   CommStats stats() const override;
+  /// The current algorithm's state and the number of switches. load_state needs the ModelSwitch
+  /// to run the algorithm the state was saved under (switch_to it first): comm::Error names both.
+  void save_state(comm::StateWriter& out) const override;
+  void load_state(comm::StateReader& in) override;
 
  private:
   Runtime& runtime_;

@@ -57,6 +57,25 @@ class PowerSgdReduction final : public Reduction {
   }
   std::string name() const override { return "powersgd"; }
 
+  // The step counter (start_iter) is the module's; the warm-start Qs and the memory are here.
+  void save_state(StateWriter& out) const override {
+    out.vector(error_);
+    out.value<uint64_t>(matrices_.size());
+    for (const auto& m : matrices_) out.vector(m.qt);
+  }
+
+  void load_state(StateReader& in) override {
+    auto error = in.vector<float>(error_.size(), "the error-feedback memory");
+    const auto count = in.value<uint64_t>();
+    if (count != matrices_.size())
+      in.fail(std::to_string(count) + " compressed matrices, expected " +
+              std::to_string(matrices_.size()));
+    std::vector<std::vector<float>> qs;
+    for (const auto& m : matrices_) qs.push_back(in.vector<float>(m.qt.size(), "a Q matrix"));
+    error_ = std::move(error);
+    for (size_t i = 0; i < matrices_.size(); ++i) matrices_[i].qt = std::move(qs[i]);
+  }
+
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     auto* data = static_cast<float*>(bucket_.data);
     if (step.step < config_.start_iter)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/collectives/collectives.h"
+#include "comm/state.h"
 #include "comm/types.h"
 
 namespace troupe::comm {
@@ -60,6 +61,12 @@ class Reduction {
   virtual std::string name() const = 0;
   /// The stages of this step's reduction of the bucket, in order.
   virtual std::vector<std::function<Schedule()>> stages(const ReduceStep& step) = 0;
+  /// The state kept across steps (error feedback, momentum, Q), for checkpoints and healing a
+  /// rank; nothing by default. Called between steps, never while stages run.
+  virtual void save_state(StateWriter& out) const { (void)out; }
+  /// Restores what save_state wrote for the same algorithm over the same bucket. Reads and checks
+  /// everything before changing anything: a state of other sizes throws comm::Error (via `in`).
+  virtual void load_state(StateReader& in) { (void)in; }
 };
 
 }  // namespace troupe::comm

@@ -29,6 +29,12 @@ class Sign final : public Reduction {
     return config_.mode == SignMode::scaled ? "sign" : "sign(majority vote)";
   }
 
+  void save_state(StateWriter& out) const override { out.vector(error_); }
+
+  void load_state(StateReader& in) override {
+    error_ = in.vector<float>(error_.size(), "the error-feedback memory");
+  }
+
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     const size_t message = words_ * 4;
     // Sized once; every message is rewritten each step.

@@ -37,6 +37,18 @@ class Sparse final : public Reduction {
   std::string name() const override { return "sparse"; }
   size_t k() const { return k_; }
 
+  void save_state(StateWriter& out) const override {
+    out.vector(error_);
+    out.vector(velocity_);
+  }
+
+  void load_state(StateReader& in) override {
+    auto error = in.vector<float>(error_.size(), "the error-feedback memory");
+    auto velocity = in.vector<float>(velocity_.size(), "the momentum-correction velocity");
+    error_ = std::move(error);
+    velocity_ = std::move(velocity);
+  }
+
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     auto* data = static_cast<float*>(bucket_.data);
     return {[this, step, data] {

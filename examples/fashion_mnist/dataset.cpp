@@ -264,6 +264,15 @@ bool BatchIterator::next(torch::Tensor& x, torch::Tensor& y) {
   return true;
 }
 
+void BatchIterator::skip(int64_t batches) {
+  if (!order_.defined()) throw std::logic_error("BatchIterator::skip called before begin(epoch)");
+  if (batches < 0 || position_ + batches * batch_ > order_.size(0))
+    throw std::invalid_argument("BatchIterator::skip(" + std::to_string(batches) + "): the epoch has " +
+                                std::to_string((order_.size(0) - position_) / batch_) +
+                                " batches left");
+  position_ += batches * batch_;
+}
+
 int64_t BatchIterator::batches_per_epoch() const { return labels_.size(0) / batch_; }
 
 double accuracy(const Forward& forward, const FashionMnist& data, int64_t batch) {

@@ -68,6 +68,10 @@ class BatchIterator {
   /// epoch has no full batch left. Throws std::logic_error before the first begin().
   bool next(torch::Tensor& x, torch::Tensor& y);
 
+  /// Passes over the next `batches` batches of the epoch (where a resumed run continues). Throws
+  /// std::logic_error before the first begin(), std::invalid_argument past the epoch's end.
+  void skip(int64_t batches);
+
   /// Full batches in one epoch: size / batch.
   int64_t batches_per_epoch() const;
 

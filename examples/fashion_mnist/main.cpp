@@ -2,6 +2,7 @@
 //   build/bin/troupe launch -n 4 -- build/bin/fashion_mnist --epochs 1
 //   build/bin/troupe launch -n 4 -- build/bin/fashion_mnist --algorithm powersgd:rank=2
 //   build/bin/troupe run examples/configs/gossip_ring8.toml   (runs fashion_mnist --job FILE)
+//   ... fashion_mnist --checkpoint ckpt --checkpoint-every 500, later ... --resume ckpt
 // With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@
 
 #include "examples/fashion_mnist/dataset.h"
 #include "examples/fashion_mnist/models.h"
+#include "runtime/checkpoint.h"
 #include "runtime/cli/option_checks.h"
 #include "runtime/data_parallel.h"
 #include "runtime/job_config.h"
@@ -36,6 +38,17 @@ struct Settings {
   bool ranks_as_threads = false;
   int die_rank = -1;  // failure injection for tests: this rank exits abruptly at die_step
   int64_t die_step = 0;
+  // Only the first `subset` training images (0: all), for quick runs and tests.
+  int64_t subset = 0;
+  // Checkpoints (runtime/checkpoint.h): where and how often to save, where to resume from, and a
+  // test-only stop after a step (as if the job had been killed there).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  std::string resume_dir;
+  int64_t stop_step = 0;
+  // Benchmarks: resume without the algorithm's state (error feedback, step counter), as a trainer
+  // that checkpoints only model and optimizer would (docs/benchmarks.md: the loss spike).
+  bool drop_algorithm_state = false;
 };
 
 std::mutex print_mutex;
@@ -69,6 +82,8 @@ void train_rank(Runtime& rt, const Settings& s) {
   auto test = examples::load_fashion_mnist(t.data, "test");
   auto train = [&] {
     auto all = examples::load_fashion_mnist(t.data, "train");
+    if (s.subset > 0 && s.subset < examples::size(all))
+      all = {all.images.narrow(0, 0, s.subset), all.labels.narrow(0, 0, s.subset)};
     examples::check_trainable(t.data, examples::size(all), world, t.batch, examples::size(test));
     return examples::shard(all, rank, world, t.seed);
   }();
@@ -100,8 +115,43 @@ void train_rank(Runtime& rt, const Settings& s) {
   const int64_t steps = t.epochs * batches.batches_per_epoch();
   auto& sgd = static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options());
   int64_t step = 0;
-  for (int epoch = 0; epoch < t.epochs; ++epoch) {
+  // Everything a rank needs to go on exactly: model, optimizer, the algorithm's state, torch's
+  // generator, and where the loader is (epoch, batches done in it; its order depends only on the
+  // seed and the epoch, so the seed is checked rather than a generator saved).
+  int64_t saved_epoch = 0, saved_batch = 0, saved_seed = static_cast<int64_t>(t.seed);
+  Checkpoint checkpoint(rt);
+  checkpoint.module(*module).optimizer(opt).rng().value("step", step);
+  checkpoint.part(
+      "algorithm", [&dp](comm::StateWriter& out) { dp->save_state(out); },
+      [&dp, &s](comm::StateReader& in) {
+        if (s.drop_algorithm_state) {
+          in.take(in.remaining());
+        } else {
+          dp->load_state(in);
+        }
+      });
+  checkpoint.value("epoch", saved_epoch).value("batch", saved_batch).value("seed", saved_seed);
+  if (!s.resume_dir.empty()) {
+    checkpoint.load(s.resume_dir);
+    if (saved_seed != static_cast<int64_t>(t.seed))
+      throw comm::Error(format("--resume %s: saved with --seed %lld, this run has --seed %llu "
+                               "(expected the same seed: it orders the batches)",
+                               s.resume_dir.c_str(), static_cast<long long>(saved_seed),
+                               static_cast<unsigned long long>(t.seed)));
+    if (rank == 0)
+      say(s, rank, format("resumed from %s at step %lld (epoch %lld, batch %lld)",
+                          s.resume_dir.c_str(), static_cast<long long>(step),
+                          static_cast<long long>(saved_epoch + 1),
+                          static_cast<long long>(saved_batch)));
+  }
+  const int64_t first_epoch = saved_epoch, first_batch = saved_batch;
+  for (int64_t epoch = first_epoch; epoch < t.epochs; ++epoch) {
     batches.begin(epoch);
+    int64_t batch_index = 0;
+    if (epoch == first_epoch && first_batch > 0) {
+      batches.skip(first_batch);
+      batch_index = first_batch;
+    }
     torch::Tensor x, y;
     const auto epoch_start = std::chrono::steady_clock::now();
     auto window_start = epoch_start;
@@ -125,13 +175,23 @@ void train_rank(Runtime& rt, const Settings& s) {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
         auto st = dp->stats();
         say(s, rank,
-            format("epoch %d step %lld loss %.4f images/s %.0f MB sent %.1f", epoch + 1,
-                   static_cast<long long>(step), window_loss / t.log_every,
+            format("epoch %lld step %lld loss %.4f images/s %.0f MB sent %.1f",
+                   static_cast<long long>(epoch + 1), static_cast<long long>(step), window_loss / t.log_every,
                    window_images * (is_bucket_algorithm(s.algorithm) ? world : 1) / sec,
                    static_cast<double>(st.bytes_sent) / 1e6));
         window_start = std::chrono::steady_clock::now();
         window_images = 0;
         window_loss = 0;
+      }
+      ++batch_index;
+      if (s.checkpoint_every > 0 && step % s.checkpoint_every == 0) {
+        saved_epoch = epoch;
+        saved_batch = batch_index;
+        checkpoint.save(s.checkpoint_dir);
+      }
+      if (s.stop_step > 0 && step == s.stop_step) {
+        say(s, rank, format("stopping after step %lld (--stop-step)", static_cast<long long>(step)));
+        return;
       }
     }
     const double epoch_sec =
@@ -146,15 +206,16 @@ void train_rank(Runtime& rt, const Settings& s) {
       auto st = dp->stats();
       double acc = examples::accuracy(*module, forward, test);
       say(s, rank,
-          format("epoch %d test accuracy %.2f%% bytes sent per step %.0f (last step %llu) "
+          format("epoch %lld test accuracy %.2f%% bytes sent per step %.0f (last step %llu) "
                  "epoch time %.1f s consensus distance %s",
-                 epoch + 1, acc * 100,
+                 static_cast<long long>(epoch + 1), acc * 100,
                  st.steps ? static_cast<double>(st.bytes_sent) / static_cast<double>(st.steps) : 0.0,
                  static_cast<unsigned long long>(st.last_step_bytes_sent), epoch_sec,
                  consensus.c_str()));
     }
   }
   dp->finish();
+  if (rank == 0) say(s, rank, "parameter checksum " + parameter_checksum(*module));
   auto st = dp->stats();
   if (!st.dropped_peers.empty()) {
     std::string peers;
@@ -264,7 +325,25 @@ int main(int argc, char** argv) {
       ->group("");
   app.add_option("--die-step", s.die_step, "Testing: the step at which --die-rank exits")
       ->group("");
+  app.add_option("--subset", s.subset, "Train on the first N training images only (0: all)")
+      ->check(cli::integer_in(0, max_int));
+  app.add_option("--checkpoint", s.checkpoint_dir,
+                 "Save a checkpoint here (one file per rank) every --checkpoint-every steps");
+  app.add_option("--checkpoint-every", s.checkpoint_every, "Steps between two checkpoints")
+      ->check(cli::integer_in(1, max_int));
+  app.add_option("--resume", s.resume_dir,
+                 "Continue from the checkpoint in this folder (same ranks, algorithm and seed)");
+  app.add_flag("--resume-without-algorithm-state", s.drop_algorithm_state,
+               "Benchmarks: resume the model, optimizer and loader but not the algorithm's state")
+      ->group("");
+  app.add_option("--stop-step", s.stop_step,
+                 "Testing: every rank stops after this step, as if the job were killed")
+      ->group("");
   CLI11_PARSE(app, argc, argv);
+  if (s.checkpoint_dir.empty() != (s.checkpoint_every == 0)) {
+    std::cerr << "fashion_mnist: --checkpoint DIR and --checkpoint-every STEPS go together\n";
+    return 2;
+  }
 
   try {
     comm::LinkEmulation links;

@@ -273,6 +273,37 @@ void AsynchronousModule::finish() {
   m.stop_background();
 }
 
+void AsynchronousModule::save_state(comm::StateWriter& out) const {
+  auto& m = *impl_;
+  out.string(m.name());
+  std::lock_guard<std::mutex> lock(m.flat.mutex());
+  out.value(m.steps);
+  out.value<uint8_t>(m.has_pending ? 1 : 0);
+  out.vector(m.pending);
+}
+
+void AsynchronousModule::load_state(comm::StateReader& in) {
+  auto& m = *impl_;
+  const auto saved = in.string();
+  if (saved != m.name()) in.fail("saved under " + saved + ", this module runs " + m.name());
+  const auto steps = in.value<uint64_t>();
+  const bool has_pending = in.value<uint8_t>() != 0;
+  auto pending = in.vector<float>(m.pending.size(), "the pending round results");
+  {
+    std::lock_guard<std::mutex> lock(m.flat.mutex());
+    m.steps = steps;
+    // Rounds this module started before the load computed from other weights: dropped.
+    ++m.generation;
+    m.pending = std::move(pending);
+    m.has_pending = has_pending;
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.stats_mutex);
+    m.totals.steps = steps;
+  }
+  m.start_background();  // past the warm-up now, if the saved run was
+}
+
 std::string AsynchronousModule::algorithm_name() const { return impl_->name(); }
 
 std::string AsynchronousModule::gossip_path() const {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <variant>
@@ -63,6 +64,9 @@ struct DecentralizedModule::Impl {
   // scratch.
   std::vector<float> own_copy;
   std::vector<float> scratch;
+  // Choco-SGD: each neighbour's public copy as its link returned it in the last round (valid
+  // until the next round starts): what save_state records of the neighbours.
+  std::map<int, const float*> neighbour_copies;
 
   mutable std::mutex stats_mutex;
   CommStats totals;
@@ -311,6 +315,7 @@ struct DecentralizedModule::Impl {
     comm::minmax8_decode_add(reinterpret_cast<const uint8_t*>(send_buffer.data()), n, block,
                              own_copy.data());
     auto m = finish_round();
+    for (size_t j = 0; j < m.peers.size(); ++j) neighbour_copies[m.peers[j]] = m.values[j];
     // x += gamma * sum_j W_ij (x_hat_j - x_hat_i), over the live neighbours.
     std::lock_guard<std::mutex> lock(flat.mutex());
     float* out = flat.host();
@@ -416,6 +421,92 @@ void DecentralizedModule::finish() {
   if (m.finished) return;
   m.finished = true;
   if (m.round_in_flight()) m.drain_round();  // the weights sent after the last step: unused
+}
+
+void DecentralizedModule::save_state(comm::StateWriter& out) const {
+  const auto& m = *impl_;
+  if (m.nccl)
+    throw comm::Error(m.name() + ": save_state on the \"cuda via nccl\" gossip path (expected "
+                      "GossipOptions::stage_through_host for a checkpoint)");
+  out.string(m.name());
+  out.value(m.steps);
+  out.value(m.rounds);
+  const bool in_flight = m.round_in_flight();
+  out.value<uint8_t>(in_flight ? 1 : 0);
+  if (in_flight) out.vector(m.send_buffer);  // D-PSGD overlap: the weights that left
+  if (std::holds_alternative<LowPrecisionDecentralized>(m.algorithm)) {
+    out.vector(m.own_copy);
+    const auto neighbours = m.topology.round(m.rank, 0).recv_from;
+    out.value<uint64_t>(neighbours.size());
+    for (int p : neighbours) {
+      out.value<int32_t>(p);
+      // Before the first round every copy is the common start, which own_copy still is.
+      auto at = m.neighbour_copies.find(p);
+      const float* copy = at != m.neighbour_copies.end() ? at->second : m.own_copy.data();
+      out.bytes(copy, m.own_copy.size() * sizeof(float));
+    }
+  }
+}
+
+void DecentralizedModule::load_state(comm::StateReader& in) {
+  auto& m = *impl_;
+  if (m.nccl)
+    throw comm::Error(m.name() + ": load_state on the \"cuda via nccl\" gossip path (expected "
+                      "GossipOptions::stage_through_host for a checkpoint)");
+  const auto saved = in.string();
+  if (saved != m.name()) in.fail("saved under " + saved + ", this module runs " + m.name());
+  const auto steps = in.value<uint64_t>();
+  const auto rounds = in.value<uint64_t>();
+  const bool in_flight = in.value<uint8_t>() != 0;
+  std::vector<char> sent;
+  if (in_flight) sent = in.vector<char>(m.flat.count() * sizeof(float), "the weights in flight");
+  const bool choco = std::holds_alternative<LowPrecisionDecentralized>(m.algorithm);
+  std::vector<float> own;
+  std::vector<std::pair<int, std::vector<float>>> copies;
+  if (choco) {
+    own = in.vector<float>(m.flat.count(), "the public copy of this rank");
+    const auto neighbours = m.topology.round(m.rank, 0).recv_from;
+    const auto count = in.value<uint64_t>();
+    if (count != neighbours.size())
+      in.fail(std::to_string(count) + " neighbours saved, this topology gives rank " +
+              std::to_string(m.rank) + " " + std::to_string(neighbours.size()));
+    for (int p : neighbours) {
+      const auto peer = in.value<int32_t>();
+      if (peer != p)
+        in.fail("a public copy of rank " + std::to_string(peer) + " where rank " +
+                std::to_string(p) + "'s was expected");
+      std::vector<float> copy(m.flat.count());
+      in.bytes(copy.data(), copy.size() * sizeof(float));
+      copies.emplace_back(p, std::move(copy));
+    }
+  }
+  if (in_flight && rounds == 0) in.fail("a round in flight, but no round was started");
+  // The fresh module's own round (D-PSGD overlap posts one at construction; every rank drains
+  // it here, at the same point).
+  if (m.round_in_flight()) m.drain_round();
+  m.steps = steps;
+  m.rounds = in_flight ? rounds - 1 : rounds;
+  if (choco) {
+    // The neighbours' copies live in the links: new links start from the saved ones.
+    m.own_copy = std::move(own);
+    m.neighbour_copies.clear();
+    m.links = std::make_unique<actors::GossipLinks>(m.rt.system(), m.transport, m.key_prefix);
+    const auto& l = std::get<LowPrecisionDecentralized>(m.algorithm);
+    for (auto& [p, copy] : copies) {
+      actors::EdgeSettings edge;
+      edge.peer = p;
+      edge.payload = actors::EdgePayload::minmax8_difference;
+      edge.public_copy = std::move(copy);
+      edge.block = static_cast<size_t>(l.block);
+      m.links->add(std::move(edge));
+    }
+  }
+  if (in_flight) {
+    m.send_buffer = std::move(sent);
+    m.start_round(m.send_buffer.size());
+  }
+  std::lock_guard<std::mutex> lock(m.stats_mutex);
+  m.totals.steps = m.steps;
 }
 
 std::string DecentralizedModule::algorithm_name() const { return impl_->name(); }

@@ -87,6 +87,12 @@ class DecentralizedModule : public DataParallel {
   CommStats stats() const override;
   /// "cpu", "cuda via nccl" or "cuda via host staging" (see above).
   std::string gossip_path() const;
+  /// The step and round counters; D-PSGD with overlap: the weights of the round in flight (posted
+  /// again at load_state, after the round the fresh module posted is drained); Choco-SGD: the
+  /// public copies of this rank and of each neighbour. Every rank loads at the same step (the
+  /// rounds after it are collective), on the transport path (not "cuda via nccl").
+  void save_state(comm::StateWriter& out) const override;
+  void load_state(comm::StateReader& in) override;
 
   struct Impl;
 
@@ -142,6 +148,11 @@ class AsynchronousModule : public DataParallel {
   /// "cpu", or "cuda via host staging": the background actors snapshot and change a CUDA model
   /// through a pinned host mirror, each copy synchronous on the actor's thread's current stream.
   std::string gossip_path() const;
+  /// The step counter (warm-up) and the rounds' results that have not landed yet. The rounds
+  /// themselves are timer-driven: a restore continues from the same weights, not the same
+  /// trajectory.
+  void save_state(comm::StateWriter& out) const override;
+  void load_state(comm::StateReader& in) override;
 
   struct Impl;
 

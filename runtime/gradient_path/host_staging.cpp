@@ -55,6 +55,8 @@ class StagedBucket : public actors::BucketPath, public std::enable_shared_from_t
 
   std::vector<int> waiting_on() override { return inner_->waiting_on(); }
 
+  comm::Reduction* reduction() override { return inner_->reduction(); }
+
  private:
   // The gradients are in the mirror (or `error` says why not): reduce it, then copy it back.
   void reduce_mirror(const caf::actor& self, uint32_t step, double denominator, const Done& done,

@@ -78,6 +78,8 @@ class TransportBucket : public actors::BucketPath,
                        });
   }
 
+  comm::Reduction* reduction() override { return reduction_.get(); }
+
   std::vector<int> waiting_on() override {
     std::vector<int> waiting;
     if (execution_)

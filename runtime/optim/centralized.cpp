@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "comm/status.h"
+#include "runtime/checkpoint.h"
 
 namespace troupe::optim {
 
@@ -181,6 +182,19 @@ void CentralizedOptimizer::set_denominator(double denominator) {
 }
 
 double CentralizedOptimizer::last_grad_norm() const { return impl_->last_norm; }
+
+void CentralizedOptimizer::save_state(comm::StateWriter& out) const {
+  impl_->ddp->save_state(out);
+  save_optimizer(*impl_->inner, out);
+  out.value(impl_->last_norm);
+}
+
+void CentralizedOptimizer::load_state(comm::StateReader& in) {
+  auto& m = *impl_;
+  m.ddp->load_state(in);
+  load_optimizer(*m.inner, in);
+  m.last_norm = in.value<double>();
+}
 
 DistributedModule& CentralizedOptimizer::module() { return *impl_->ddp; }
 

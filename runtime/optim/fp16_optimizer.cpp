@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "comm/status.h"
+#include "runtime/checkpoint.h"
 
 namespace troupe::optim {
 
@@ -215,6 +216,41 @@ int64_t FP16Optimizer::skipped_steps() const { return impl_->skipped; }
 const std::vector<torch::Tensor>& FP16Optimizer::master_weights() const { return impl_->masters; }
 
 const torch::Tensor& FP16Optimizer::master_buffer() const { return impl_->master_flat; }
+
+void FP16Optimizer::save_state(comm::StateWriter& out) const {
+  const auto& m = *impl_;
+  out.value(m.scale);
+  out.value(m.good_steps);
+  out.value(m.skipped);
+  out.value(m.steps);
+  out.value<uint64_t>(static_cast<uint64_t>(m.master_flat.numel()));
+  auto masters = m.master_flat.to(torch::kCPU).contiguous();
+  out.bytes(masters.data_ptr(), static_cast<size_t>(masters.numel()) * sizeof(float));
+  save_optimizer(*m.inner, out);
+  m.ddp->save_state(out);
+}
+
+void FP16Optimizer::load_state(comm::StateReader& in) {
+  auto& m = *impl_;
+  const auto scale = in.value<double>();
+  const auto good_steps = in.value<int64_t>();
+  const auto skipped = in.value<int64_t>();
+  const auto steps = in.value<int64_t>();
+  const auto count = in.value<uint64_t>();
+  if (count != static_cast<uint64_t>(m.master_flat.numel()))
+    in.fail(std::to_string(count) + " master weights saved, this model has " +
+            std::to_string(m.master_flat.numel()));
+  auto masters = torch::empty({m.master_flat.numel()}, torch::kFloat);
+  in.bytes(masters.data_ptr(), static_cast<size_t>(count) * sizeof(float));
+  load_optimizer(*m.inner, in);
+  m.ddp->load_state(in);
+  torch::NoGradGuard no_grad;
+  m.master_flat.copy_(masters);
+  m.scale = scale;
+  m.good_steps = good_steps;
+  m.skipped = skipped;
+  m.steps = steps;
+}
 
 DistributedModule& FP16Optimizer::module() { return *impl_->ddp; }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "comm/status.h"
+#include "runtime/checkpoint.h"
 
 namespace troupe::optim {
 
@@ -58,6 +59,16 @@ void PowerSGD::zero_grad() {
   for (auto& group : sgd_->param_groups())
     for (auto& p : group.params())
       if (p.grad().defined()) p.mutable_grad().detach_().zero_();
+}
+
+void PowerSGD::save_state(comm::StateWriter& out) const {
+  ddp_->save_state(out);
+  save_optimizer(*sgd_, out);
+}
+
+void PowerSGD::load_state(comm::StateReader& in) {
+  ddp_->load_state(in);
+  load_optimizer(*sgd_, in);
 }
 
 torch::optim::Optimizer& PowerSGD::sgd() { return *sgd_; }

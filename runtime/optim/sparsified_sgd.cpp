@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/string_utils.h>
+#include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <cmath>
@@ -96,6 +97,46 @@ SparsifiedSGD::SparsifiedSGD(std::vector<torch::optim::OptimizerParamGroup> para
 
 SparsifiedSGD::SparsifiedSGD(std::vector<torch::Tensor> params, SparsifiedSgdOptions defaults)
     : SparsifiedSGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+void SparsifiedSGD::save(torch::serialize::OutputArchive& archive) const {
+  auto* self = const_cast<SparsifiedSGD*>(this);  // state_of() creates nothing here: all exist
+  const auto params = all_params();
+  archive.write("sparsified_sgd/parameters", c10::IValue(static_cast<int64_t>(params.size())));
+  archive.write("sparsified_sgd/steps", c10::IValue(static_cast<int64_t>(steps_)));
+  archive.write("sparsified_sgd/weight_sum", c10::IValue(weight_sum_));
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& state = self->state_of(params[i]);
+    archive.write("sparsified_sgd/memory/" + std::to_string(i), state.memory(), true);
+    archive.write("sparsified_sgd/estimated/" + std::to_string(i), state.estimated_weights(), true);
+  }
+}
+
+void SparsifiedSGD::load(torch::serialize::InputArchive& archive) {
+  const auto params = all_params();
+  c10::IValue count, steps, weight_sum;
+  archive.read("sparsified_sgd/parameters", count);
+  archive.read("sparsified_sgd/steps", steps);
+  archive.read("sparsified_sgd/weight_sum", weight_sum);
+  if (count.toInt() != static_cast<int64_t>(params.size()))
+    throw comm::Error("SparsifiedSGD::load: the archive holds " + std::to_string(count.toInt()) +
+                      " parameters, this optimizer has " + std::to_string(params.size()));
+  std::vector<torch::Tensor> memory(params.size()), estimated(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    archive.read("sparsified_sgd/memory/" + std::to_string(i), memory[i], true);
+    archive.read("sparsified_sgd/estimated/" + std::to_string(i), estimated[i], true);
+    if (!memory[i].sizes().equals(params[i].sizes()) || !estimated[i].sizes().equals(params[i].sizes()))
+      throw comm::Error("SparsifiedSGD::load: parameter " + std::to_string(i) +
+                        " has another shape in the archive");
+  }
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& state = state_of(params[i]);
+    state.memory().copy_(memory[i]);
+    state.estimated_weights().copy_(estimated[i]);
+  }
+  steps_ = static_cast<uint64_t>(steps.toInt());
+  weight_sum_ = weight_sum.toDouble();
+}
 
 std::vector<torch::Tensor> SparsifiedSGD::all_params() const {
   std::vector<torch::Tensor> out;

@@ -17,7 +17,8 @@
 /// a = the defaults' average_shift (else max(1, d/k) over the whole model).
 ///
 /// Parameters must be contiguous float32 CPU tensors (the selection runs on the comm/ kernels).
-/// save/load (torch::save) are not implemented.
+/// save/load (a torch archive: torch::save, Checkpoint::optimizer) keep each parameter's memory and
+/// estimated weights, the step counter and the averaging sums; the options are the constructor's.
 #include <torch/optim/optimizer.h>
 
 #include <cstddef>
@@ -74,6 +75,9 @@ class SparsifiedSGD : public torch::optim::Optimizer {
   SparsifiedSGD(std::vector<torch::Tensor> params, SparsifiedSgdOptions defaults);
 
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Throws comm::Error when the archive holds another number of parameters or other shapes.
+  void load(torch::serialize::InputArchive& archive) override;
 
   /// The averaged iterate, one copy per parameter (same shapes, parameter order); before the first
   /// step, copies of the parameters.

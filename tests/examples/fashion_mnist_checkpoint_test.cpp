@@ -1,0 +1,77 @@
+// The Fashion-MNIST example as processes: a run of a few hundred steps, and the same run stopped
+// after a checkpoint and resumed from it, must end with the same parameters (the checksum rank 0
+// prints). Top-k with error feedback, so the algorithm's state must survive too.
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/launch.h"
+#include "tests/support/torch_doctest.h"
+
+using namespace troupe;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  std::string log;
+  std::vector<int> exit_codes;
+};
+
+Run fashion_mnist(const std::vector<std::string>& extra) {
+  LaunchOptions o;
+  o.nprocs = 2;
+  // 1024 images per rank in batches of 16: 64 steps per epoch, 256 in all.
+  o.command = {FASHION_MNIST_BIN, "--model", "mlp", "--subset", "2048", "--batch", "16",
+               "--epochs", "4", "--log-every", "1000", "--threads", "1", "--algorithm",
+               "topk:ratio=0.05", "--momentum", "0.9"};
+  o.command.insert(o.command.end(), extra.begin(), extra.end());
+  o.timeout_sec = 280;
+  o.extra_env = {{"UCX_TLS", "sm,self"}};
+  std::ostringstream out, err;
+  auto result = launch(o, out, err);
+  return {out.str() + err.str(), result.rank_exit_codes};
+}
+
+// What follows "parameter checksum " on rank 0's line; "" when none.
+std::string checksum(const std::string& log) {
+  const std::string key = "[rank 0] parameter checksum ";
+  auto at = log.find(key);
+  if (at == std::string::npos) return "";
+  at += key.size();
+  return log.substr(at, log.find('\n', at) - at);
+}
+
+}  // namespace
+
+TEST_CASE("fashion_mnist stopped after a checkpoint and resumed ends bit-identical to one run") {
+  const auto dir = (fs::temp_directory_path() /
+                    ("troupe-fashion-mnist-checkpoint-" + std::to_string(::getpid())))
+                       .string();
+  fs::remove_all(dir);
+  auto straight = fashion_mnist({});
+  INFO(straight.log);
+  REQUIRE(straight.exit_codes == std::vector<int>{0, 0});
+  REQUIRE(checksum(straight.log).size() == 64);
+
+  auto stopped = fashion_mnist({"--checkpoint", dir, "--checkpoint-every", "100",
+                                "--stop-step", "150"});
+  INFO(stopped.log);
+  REQUIRE(stopped.exit_codes == std::vector<int>{0, 0});
+  CHECK(stopped.log.find("[rank 0] stopping after step 150") != std::string::npos);
+  CHECK(checksum(stopped.log).empty());
+  CHECK(fs::exists(dir + "/rank-0.troupe"));
+  CHECK(fs::exists(dir + "/rank-1.troupe"));
+
+  auto resumed = fashion_mnist({"--resume", dir});
+  INFO(resumed.log);
+  REQUIRE(resumed.exit_codes == std::vector<int>{0, 0});
+  CHECK(resumed.log.find("[rank 0] resumed from " + dir + " at step 100 (epoch 2, batch 36)") !=
+        std::string::npos);
+  CHECK(checksum(resumed.log) == checksum(straight.log));
+  fs::remove_all(dir);
+}
