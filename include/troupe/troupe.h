@@ -14,9 +14,9 @@
 /// ```
 /// runtime/troupe.h (in the source tree) says how each rank reads its own shard.
 #include <troupe/algorithms.h>
+#include <troupe/checkpoint.h>
 #include <troupe/data_parallel.h>
 #include <troupe/distributed_module.h>
 #include <troupe/launch.h>
 #include <troupe/optimizers.h>
 #include <troupe/runtime.h>
-// troupe/checkpoint.h (runtime/checkpoint.h: saving and restoring training state) joins here.
