@@ -52,6 +52,19 @@ void Communicator::hierarchical_allreduce(void* data, size_t count, DataType typ
   if (!status.ok()) throw Error(status.message(), status.peer());
 }
 
+Communicator::Traffic Communicator::run_stages(std::vector<std::function<Schedule()>> stages,
+                                               const std::string& what) {
+  {
+    std::lock_guard<std::mutex> guard(broken_mutex_);
+    if (!broken_.empty()) throw Error(what + " refused: " + broken_, broken_peer_);
+  }
+  std::vector<Stage> keyed;
+  for (auto& build : stages) keyed.push_back(Stage{next_key(), std::move(build)});
+  Status status = driver_.run(std::move(keyed), transport_, timeout_);
+  if (!status.ok()) throw Error(status.message(), status.peer());
+  return Traffic{driver_.last_bytes_sent(), driver_.last_bytes_received()};
+}
+
 void Communicator::reduce_scatter(const void* in, void* out, size_t count, DataType type,
                                   ReduceOp op) {
   run(reduce_scatter_schedule(group(), in, out, count, type, op, options_));

@@ -8,6 +8,7 @@
 /// of a peer (Transport::fail_peer) ends the call with an error naming that rank.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +47,13 @@ class Communicator {
 
   /// Runs any schedule under the next key (for algorithms built outside this class).
   void run(Schedule schedule);
+  /// Runs the stages of a multi-stage operation (a Reduction's, compression/reduction.h), each
+  /// under the next key, and returns the bytes this rank sent and received.
+  struct Traffic {
+    size_t sent = 0;
+    size_t received = 0;
+  };
+  Traffic run_stages(std::vector<std::function<Schedule()>> stages, const std::string& what);
 
   /// Marks the job broken (a rank died), from any thread: the collective running now fails with
   /// `reason`, and so does every later call, at once.

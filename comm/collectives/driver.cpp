@@ -69,6 +69,8 @@ Status BlockingDriver::run_made(
   }
   Status status = transport->serial_callbacks() ? run_inline(execution, *transport, timeout)
                                                 : run_queued(execution, *transport, timeout);
+  last_sent_ = execution->bytes_sent();
+  last_received_ = execution->bytes_received();
   std::lock_guard<std::mutex> guard(current_mutex_);
   current_.reset();
   current_post_ = nullptr;

@@ -36,6 +36,9 @@ class BlockingDriver {
   /// Fails the collective running now, if any (from any thread): it posts nothing more, and what
   /// it has in flight gets the failure grace, as when one of its own operations fails.
   void abort(const Status& status);
+  /// What the last run() sent and received, in bytes (on this rank).
+  size_t last_bytes_sent() const { return last_sent_; }
+  size_t last_bytes_received() const { return last_received_; }
 
  private:
   struct Queue {
@@ -56,6 +59,8 @@ class BlockingDriver {
   std::shared_ptr<Execution> current_;
   Post current_post_;
   std::shared_ptr<std::mutex> inline_lock_ = std::make_shared<std::mutex>();
+  size_t last_sent_ = 0;
+  size_t last_received_ = 0;
 };
 
 }  // namespace troupe::comm

@@ -21,6 +21,7 @@
 #include "examples/char_lm/model.h"
 #include "runtime/cli/option_checks.h"
 #include "runtime/data_parallel.h"
+#include "runtime/job_config.h"
 
 using namespace troupe;
 
