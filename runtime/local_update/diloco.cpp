@@ -4,9 +4,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <sstream>
 
 #include "comm/compression/reduction.h"
+#include "comm/state.h"
 #include "runtime/gossip/flat_model.h"
 
 namespace troupe {
@@ -125,5 +127,38 @@ std::string DiLoCoModule::algorithm_name() const { return diloco_name(impl_->con
 CommStats DiLoCoModule::stats() const { return impl_->totals; }
 
 int64_t DiLoCoModule::outer_steps() const { return impl_->outer; }
+
+void DiLoCoModule::save_state(comm::StateWriter& out) const {
+  auto& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.flat.mutex());
+  out.string(diloco_name(m.config));
+  out.value(m.inner);
+  out.value(m.outer);
+  out.value(m.totals.steps);
+  const auto* g = m.global.data_ptr<float>();
+  const auto* v = m.momentum.data_ptr<float>();
+  out.vector(std::vector<float>(g, g + m.global.numel()));
+  out.vector(std::vector<float>(v, v + m.momentum.numel()));
+  m.reduction->save_state(out);
+}
+
+void DiLoCoModule::load_state(comm::StateReader& in) {
+  auto& m = *impl_;
+  const auto saved = in.string();
+  if (saved != diloco_name(m.config))
+    in.fail("saved under " + saved + ", this module runs " + diloco_name(m.config));
+  const auto inner = in.value<int64_t>(), outer = in.value<int64_t>();
+  const auto steps = in.value<uint64_t>();
+  const auto count = static_cast<size_t>(m.global.numel());
+  auto global = in.vector<float>(count, "DiLoCo's global weights");
+  auto momentum = in.vector<float>(count, "DiLoCo's outer momentum");
+  std::lock_guard<std::mutex> lock(m.flat.mutex());
+  m.reduction->load_state(in);  // checks its own state first: refused, nothing else changes
+  std::copy(global.begin(), global.end(), m.global.data_ptr<float>());
+  std::copy(momentum.begin(), momentum.end(), m.momentum.data_ptr<float>());
+  m.inner = inner;
+  m.outer = outer;
+  m.totals.steps = steps;
+}
 
 }  // namespace troupe

@@ -57,6 +57,11 @@ class DiLoCoModule : public DataParallel {
   CommStats stats() const override;
   /// Synchronisations so far.
   int64_t outer_steps() const;
+  /// The global weights, the outer momentum, the step counters and the outer reduction's own
+  /// state (error feedback, PowerSGD's Q): a resumed run continues bit-identically
+  /// (runtime/checkpoint.h). The weights themselves are the model's, saved with it.
+  void save_state(comm::StateWriter& out) const override;
+  void load_state(comm::StateReader& in) override;
 
  private:
   struct Impl;
