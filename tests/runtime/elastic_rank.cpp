@@ -1,7 +1,8 @@
 // troupe_elastic_rank: one rank of an elastic test job, started by
 // tests/runtime/elastic_processes_test.cpp through `troupe launch --elastic`, with faults from
 // TROUPE_FAULT. It trains a small MLP for argv[1] steps on synthetic data with an
-// ElasticTrainer, then checks that every member holds the same parameters (bit for bit) and that
+// ElasticTrainer (and on, while the world is smaller than argv[2], so that a restarted rank
+// rejoins before the end; at most kMaxSteps), then checks that every member holds the same parameters (bit for bit) and that
 // they match one process trained on the same global batches (the global batch divides evenly by
 // every world size the tests reach, so the average of the ranks' means is the batch mean).
 // Exit: 0 held, 2 replicas differ, 3 off the reference, 1 an error (printed).
@@ -22,6 +23,7 @@ namespace {
 constexpr int64_t kSamples = 480;
 constexpr int64_t kGlobalBatch = 24;  // divides by 1, 2, 3, 4
 constexpr uint64_t kSeed = 7;
+constexpr int64_t kMaxSteps = 20000;
 
 struct Data {
   torch::Tensor x, y;
@@ -81,6 +83,7 @@ long long unix_ms() {
 int main(int argc, char** argv) {
   torch::set_num_threads(1);
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 40;
+  const int until_world = argc > 2 ? std::atoi(argv[2]) : 0;
   try {
     RuntimeOptions o;
     o.scheduler_threads = 1;
@@ -98,7 +101,8 @@ int main(int argc, char** argv) {
                 << " at unix ms " << unix_ms() << std::endl;
     ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
     bool after_change = false;
-    while (trainer.steps() < steps) {
+    while (trainer.steps() < steps ||
+           (rt.world_size() < until_world && trainer.steps() < kMaxSteps)) {
       auto idx = as_index(sampler.indices(trainer.steps(), rt.rank(), rt.world_size()));
       const bool done = trainer.step([&] {
         opt.zero_grad();
@@ -118,7 +122,7 @@ int main(int argc, char** argv) {
     rt.comm().broadcast(theirs.data_ptr(), static_cast<size_t>(theirs.numel()),
                         comm::DataType::float32, 0);
     const bool same = torch::equal(mine, theirs);
-    const double off = (mine - reference(d, steps)).abs().max().item<double>();
+    const double off = (mine - reference(d, trainer.steps())).abs().max().item<double>();
     std::cout << "slot " << rt.slot() << " finished " << trainer.steps() << " steps as rank "
               << rt.rank() << " of " << rt.world_size() << " in generation "
               << rt.generation().number << " after " << trainer.recoveries().size()
