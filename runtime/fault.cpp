@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 
 #include "comm/status.h"
 
@@ -142,12 +143,16 @@ void arm(const std::vector<Fault>& faults, int rank, int world_size, int restart
 void disarm() { g_armed.fill(-1); }
 
 void fire(FaultPhase phase, int64_t step) {
-  char line[160];
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  const long long ms = static_cast<long long>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+  char line[192];
   const int n = std::snprintf(line, sizeof line,
-                              "troupe: fault injection: pid %d kills itself at step %lld (%s)\n",
+                              "troupe: fault injection: pid %d kills itself at step %lld (%s) at "
+                              "unix ms %lld\n",
                               static_cast<int>(getpid()), static_cast<long long>(step),
-                              fault_phase_name(phase));
-  if (n > 0) (void)!write(2, line, static_cast<size_t>(std::min(n, 159)));
+                              fault_phase_name(phase), ms);
+  if (n > 0) (void)!write(2, line, static_cast<size_t>(std::min(n, 191)));
   raise(SIGKILL);
   _exit(137);  // not reached
 }

@@ -5,6 +5,7 @@
 // tests check which ranks finished, in which world, and what the launcher reported.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -41,6 +42,8 @@ Run run_elastic(int ranks, int min_ranks, int max_restarts, const std::string& f
   run.result = launch(o, out, err);
   run.out = out.str();
   run.err = err.str();
+  // TROUPE_TEST_SHOW_OUTPUT=1 prints what the job said (timings for docs/benchmarks.md).
+  if (std::getenv("TROUPE_TEST_SHOW_OUTPUT")) MESSAGE(run.out + run.err + run.result.message);
   INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
   return run;
 }
