@@ -43,7 +43,7 @@ Run run_elastic(int ranks, int min_ranks, int max_restarts, const std::string& f
   run.out = out.str();
   run.err = err.str();
   // TROUPE_TEST_SHOW_OUTPUT=1 prints what the job said (timings for docs/benchmarks.md).
-  if (std::getenv("TROUPE_TEST_SHOW_OUTPUT")) MESSAGE(run.out + run.err + run.result.message);
+  if (std::getenv("TROUPE_TEST_SHOW_OUTPUT")) MESSAGE(run.out << run.err << run.result.message);
   INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
   return run;
 }
