@@ -20,6 +20,7 @@
 #include "runtime/bucket_layout.h"
 #include "runtime/cuda_gradients.h"
 #include "runtime/data_parallel.h"
+#include "runtime/fault.h"
 #include "runtime/gradient_path.h"
 #include "runtime/model_check.h"
 #include "runtime/module_id.h"
@@ -121,8 +122,9 @@ struct DistributedModule::Impl {
   std::vector<uintptr_t> hook_keys;
   std::shared_ptr<std::atomic<Impl*>> hook_target;
 
-  // The step in progress (trainer thread only).
+  // The step in progress (trainer thread only), and the first this module took (resume_at).
   uint32_t step = 0;
+  uint32_t first_step = 0;
   std::vector<char> ready;
   std::vector<int> order;
   std::vector<int64_t> order_us;  // when each gradient of `order` became ready
@@ -396,7 +398,10 @@ void DistributedModule::Impl::adopt_gradient(int index) {
 void DistributedModule::Impl::on_grad_ready(int index) {
   if (!sync) return;
   const int64_t now = actors::now_us();
-  if (order.empty()) first_hook_us = now;
+  if (order.empty()) {
+    first_hook_us = now;
+    fault::at(FaultPhase::backward, step);  // once per step: the first gradient
+  }
   last_hook_us = now;
   if (ready[static_cast<size_t>(index)]) {
     if (!opt.agg_grad) return;  // local gradient accumulation before a local step: harmless
@@ -545,7 +550,7 @@ void DistributedModule::Impl::shadow_step() {
 // rebuild after step 1, and this step's per-step state.
 void DistributedModule::Impl::next_step() {
   if (buffers) buffers->broadcast(rt.comm(), lead);
-  const bool first = step == 0;
+  const bool first = step == first_step;
   ++step;
   if (first && opt.rebuild_buckets && opt.agg_grad && opt.aggregation == Aggregation::bucket)
     rebuild_from_observed_order(lead);
@@ -651,6 +656,19 @@ void DistributedModule::join() {
   broadcast_parameters(m.lead);
 }
 
+void DistributedModule::resume_at(uint64_t step) {
+  auto& m = *impl_;
+  if (m.step != m.first_step || !m.order.empty())
+    throw comm::Error("DistributedModule::resume_at(" + std::to_string(step) + ") after step " +
+                      std::to_string(m.step) + " began (expected it before the first backward)");
+  if (step > UINT32_MAX)
+    throw comm::Error("DistributedModule::resume_at(" + std::to_string(step) +
+                      ") (expected at most " + std::to_string(UINT32_MAX) + ")");
+  m.step = m.first_step = static_cast<uint32_t>(step);
+}
+
+uint64_t DistributedModule::steps() const { return impl_->step; }
+
 void DistributedModule::step(torch::optim::Optimizer& optimizer) {
   step([&optimizer] { optimizer.step(); });
 }
@@ -686,6 +704,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
     if (m.cuda) m.cuda->record_step();
     for (auto& bucket : m.buckets)
       caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, m.bucket_denominator());
+    fault::at(FaultPhase::reduce, m.step);
     m.await_step();
     m.rescale_reduced();
     if (!m.opt.gradient_as_bucket_view)
@@ -697,6 +716,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
       }
   }
   const int64_t reduced = actors::now_us();
+  fault::at(FaultPhase::optimizer, m.step);
   optimizer_step();
   if (!m.opt.agg_grad) {
     torch::NoGradGuard no_grad;

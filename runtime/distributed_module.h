@@ -237,6 +237,13 @@ class DistributedModule {
   /// Averages parameters and buffers (floating point) over all ranks.
   void allreduce_parameters();
 
+  /// Numbers the next step `step` instead of 0 (a job re-formed by an elastic membership change,
+  /// or resumed, continues its count; fault injection, runtime/fault.h, reads it). Call before
+  /// the first backward; the bucket rebuild still follows this module's first step.
+  void resume_at(uint64_t step);
+  /// The number of the next step (steps completed, counting from resume_at's).
+  uint64_t steps() const;
+
   const StepMetrics& last_step() const;
   /// The algorithm's name and main setting ("allreduce", "powersgd(rank=2)", ...).
   std::string algorithm_name() const;

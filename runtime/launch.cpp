@@ -17,12 +17,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 
 #include "actors/rendezvous_wire.h"
 #include "comm/status.h"
 #include "runtime/compute_threads.h"
 #include "runtime/env.h"
+#include "runtime/membership.h"
 
 extern char** environ;
 
@@ -130,6 +132,9 @@ class Launcher {
   LaunchResult run(int port);
 
  private:
+  /// Elastic: restarts slot `r` when the launch allows it; false when it does not.
+  bool restart(int r);
+
   struct Rank {
     pid_t pid = -1;
     bool running = false;
@@ -203,7 +208,8 @@ class Launcher {
       pid_t pid = rank.running ? waitpid(rank.pid, &status, WNOHANG) : 0;
       if (pid == 0 || (pid < 0 && errno == EINTR)) continue;
       rank.running = false;
-      std::string what = "rank " + std::to_string(global(r));
+      std::string what = options_.elastic ? "rank slot " : "rank ";
+      what += std::to_string(global(r));
       if (WIFSIGNALED(status)) {
         rank.exit_code = 128 + WTERMSIG(status);
         what += " was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
@@ -211,6 +217,14 @@ class Launcher {
       } else {
         rank.exit_code = WEXITSTATUS(status);
         what += " exited with status " + std::to_string(rank.exit_code);
+      }
+      if (membership_) {
+        membership_->on_exit(r, what);
+        if (rank.exit_code == 0) finished_ = true;
+        if (rank.exit_code != 0 && !stopping_ && !restart(r)) {
+          reason_ += (reason_.empty() ? "" : "; ") + what;
+        }
+        continue;
       }
       if (rank.exit_code != 0 && !stopping_) {
         fail(what, rank.exit_code, global(r), options_.stop_on_failure);
@@ -252,6 +266,12 @@ class Launcher {
   struct sigaction old_actions_[2] = {};
   LaunchResult result_;
   bool stopping_ = false;
+  // Elastic: the membership service, the rendezvous port, restarts used, whether a rank finished.
+  std::unique_ptr<elastic::MembershipServer> membership_;
+  int port_ = 0;
+  int restarts_ = 0;
+  std::vector<int> restarts_of_;
+  bool finished_ = false;
   std::string reason_;
   std::vector<int> stopped_;
   Clock::time_point kill_at_ = kNever;
@@ -309,6 +329,12 @@ void Launcher::start_rank(int r, int port) {
   // Everything the child needs is built before fork: between fork and exec it may only make
   // async-signal-safe calls (another thread may hold malloc's lock).
   std::vector<std::string> env = child_env(r, port), args = options_.command;
+  int membership_fd = -1;
+  if (membership_) {
+    membership_fd = membership_->attach(r);
+    env.push_back("TROUPE_ELASTIC_FD=" + std::to_string(membership_fd));
+    env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restarts_of_[static_cast<size_t>(r)]));
+  }
   std::vector<char*> envp, argv;
   for (std::string& entry : env) envp.push_back(entry.data());
   for (std::string& arg : args) argv.push_back(arg.data());
@@ -342,6 +368,7 @@ void Launcher::start_rank(int r, int port) {
     // launcher that died before prctl is seen by getppid().
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher) _exit(128 + SIGKILL);
+    if (membership_fd >= 0) fcntl(membership_fd, F_SETFD, 0);  // the rank keeps its end
     const int null_fd = open("/dev/null", O_RDONLY);
     if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 ||
         dup2(err_pipe[1], 2) < 0) {
@@ -355,6 +382,7 @@ void Launcher::start_rank(int r, int port) {
     _exit(e == ENOENT ? 127 : 126);
   }
   setpgid(pid, pid);  // also here, so that a stop sent at once reaches the group
+  if (membership_) membership_->started(r);
   close_fd(out_pipe[1]);
   close_fd(err_pipe[1]);
   close_fd(exec_pipe[1]);
@@ -382,7 +410,31 @@ void Launcher::start_rank(int r, int port) {
   rank.fds[1] = err_pipe[0];
 }
 
+bool Launcher::restart(int r) {
+  if (restarts_ >= options_.max_restarts || finished_ || membership_->stopped()) return false;
+  ++restarts_;
+  const int count = ++restarts_of_[static_cast<size_t>(r)];
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  *streams_[1] << "troupe launch: restarting rank slot " << global(r) << " (restart " << restarts_
+               << " of " << options_.max_restarts << "; this slot's " << count
+               << ") at unix ms " << ms << "\n";
+  streams_[1]->flush();
+  for (int which = 0; which < 2; ++which)  // the dead process's last partial lines, then its pipes
+    if (ranks_[static_cast<size_t>(r)].fds[which] >= 0) forward(r, which, "", 0, true);
+  start_rank(r, port_);
+  return ranks_[static_cast<size_t>(r)].running;
+}
+
 LaunchResult Launcher::run(int port) {
+  port_ = port;
+  restarts_of_.assign(static_cast<size_t>(options_.nprocs), 0);
+  if (options_.elastic)
+    membership_ = std::make_unique<elastic::MembershipServer>(
+        options_.nprocs, options_.min_ranks,
+        std::chrono::milliseconds(static_cast<int64_t>(options_.membership_timeout_sec * 1000)),
+        *streams_[1]);
   auto timeout_at =
       options_.timeout_sec > 0 ? Clock::now() + as_duration(options_.timeout_sec) : kNever;
   for (int r = 0; r < options_.nprocs && !stopping_; ++r) start_rank(r, port);
@@ -406,6 +458,15 @@ LaunchResult Launcher::run(int port) {
     if (!stopping_ && now >= timeout_at) {
       fail("timed out after " + seconds_text(options_.timeout_sec), 124, -1);
     }
+    if (membership_) {
+      membership_->tick();
+      if (membership_->stopped() && !stopping_) {
+        // Every member was told to stop; those that do not end in the grace period are stopped.
+        fail("elastic membership: " + membership_->stop_reason(), 1, -1, false);
+        kill_at_ = std::min(kill_at_, now + as_duration(options_.grace_sec));
+        stopping_ = true;
+      }
+    }
     if (give_up_at == kNever && now >= kill_at_) {
       signal_groups(SIGKILL);
       give_up_at = now + as_duration(kReapAfterKillSec);
@@ -427,9 +488,15 @@ LaunchResult Launcher::run(int port) {
         owners.emplace_back(r, which);
       }
     }
+    if (membership_) {
+      std::vector<int> slots;
+      membership_->add_poll_fds(fds, slots);
+      for (int slot : slots) owners.emplace_back(slot, 2);  // 2: the membership socket
+    }
     auto next = std::min({running() ? now + std::chrono::milliseconds(kTickMs) : kNever,
                           stopping_ ? kNever : timeout_at,
-                          give_up_at == kNever ? kill_at_ : give_up_at, drain_until});
+                          give_up_at == kNever ? kill_at_ : give_up_at, drain_until,
+                          membership_ ? membership_->next_deadline() : kNever});
     auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
     poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait_ms, 0, 1000)));
 
@@ -447,6 +514,10 @@ LaunchResult Launcher::run(int port) {
         continue;
       }
       auto [r, which] = owners[i];
+      if (which == 2) {
+        membership_->on_readable(r);
+        continue;
+      }
       ssize_t got = read(fds[i].fd, buffer.data(), buffer.size());
       if (got >= 0 || (errno != EINTR && errno != EAGAIN)) {
         forward(r, which, buffer.data(), got > 0 ? static_cast<size_t>(got) : 0, got <= 0);
@@ -462,6 +533,22 @@ LaunchResult Launcher::run(int port) {
     }
     result_.rank_exit_codes.push_back(ranks_[r].exit_code);
     if (ranks_[r].pid < 0 && global(r) != result_.failed_rank) not_started.push_back(global(r));
+  }
+  if (membership_) {
+    // Elastic: the job succeeded when enough ranks finished and no generation lacked a quorum.
+    const int finished = static_cast<int>(
+        std::count(result_.rank_exit_codes.begin(), result_.rank_exit_codes.end(), 0));
+    std::string what = std::to_string(finished) + " of " + std::to_string(options_.nprocs) +
+                       " rank slots finished with status 0 after " +
+                       std::to_string(membership_->generations()) + " generations and " +
+                       std::to_string(restarts_) + " restarts";
+    if (!reason_.empty()) what += "; lost: " + reason_;
+    const bool ok = !membership_->stopped() && finished >= options_.min_ranks &&
+                    result_.exit_code == 0;
+    if (!ok && result_.exit_code == 0) result_.exit_code = 1;
+    if (membership_->stopped()) what = membership_->stop_reason() + "; " + what;
+    result_.message = what;
+    return result_;
   }
   if (reason_.empty()) {
     result_.message = "all " + std::to_string(options_.nprocs) + " ranks exited with status 0";
@@ -518,6 +605,21 @@ void check_options(const LaunchOptions& o) {
     bad("timeout_sec=" + seconds_text(o.timeout_sec) + " is invalid", "0 or more");
   if (!(o.grace_sec >= 0))
     bad("grace_sec=" + seconds_text(o.grace_sec) + " is invalid", "0 or more");
+  if (o.elastic && o.nnodes != 1)
+    bad("elastic (--elastic) with nnodes (--nnodes) = " + std::to_string(o.nnodes),
+        "--nnodes 1: the launcher of the one node hosts the membership service");
+  if (o.elastic && (o.min_ranks < 1 || o.min_ranks > o.nprocs))
+    bad("min_ranks (--min-ranks) = " + std::to_string(o.min_ranks) + " is out of range",
+        "1.." + std::to_string(o.nprocs) + " for -n " + std::to_string(o.nprocs));
+  if (o.max_restarts < 0)
+    bad("max_restarts (--max-restarts) = " + std::to_string(o.max_restarts) + " is negative",
+        "0 or more");
+  if (o.max_restarts > 0 && !o.elastic)
+    bad("max_restarts (--max-restarts) = " + std::to_string(o.max_restarts) + " without elastic",
+        "--elastic: only an elastic job takes a restarted rank back");
+  if (o.elastic && !(o.membership_timeout_sec > 0))
+    bad("membership_timeout_sec (--membership-timeout) = " + seconds_text(o.membership_timeout_sec),
+        "more than 0");
 }
 
 /// `options` with what the ranks get beyond the user's choices (the compute thread variables),

@@ -43,6 +43,20 @@ struct LaunchOptions {
   /// `troupe run` does for algorithms that tolerate a dead rank); the result's message then names
   /// every rank that failed and every one that ran on to status 0.
   bool stop_on_failure = true;
+  /// Elastic job (`troupe launch --elastic`, one node): the launcher hosts the membership service
+  /// (runtime/membership.h) that every rank's Runtime forms its world with, a rank's death does
+  /// not stop the others (the survivors re-form and go on), and a dead rank is started again in
+  /// its slot while max_restarts allows. The launch succeeds when at least min_ranks ranks finish
+  /// with status 0 and no generation lacked a quorum.
+  bool elastic = false;
+  /// The fewest ranks an elastic job trains with (`--min-ranks`), 1..nprocs.
+  int min_ranks = 1;
+  /// Restarts of dead ranks in all (`--max-restarts`), elastic jobs only. A restarted rank gets
+  /// TROUPE_RESTART_COUNT (its slot's restarts so far); none is restarted once a rank has
+  /// finished with status 0 or the job stopped.
+  int max_restarts = 0;
+  /// How long a generation waits for its members at each round (`--membership-timeout`).
+  double membership_timeout_sec = 30;
 };
 
 /// torchrun's MASTER_PORT when a job of several nodes names none.

@@ -16,7 +16,9 @@
 #include "actors/worker.h"
 #include "comm/tags.h"
 #include "comm/transport/ucx/transport.h"
+#include "runtime/fault.h"
 #include "runtime/host_identity.h"
+#include "runtime/membership_client.h"
 #include "runtime/runtime_internal.h"
 #include "runtime/tcp_store.h"
 #ifdef TROUPE_HAVE_NCCL
@@ -67,6 +69,24 @@ int directory_port(const TcpStore& store, const std::string& key, const std::str
   return port;
 }
 
+/// A small non-negative integer from variable `name` (unset: `fallback`); strict.
+int env_count(const char* name, int fallback, int min) {
+  const char* text = std::getenv(name);
+  if (!text) return fallback;
+  const std::string value = text;
+  size_t used = 0;
+  int n = -1;
+  try {
+    n = std::stoi(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (value.empty() || used != value.size() || n < min)
+    throw comm::Error(std::string(name) + "='" + value + "' (expected an integer >= " +
+                      std::to_string(min) + ")");
+  return n;
+}
+
 }  // namespace
 
 struct Runtime::Impl {
@@ -104,6 +124,14 @@ struct Runtime::Impl {
   int uncaught_at_start = 0;
   std::atomic<bool> failure_announced{false};
 
+  // Elastic: the membership service's client, this rank's launch slot, the generation in force,
+  // and the newest generation the service announced (guarded by dead_mutex).
+  std::unique_ptr<elastic::MembershipClient> membership;
+  int slot = 0;
+  ElasticGeneration generation;
+  int announced = 0;
+  std::string announced_why;
+
   void start();
   // Rank 0 publishes the directory behind its front door; every rank registers and gets the table.
   actors::PeerTable meet(actors::RendezvousRequest& request);
@@ -111,6 +139,10 @@ struct Runtime::Impl {
   void publish_nccl_id(actors::RendezvousRequest& request);
   void announce_failure(const std::string& reason);
   void stop();
+  // Elastic: form a generation with the membership service, and tear one down.
+  void form(int64_t completed_steps);
+  void teardown();
+  void on_membership_change(int number, const std::string& why);
 };
 
 void Runtime::Impl::start() {
@@ -137,6 +169,31 @@ void Runtime::Impl::start() {
   config.set("work-stealing.moderate-poll-attempts", 0);
   config.set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(100)});
   system = std::make_unique<caf::actor_system>(config);
+
+  slot = info.rank;
+  const std::string fault_source = options.faults.empty() ? "TROUPE_FAULT" : "RuntimeOptions.faults";
+  const char* fault_env = std::getenv("TROUPE_FAULT");
+  fault::arm(parse_faults(options.faults.empty() ? (fault_env ? fault_env : "") : options.faults,
+                          fault_source),
+             info.rank, info.world_size, env_count("TROUPE_RESTART_COUNT", 0, 0), fault_source);
+  fault::at_any(FaultPhase::rendezvous, 0);
+  const int membership_fd =
+      options.membership_fd >= 0 ? options.membership_fd : env_count("TROUPE_ELASTIC_FD", -1, 3);
+  if (membership_fd >= 0) {
+    if (options.transport != "ucx")
+      throw comm::Error("RuntimeOptions.transport=\"" + options.transport +
+                        "\" in an elastic job (expected \"ucx\": the world is re-formed between "
+                        "processes)");
+    if (links.active())
+      throw comm::Error("link emulation (TROUPE_LINK, RuntimeOptions.links) in an elastic job "
+                        "(expected none: the links are per rank, and ranks are renumbered)");
+    membership = std::make_unique<elastic::MembershipClient>(
+        membership_fd, [this](int number, const std::string& why) {
+          on_membership_change(number, why);
+        });
+    form(-1);
+    return;
+  }
 
   std::string address;
   std::shared_ptr<comm::UcxTransport> ucx;
@@ -320,8 +377,78 @@ void Runtime::Impl::announce_failure(const std::string& reason) {
 #endif
 }
 
+void Runtime::Impl::on_membership_change(int number, const std::string& why) {
+  std::lock_guard<std::mutex> lock(dead_mutex);
+  if (number > 0 && number <= announced) return;
+  if (number > 0) {
+    announced = number;
+    announced_why = why;
+  }
+  if (number > 0 && number <= generation.number) return;
+  // The generation in force ends: whatever waits on its peers fails now, naming the change.
+  if (comm) comm->abort(why, -1);
+  if (transport)
+    for (int r = 0; r < info.world_size; ++r)
+      if (r != info.rank) transport->fail_peer(r, why);
+  for (auto& [id, listener] : listeners) listener(-1, why);
+}
+
+void Runtime::Impl::teardown() {
+  {
+    std::lock_guard<std::mutex> lock(dead_mutex);
+    comm.reset();
+    dead.clear();
+    death.clear();
+    death_rank = -1;
+    module_ids = 0;  // the modules were destroyed before a reform (runtime.h), each giving its id back
+  }
+  if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
+  worker = nullptr;
+  transport.reset();
+}
+
+void Runtime::Impl::form(int64_t completed_steps) {
+  const std::string host = host_name(options.host);
+  for (int attempt = 1;; ++attempt) {
+    const auto deadline = elastic::Clock::now() + options.rendezvous_timeout;
+    const elastic::Assignment a = membership->join(completed_steps, host, deadline);
+    auto ucx = std::make_shared<comm::UcxTransport>(a.rank, a.world_size, /*single_host=*/true);
+    auto table = membership->exchange(a.generation, ucx->local_address(), deadline);
+    if (!table) continue;  // a newer generation opened: join it
+    info.rank = a.rank;
+    info.world_size = a.world_size;
+    info.local_rank = a.rank;
+    info.local_world_size = a.world_size;
+    hosts = table->hosts;
+    transport = ucx;
+    worker = actors::spawn_worker(*system, info.rank, transport,
+                                  [](int, const std::string&, bool) {});
+    try {
+      ucx->connect(table->addresses);
+      {
+        std::lock_guard<std::mutex> lock(dead_mutex);
+        comm = std::make_unique<comm::Communicator>(transport, options.collectives,
+                                                    options.rendezvous_timeout);
+        generation = ElasticGeneration{a.generation, a.source, a.step};
+        if (announced > a.generation) comm->abort(announced_why, -1);
+      }
+      comm->barrier();
+      find_real_hosts(ucx.get());
+      comm->set_timeout(options.collective_timeout);
+      return;
+    } catch (const comm::Error& e) {
+      // A member died, or a newer generation opened, before this one was in force here.
+      teardown();
+      if (attempt >= 32)
+        throw comm::Error(std::string("elastic: no generation formed in 32 attempts; the last "
+                                      "failed with: ") + e.what());
+    }
+  }
+}
+
 void Runtime::Impl::stop() {
   if (!system) return;
+  if (membership && !failure_announced) membership->leave();
   if (directory && worker && !hosts.empty() && !failure_announced) {
     // Tell the directory we leave on purpose, so survivors hear "left" rather than "died".
     caf::scoped_actor self{*system};
@@ -343,6 +470,7 @@ void Runtime::Impl::stop() {
   directory = nullptr;
   transport.reset();
   system.reset();
+  membership.reset();
 }
 
 Runtime::Runtime() : Runtime(RuntimeOptions{}) {}
@@ -434,6 +562,25 @@ int Runtime::next_module_id() {
 void Runtime::release_module_id(int id) {
   std::lock_guard<std::mutex> lock(impl_->dead_mutex);
   if (id >= 1 && id <= comm::tags::kMaxModules) impl_->module_ids &= ~(uint32_t{1} << id);
+}
+
+bool Runtime::elastic() const { return impl_->membership != nullptr; }
+int Runtime::slot() const { return impl_->slot; }
+
+ElasticGeneration Runtime::generation() const {
+  std::lock_guard<std::mutex> lock(impl_->dead_mutex);
+  return impl_->generation;
+}
+
+ElasticGeneration Runtime::reform(int64_t completed_steps) {
+  auto& m = *impl_;
+  if (!m.membership)
+    throw comm::Error("Runtime::reform: this Runtime is not elastic (expected `troupe launch "
+                      "--elastic`, or RuntimeOptions::membership_fd)");
+  m.teardown();
+  fault::at_any(FaultPhase::rendezvous, completed_steps);
+  m.form(completed_steps);
+  return generation();
 }
 
 bool Runtime::nccl_available() const {

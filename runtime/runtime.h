@@ -14,6 +14,7 @@
 /// survivor's pending and later communication fails with an error naming it; dead_ranks() lists
 /// the ranks lost so far.
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -69,6 +70,26 @@ struct RuntimeOptions {
   /// bootstrap); every rank then may create the job's NCCL communicator with nccl(). Rank 0's
   /// value decides for the job.
   bool nccl = true;
+  /// Fault injection (runtime/fault.h), e.g. "kill:rank=2,step=100,phase=reduce"; empty: the
+  /// plan in $TROUPE_FAULT, if any.
+  std::string faults;
+  /// Elastic membership (runtime/membership.h): this rank's end of the membership service's
+  /// socket; -1: $TROUPE_ELASTIC_FD, which `troupe launch --elastic` sets (unset: not elastic).
+  /// An elastic Runtime forms its world with the service instead of rank 0's directory, so the
+  /// job outlives any rank, and reform() re-forms it after a rank dies or one joins. It needs the
+  /// "ucx" transport and no link emulation.
+  int membership_fd = -1;
+};
+
+/// The generation an elastic Runtime is in: which world it forms and whose state every member
+/// adopts (runtime/elastic.h heals from it).
+struct ElasticGeneration {
+  /// 1, 2, ... (the first formation is 1).
+  int number = 0;
+  /// The rank holding the most completed steps: every member adopts its state.
+  int source = 0;
+  /// The steps the source has completed: where the job goes on.
+  int64_t step = 0;
 };
 
 class Runtime {
@@ -130,6 +151,20 @@ class Runtime {
   /// that dies aborts it. Throws comm::Error when troupe was built without NCCL, when rank 0
   /// published no id, or naming the device asked for against the one in use.
   std::shared_ptr<comm::NcclCommunicator> nccl(int device);
+
+  /// Whether this rank belongs to an elastic job (RuntimeOptions::membership_fd).
+  bool elastic() const;
+  /// The launch slot of this rank (its RANK at launch), which stays its name across generations.
+  int slot() const;
+  /// The generation in force (number 0 when not elastic).
+  ElasticGeneration generation() const;
+  /// Elastic jobs: tears down this rank's transport and collectives and joins the next generation
+  /// with `completed_steps` done, waiting (with the rendezvous deadline at each round) until the
+  /// membership service closes it; rank(), world_size(), hosts() and comm() then describe the new
+  /// world. Every wrapper of this Runtime (DistributedModule ...) must be destroyed first. Throws
+  /// comm::Error when the job stops (no quorum: the message names the generation, its members and
+  /// --min-ranks), or when the Runtime is not elastic.
+  ElasticGeneration reform(int64_t completed_steps);
 
  private:
   friend struct detail::RuntimeAccess;

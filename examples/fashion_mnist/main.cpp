@@ -3,6 +3,8 @@
 //   build/bin/troupe launch -n 4 -- build/bin/fashion_mnist --algorithm powersgd:rank=2
 //   build/bin/troupe run examples/configs/gossip_ring8.toml   (runs fashion_mnist --job FILE)
 //   ... fashion_mnist --checkpoint ckpt --checkpoint-every 500, later ... --resume ckpt
+//   TROUPE_FAULT=kill:rank=2,step=300 build/bin/troupe launch --elastic --min-ranks 2 -n 4 --
+//       build/bin/fashion_mnist --epochs 2     (a rank dies mid-epoch; the others go on)
 // With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <CLI/CLI.hpp>
@@ -20,6 +22,7 @@
 #include <sstream>
 
 #include "examples/fashion_mnist/dataset.h"
+#include "examples/fashion_mnist/elastic.h"
 #include "examples/fashion_mnist/models.h"
 #include "runtime/checkpoint.h"
 #include "runtime/cli/option_checks.h"
@@ -367,6 +370,13 @@ int main(int argc, char** argv) {
     RuntimeOptions o;
     if (links_from_job) o.links = links;
     Runtime rt(o);
+    if (rt.elastic()) {
+      // troupe launch --elastic: allreduce through an ElasticTrainer (examples/fashion_mnist/elastic.h).
+      examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
+                               t.seed};
+      examples::train_elastic(rt, run);
+      return 0;
+    }
     if (world && rt.world_size() != world)
       throw comm::Error(job_file + ": job.world_size = " + std::to_string(world) +
                         " but this job has " + std::to_string(rt.world_size()) +

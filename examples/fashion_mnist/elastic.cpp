@@ -1,0 +1,73 @@
+// Elastic training of Fashion-MNIST: the whole training set is cut into global batches by an
+// ElasticSampler, so whatever the world size after a rank dies or rejoins, step s trains on the
+// same images; a false from ElasticTrainer::step means the world changed and the step is redone.
+#include "examples/fashion_mnist/elastic.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "examples/fashion_mnist/dataset.h"
+#include "examples/fashion_mnist/models.h"
+#include "runtime/elastic.h"
+
+namespace troupe::examples {
+
+void train_elastic(Runtime& rt, const ElasticRun& run) {
+  auto train = load_fashion_mnist(run.data, "train");
+  auto test = load_fashion_mnist(run.data, "test");
+  std::shared_ptr<torch::nn::Module> module;
+  Forward forward;
+  torch::manual_seed(run.seed);
+  if (run.model == "cnn") {
+    CnnNet net;
+    module = net.ptr();
+    forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
+  } else {
+    MlpNet net({784, 256, 10});
+    module = net.ptr();
+    forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
+  }
+  torch::optim::SGD opt(module->parameters(),
+                        torch::optim::SGDOptions(run.lr).momentum(run.momentum));
+  ElasticTrainer trainer(rt, module, opt);
+  // The global batch is fixed by the first world; a restarted rank learns it from the launch.
+  const int64_t first_world = rt.rank_info().source == "default" ? 1 : rt.rank_info().world_size;
+  ElasticSampler sampler(size(train), run.batch * std::max<int64_t>(first_world, 1), run.seed);
+  const int64_t steps = run.epochs * sampler.steps_per_epoch();
+  auto start = std::chrono::steady_clock::now();
+  while (trainer.steps() < steps) {
+    const int64_t step = trainer.steps();
+    auto mine = sampler.indices(step, rt.rank(), rt.world_size());
+    auto index = torch::tensor(mine, torch::kLong);
+    torch::Tensor loss;
+    const bool done = trainer.step([&] {
+      opt.zero_grad();
+      loss = torch::nll_loss(forward(train.images.index({index})), train.labels.index({index}));
+      loss.backward();
+    });
+    if (!done) {
+      std::printf("rank %d (launch slot %d): the world changed, now %d ranks; redoing step %lld\n",
+                  rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
+      std::fflush(stdout);
+      continue;
+    }
+    if (rt.rank() == 0 && trainer.steps() % run.log_every == 0) {
+      std::printf("step %lld of %lld, %d ranks, loss %.4f\n",
+                  static_cast<long long>(trainer.steps()), static_cast<long long>(steps),
+                  rt.world_size(), loss.item<double>());
+      std::fflush(stdout);
+    }
+    if (trainer.steps() % sampler.steps_per_epoch() == 0 && rt.rank() == 0) {
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("epoch %lld test accuracy %.2f%% (%d ranks, %.1f s)\n",
+                  static_cast<long long>(trainer.steps() / sampler.steps_per_epoch()),
+                  accuracy(*module, forward, test) * 100, rt.world_size(), sec);
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace troupe::examples

@@ -1,0 +1,27 @@
+#pragma once
+// Elastic Fashion-MNIST: under `troupe launch --elastic`, the ranks train through an
+// ElasticTrainer (runtime/elastic.h), so the run goes on when a rank dies and takes a restarted
+// rank back.
+#include <cstdint>
+#include <string>
+
+#include "runtime/runtime.h"
+
+namespace troupe::examples {
+
+/// The trainer's settings the elastic run uses.
+struct ElasticRun {
+  std::string data;
+  std::string model = "mlp";
+  int epochs = 1;
+  int64_t batch = 64;  // per rank of the first world: the global batch is batch x world
+  double lr = 0.05;
+  double momentum = 0.9;
+  int64_t log_every = 50;
+  uint64_t seed = 1;
+};
+
+/// Trains and, at each epoch's end, prints rank 0's test accuracy. Returns when the run is done.
+void train_elastic(Runtime& rt, const ElasticRun& run);
+
+}  // namespace troupe::examples

@@ -1,0 +1,117 @@
+#pragma once
+/// Elastic training: a synchronous job that goes on when ranks die, and takes restarted ranks
+/// back, without restarting any survivor.
+///
+/// ```cpp
+/// troupe::Runtime rt;   // under `troupe launch --elastic --min-ranks 2 --max-restarts 3 -n 4`
+/// auto net = std::make_shared<Net>();
+/// torch::optim::SGD opt(net->parameters(), 0.05);
+/// troupe::ElasticTrainer trainer(rt, net, opt);
+/// troupe::ElasticSampler sampler(train_size, /*global_batch=*/256, /*seed=*/1);
+/// while (trainer.steps() < total_steps) {
+///   auto mine = sampler.indices(trainer.steps(), rt.rank(), rt.world_size());
+///   trainer.step([&] {                     // false: the world changed, the step is redone
+///     opt.zero_grad();
+///     torch::nll_loss(net->forward(x.index({idx(mine)})), y.index({idx(mine)})).backward();
+///   });
+/// }
+/// ```
+/// When a collective fails because a rank died (the membership service tells every survivor at
+/// once, runtime/membership.h), step() destroys its DistributedModule, re-forms the Runtime with
+/// the survivors (Runtime::reform), copies the state of the member with the most completed steps
+/// to every member (a broadcast of ElasticState::save()'s bytes), builds a new DistributedModule
+/// for the new world (buckets, denominators) numbered from that step, and returns false: the
+/// caller redoes the step on its new shard. A restarted rank joins the same way: its Runtime
+/// joins the next generation (the others' current step fails and is redone), and its trainer
+/// receives the state before its first step, so every replica is bit-identical.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/distributed_module.h"
+
+namespace troupe {
+
+/// A rank's whole training state as bytes, and back: what a rejoining or lagging member receives.
+/// module_state() covers parameters, buffers and a torch optimizer; a checkpoint format that also
+/// covers an algorithm's own state plugs in here.
+struct ElasticState {
+  std::function<std::string()> save;
+  std::function<void(const std::string&)> load;
+};
+
+/// Parameters and buffers of `module` and the state of `optimizer` (torch::serialize), which
+/// must outlive the returned functions.
+ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
+                          torch::optim::Optimizer& optimizer);
+
+/// One membership change as this rank lived it.
+struct ElasticRecovery {
+  int generation = 0;   // the generation it ended in
+  int world_size = 0;   // its world
+  int64_t step = 0;     // the step the job went on from
+  double seconds = 0;   // from the failed step's error to the state healed and the module built
+  std::string reason;   // the error that started it
+};
+
+class ElasticTrainer {
+ public:
+  /// Collective: every member constructs it (a restarted rank included), and receives the state
+  /// of the generation's source. `state` defaults to module_state(module, optimizer).
+  ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                 torch::optim::Optimizer& optimizer, Algorithm algorithm = GradientAllReduce{},
+                 DdpOptions options = {}, ElasticState state = {});
+  ~ElasticTrainer();
+
+  /// Runs `forward_backward` (zero the gradients, forward, loss, backward) and the step. True:
+  /// the step completed. False: the membership changed; the world has been re-formed and healed,
+  /// and the caller redoes the step (rank and world size may differ). Throws comm::Error when the
+  /// job stops (no quorum), and rethrows errors of a Runtime that is not elastic.
+  bool step(const std::function<void()>& forward_backward);
+  /// Steps the job has completed (the same on every member between steps).
+  int64_t steps() const { return completed_; }
+  DistributedModule& module() { return *ddp_; }
+  const std::vector<ElasticRecovery>& recoveries() const { return recoveries_; }
+
+ private:
+  void recover(const std::string& why);
+  void heal(const ElasticGeneration& generation);
+  void build();
+
+  Runtime& rt_;
+  std::shared_ptr<torch::nn::Module> module_;
+  torch::optim::Optimizer& optimizer_;
+  Algorithm algorithm_;
+  DdpOptions options_;
+  ElasticState state_;
+  std::unique_ptr<DistributedModule> ddp_;
+  int64_t completed_ = 0;
+  std::vector<ElasticRecovery> recoveries_;
+};
+
+/// Which samples each rank trains on in a step when the world changes size: step s of the job
+/// takes the global batch s of a per-epoch permutation of the data (seeded, the same on every
+/// rank), cut into world_size contiguous slices. The job sees each sample once per epoch and the
+/// same global batches whatever its membership.
+class ElasticSampler {
+ public:
+  /// `size` samples, `global_batch` per step (1..size), the permutation of epoch e seeded by
+  /// seed + e. Throws comm::Error naming a bad size or batch.
+  ElasticSampler(int64_t size, int64_t global_batch, uint64_t seed);
+  /// The sample indices of `rank` of `world` in step `step`.
+  std::vector<int64_t> indices(int64_t step, int rank, int world);
+  /// Whole global batches per epoch (the last partial one is dropped).
+  int64_t steps_per_epoch() const { return size_ / global_batch_; }
+
+ private:
+  int64_t size_;
+  int64_t global_batch_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace troupe

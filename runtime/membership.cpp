@@ -1,0 +1,355 @@
+#include "runtime/membership.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "comm/status.h"
+
+namespace troupe::elastic {
+
+namespace {
+
+std::string slots_text(const std::vector<int>& slots) {
+  std::string text;
+  for (size_t i = 0; i < slots.size(); ++i) text += (i ? ", " : "") + std::to_string(slots[i]);
+  return text.empty() ? "none" : text;
+}
+
+}  // namespace
+
+std::string encode(Message type, const std::vector<std::string>& fields) {
+  std::string bytes(1, static_cast<char>(type));
+  for (const auto& f : fields) {
+    const uint32_t n = static_cast<uint32_t>(f.size());
+    bytes.append(reinterpret_cast<const char*>(&n), sizeof n);
+    bytes += f;
+  }
+  return bytes;
+}
+
+std::pair<Message, std::vector<std::string>> decode(const std::string& bytes,
+                                                    const std::string& what) {
+  if (bytes.empty() || bytes[0] < 1 || bytes[0] > static_cast<char>(Message::leave))
+    throw comm::Error(what + ": a membership message of " + std::to_string(bytes.size()) +
+                      " bytes with an unknown type (expected 1..7)");
+  std::vector<std::string> fields;
+  size_t at = 1;
+  while (at < bytes.size()) {
+    uint32_t n = 0;
+    if (bytes.size() - at < sizeof n)
+      throw comm::Error(what + ": a membership message ends inside a field length");
+    std::memcpy(&n, bytes.data() + at, sizeof n);
+    at += sizeof n;
+    if (bytes.size() - at < n)
+      throw comm::Error(what + ": a membership field of " + std::to_string(n) +
+                        " bytes overruns its message");
+    fields.emplace_back(bytes.data() + at, n);
+    at += n;
+  }
+  return {static_cast<Message>(bytes[0]), std::move(fields)};
+}
+
+Generation close_generation(int number, std::vector<Report> reports,
+                            const std::vector<int>& previous, int ended, int min_ranks) {
+  Generation g;
+  g.number = number;
+  std::sort(reports.begin(), reports.end(),
+            [](const Report& a, const Report& b) { return a.slot < b.slot; });
+  int64_t best = -1;
+  int holders = 0;  // members of the previous generation that hold state
+  for (size_t i = 0; i < reports.size(); ++i) {
+    g.slots.push_back(reports[i].slot);
+    if (reports[i].step > best) {
+      best = reports[i].step;
+      g.source = static_cast<int>(i);
+    }
+    if (reports[i].step >= 0 &&
+        std::count(previous.begin(), previous.end(), reports[i].slot) > 0)
+      ++holders;
+  }
+  g.step = std::max<int64_t>(best, 0);
+  const bool first = number == 1;
+  const int may_live = static_cast<int>(previous.size()) - ended;
+  const bool majority = first || 2 * holders > may_live;
+  if (static_cast<int>(g.slots.size()) >= min_ranks && majority && !g.slots.empty()) return g;
+  g.error = "generation " + std::to_string(number) + " has no quorum: ranks (launch slots) " +
+            slots_text(g.slots) + " reported, " + std::to_string(holders) + " of them holding the "
+            "state of the " + std::to_string(previous.size()) + " ranks before (slots " +
+            slots_text(previous) + ", " + std::to_string(ended) + " of which ended); expected at "
+            "least --min-ranks " + std::to_string(min_ranks) + " members" +
+            (first ? std::string(")") : " and, holding state, more than half of the ranks before "
+                                        "that may still live, so that a minority never trains on "
+                                        "by itself)");
+  return g;
+}
+
+MembershipServer::MembershipServer(int slots, int min_ranks, std::chrono::milliseconds deadline,
+                                   std::ostream& log)
+    : min_ranks_(min_ranks), deadline_(deadline), log_(log), slots_(static_cast<size_t>(slots)) {
+  for (int s = 0; s < slots; ++s) committed_.push_back(s);
+  committed_life_.assign(static_cast<size_t>(slots), 1);
+}
+
+MembershipServer::~MembershipServer() {
+  for (Slot& s : slots_) {
+    if (s.fd >= 0) ::close(s.fd);
+    if (s.child_fd >= 0) ::close(s.child_fd);
+  }
+}
+
+int MembershipServer::attach(int slot) {
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  if (s.fd >= 0) gone(slot, "it was started again");
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0)
+    throw comm::Error(std::string("membership: socketpair: ") + strerror(errno));
+  // Above 2, so that the child's dup2 onto stdin/stdout/stderr never clobbers them.
+  for (int& fd : fds)
+    if (fd <= 2) {
+      const int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+      ::close(fd);
+      fd = moved;
+    }
+  const int life = s.life + 1;
+  s = Slot{};
+  s.life = life;
+  s.fd = fds[0];
+  s.child_fd = fds[1];
+  // Messages never block the launcher: a rank that stops reading loses them, not the job.
+  fcntl(s.fd, F_SETFL, fcntl(s.fd, F_GETFL) | O_NONBLOCK);
+  return s.child_fd;
+}
+
+void MembershipServer::started(int slot) {
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  if (s.child_fd >= 0) ::close(s.child_fd);
+  s.child_fd = -1;
+}
+
+void MembershipServer::add_poll_fds(std::vector<pollfd>& fds, std::vector<int>& slots) const {
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (slots_[s].fd >= 0) {
+      fds.push_back({slots_[s].fd, POLLIN, 0});
+      slots.push_back(static_cast<int>(s));
+    }
+}
+
+void MembershipServer::send(int slot, const std::string& bytes) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  if (s.fd < 0) return;
+  if (::send(s.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) < 0 && errno != EAGAIN)
+    gone(slot, std::string("its membership socket failed: ") + strerror(errno));
+}
+
+void MembershipServer::on_readable(int slot) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  std::string buffer(kMaxMessageBytes, '\0');
+  for (;;) {
+    if (s.fd < 0) return;
+    const ssize_t got = ::recv(s.fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (got <= 0) {
+      gone(slot, s.exit_note.empty() ? "its process ended" : s.exit_note);
+      return;
+    }
+    std::pair<Message, std::vector<std::string>> message;
+    try {
+      message = decode(std::string(buffer.data(), static_cast<size_t>(got)),
+                       "rank slot " + std::to_string(slot));
+    } catch (const comm::Error& e) {
+      gone(slot, e.what());
+      return;
+    }
+    auto& [type, fields] = message;
+    if (type == Message::join && fields.size() == 2) {
+      s.report.slot = slot;
+      s.report.step = std::stoll(fields[0]);
+      s.host = fields[1];
+      s.joined = true;
+      if (phase_ == Phase::idle) {
+        open("rank slot " + std::to_string(slot) +
+             (s.report.step < 0 ? " joins" : " asks for a new generation"));
+      } else if (phase_ == Phase::joining) {
+        maybe_close();
+      }  // addressing: it waits for the next generation, opened at commit()
+    } else if (type == Message::address && fields.size() == 2) {
+      if (phase_ != Phase::addressing || std::stoi(fields[0]) != pending_.number) continue;
+      s.address = fields[1];
+      s.has_address = true;
+      const bool all = std::all_of(pending_.slots.begin(), pending_.slots.end(),
+                                   [&](int m) { return slots_[static_cast<size_t>(m)].has_address; });
+      if (all) commit();
+    } else if (type == Message::leave) {
+      s.left = true;
+      s.joined = false;
+    } else {
+      gone(slot, "it sent a membership message the service does not expect");
+      return;
+    }
+  }
+}
+
+void MembershipServer::on_exit(int slot, const std::string& how) {
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  s.exit_note = how;
+  if (s.fd >= 0) gone(slot, how);
+}
+
+void MembershipServer::gone(int slot, const std::string& why) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  if (s.fd < 0) return;
+  ::close(s.fd);
+  s.fd = -1;
+  s.joined = false;
+  if (stopped_) return;
+  const bool member = std::count(committed_.begin(), committed_.end(), slot) > 0;
+  const std::string what = "rank slot " + std::to_string(slot) + " " +
+                           (s.left ? "left" : "died (" + why + ")");
+  if (phase_ == Phase::addressing &&
+      std::count(pending_.slots.begin(), pending_.slots.end(), slot) > 0) {
+    fail_pending(what + " while generation " + std::to_string(pending_.number) + " formed");
+  } else if (phase_ == Phase::joining) {
+    maybe_close();
+  } else if (phase_ == Phase::idle && member && !s.left) {
+    open(what);
+  }
+}
+
+void MembershipServer::open(const std::string& why) {
+  phase_ = Phase::joining;
+  ++number_;
+  opened_at_ = Clock::now();
+  deadline_at_ = opened_at_ + deadline_;
+  log_ << "troupe: elastic: generation " << number_ << " forms: " << why << "\n";
+  log_.flush();
+  const std::string notice =
+      encode(Message::reform, {std::to_string(number_), "generation " + std::to_string(number_) +
+                                                            " forms: " + why});
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (!slots_[s].joined && !slots_[s].left) send(static_cast<int>(s), notice);
+  maybe_close();
+}
+
+bool MembershipServer::awaited(int slot) const {
+  const Slot& s = slots_[static_cast<size_t>(slot)];
+  if (s.joined || s.fd < 0 || s.left) return false;
+  // A live member of the generation in force. A process started since (a restart) is not waited
+  // for: it joins the next generation, so the survivors go on without waiting for its start-up.
+  for (size_t i = 0; i < committed_.size(); ++i)
+    if (committed_[i] == slot) return committed_life_[i] == s.life;
+  return false;
+}
+
+void MembershipServer::maybe_close() {
+  if (phase_ != Phase::joining) return;
+  bool any = false;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    if (slots_[s].joined) any = true;
+    else if (awaited(static_cast<int>(s))) return;
+  }
+  if (any) close();
+}
+
+void MembershipServer::close() {
+  std::vector<Report> reports;
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (slots_[s].joined) reports.push_back(slots_[s].report);
+  int ended = 0;
+  for (size_t i = 0; i < committed_.size(); ++i) {
+    const Slot& m = slots_[static_cast<size_t>(committed_[i])];
+    if (m.life != committed_life_[i] || m.fd < 0) ++ended;
+  }
+  pending_ = close_generation(number_, reports, committed_, ended, min_ranks_);
+  // Live members that did not join by the deadline are not members any more: they stop.
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (awaited(static_cast<int>(s)))
+      send(static_cast<int>(s),
+           encode(Message::stop, {"rank slot " + std::to_string(s) + " did not join generation " +
+                                  std::to_string(number_) + " within " +
+                                  std::to_string(deadline_.count()) + " ms"}));
+  if (!pending_.error.empty()) {
+    stopped_ = true;
+    stop_reason_ = pending_.error;
+    log_ << "troupe: elastic: " << stop_reason_ << "\n";
+    log_.flush();
+    for (int m : pending_.slots) send(m, encode(Message::stop, {pending_.error}));
+    phase_ = Phase::idle;
+    deadline_at_ = Clock::time_point::max();
+    return;
+  }
+  phase_ = Phase::addressing;
+  deadline_at_ = Clock::now() + deadline_;
+  const std::string world = std::to_string(pending_.slots.size());
+  for (size_t r = 0; r < pending_.slots.size(); ++r) {
+    Slot& s = slots_[static_cast<size_t>(pending_.slots[r])];
+    s.joined = false;
+    s.has_address = false;
+    send(pending_.slots[r],
+         encode(Message::assign, {std::to_string(pending_.number), std::to_string(r), world,
+                                  std::to_string(pending_.source), std::to_string(pending_.step)}));
+  }
+}
+
+void MembershipServer::fail_pending(const std::string& why) {
+  phase_ = Phase::idle;
+  open(why);
+}
+
+void MembershipServer::commit() {
+  std::vector<std::string> hosts, addresses;
+  for (int m : pending_.slots) {
+    hosts.push_back(slots_[static_cast<size_t>(m)].host);
+    addresses.push_back(slots_[static_cast<size_t>(m)].address);
+  }
+  std::vector<std::string> fields = {std::to_string(pending_.number)};
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    fields.push_back(hosts[r]);
+    fields.push_back(addresses[r]);
+  }
+  const std::string table = encode(Message::table, fields);
+  for (int m : pending_.slots) send(m, table);
+  committed_ = pending_.slots;
+  committed_life_.clear();
+  for (int m : committed_) committed_life_.push_back(slots_[static_cast<size_t>(m)].life);
+  committed_number_ = pending_.number;
+  phase_ = Phase::idle;
+  deadline_at_ = Clock::time_point::max();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - opened_at_);
+  log_ << "troupe: elastic: generation " << committed_number_ << " in force after " << ms.count()
+       << " ms: " << committed_.size() << " ranks (launch slots " << slots_text(committed_)
+       << "), continuing from step " << pending_.step << " (state from slot "
+       << pending_.slots[static_cast<size_t>(pending_.source)] << ")\n";
+  log_.flush();
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (slots_[s].joined) {
+      open("rank slot " + std::to_string(s) + " joins");
+      return;
+    }
+}
+
+void MembershipServer::tick() {
+  if (Clock::now() < deadline_at_) return;
+  if (phase_ == Phase::joining) {
+    const bool any = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.joined; });
+    if (any) {
+      close();
+    } else {
+      deadline_at_ = Clock::now() + deadline_;  // nobody to decide for yet
+    }
+  } else if (phase_ == Phase::addressing) {
+    std::vector<int> missing;
+    for (int m : pending_.slots)
+      if (!slots_[static_cast<size_t>(m)].has_address) missing.push_back(m);
+    fail_pending("slots " + slots_text(missing) + " sent no transport address within " +
+                 std::to_string(deadline_.count()) + " ms");
+  }
+}
+
+Clock::time_point MembershipServer::next_deadline() const { return deadline_at_; }
+
+}  // namespace troupe::elastic

@@ -1,0 +1,149 @@
+#pragma once
+/// Membership of an elastic job: which ranks form the job now (a generation), decided by one
+/// service that does not die with a rank.
+///
+/// `troupe launch --elastic` hosts the service (MembershipServer) in the launcher, which starts
+/// every rank and sees each one end. A rank reaches it through a private socket the launcher gives
+/// it at fork (TROUPE_ELASTIC_FD: one end of a SOCK_SEQPACKET socket pair, so only that process
+/// holds it and no handshake is needed). One generation forms like this:
+///
+///   rank -> service  join      (steps completed, -1 without state; host name)
+///   service -> rank  reform    (generation, why): sent to every other live rank when a
+///                              generation opens (a rank died, or one joins), so that its
+///                              collectives fail now instead of at their deadlines and it joins
+///   service -> rank  assign    (generation, rank, world size, source rank, step)
+///   rank -> service  address   (generation, transport address)
+///   service -> rank  table     (generation, hosts, addresses): the generation is in force
+///   service -> rank  stop      (why): no quorum; the rank must end with that error
+///   rank -> service  leave     the rank ends cleanly (its socket closing without it is a death)
+///
+/// A generation closes when every live member of the generation in force has joined (a restarted
+/// rank joins when it is ready: it is not waited for), or at the deadline with those that did.
+/// Its members get contiguous ranks in the order of their launch slots; the source is the member
+/// with the most completed steps (the lowest slot among equals): every member adopts its state.
+/// A rank that dies while the generation forms opens the next one (a reform to the others).
+#include <poll.h>
+
+#include <chrono>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace troupe::elastic {
+
+using Clock = std::chrono::steady_clock;
+
+/// The messages of the membership wire (first byte of each).
+enum class Message : uint8_t { join = 1, reform = 2, assign = 3, address = 4, table = 5, stop = 6,
+                               leave = 7 };
+
+/// The largest message either side sends (a table of every rank's UCX address).
+inline constexpr size_t kMaxMessageBytes = 4u << 20;
+
+/// One rank's report when a generation forms.
+struct Report {
+  int slot = 0;       // its launch slot (RANK at launch)
+  int64_t step = -1;  // steps completed; -1: no state (a restarted rank)
+};
+
+/// A closed generation: its members by new rank, or why there is no quorum.
+struct Generation {
+  int number = 0;
+  std::vector<int> slots;  // launch slot of each new rank
+  int source = 0;          // the new rank whose state every member adopts
+  int64_t step = 0;        // the step the job continues from (the source's)
+  std::string error;       // not empty: no quorum, the members stop with this
+};
+
+/// Decides generation `number` from the reports received. `previous` holds the slots of the
+/// generation before (the launched slots for the first); `ended` of them are known to have ended
+/// (the launcher saw the process exit or its socket close), so cannot be training elsewhere. A
+/// quorum is at least `min_ranks` members and, after the first generation, members holding state
+/// that are more than half of the previous ranks that may still live: a side that cannot prove
+/// it is the larger part (others went silent, not dead) never goes on by itself: no split brain.
+Generation close_generation(int number, std::vector<Report> reports,
+                            const std::vector<int>& previous, int ended, int min_ranks);
+
+/// The service, driven by the launcher's poll loop (single-threaded): it owns the launcher's end
+/// of each slot's socket.
+class MembershipServer {
+ public:
+  /// `slots` launch slots; `min_ranks` the quorum floor; `deadline` how long a generation waits
+  /// for its members at each of its two rounds. Messages to the user go to `log`.
+  MembershipServer(int slots, int min_ranks, std::chrono::milliseconds deadline,
+                   std::ostream& log);
+  ~MembershipServer();
+  MembershipServer(const MembershipServer&) = delete;
+  MembershipServer& operator=(const MembershipServer&) = delete;
+
+  /// A fresh socket pair for `slot` (a rank about to start, or restart); returns the rank's end,
+  /// close-on-exec: the child clears the flag and finds its number in TROUPE_ELASTIC_FD.
+  int attach(int slot);
+  /// Closes the rank's end in the launcher once the child has it.
+  void started(int slot);
+  /// The launcher's ends to poll, and the slot of each.
+  void add_poll_fds(std::vector<pollfd>& fds, std::vector<int>& slots) const;
+  /// Reads what `slot` sent (or learns that its socket closed).
+  void on_readable(int slot);
+  /// The launcher reaped `slot`'s process (`how`: "was killed by signal 9 (Killed)").
+  void on_exit(int slot, const std::string& how);
+  /// Acts on expired deadlines.
+  void tick();
+  /// When tick() must run next (max() when nothing waits).
+  Clock::time_point next_deadline() const;
+  /// A generation had no quorum: the job stops (the launcher restarts nobody).
+  bool stopped() const { return stopped_; }
+  const std::string& stop_reason() const { return stop_reason_; }
+  /// Generations in force so far.
+  int generations() const { return committed_number_; }
+
+ private:
+  struct Slot {
+    int fd = -1;        // launcher's end
+    int life = 0;       // processes started in this slot so far
+    int child_fd = -1;  // rank's end until started()
+    bool joined = false;
+    bool left = false;  // said leave: ended cleanly
+    Report report;
+    std::string host;
+    std::string address;
+    bool has_address = false;
+    std::string exit_note;  // how its process ended, when the launcher saw it first
+  };
+  enum class Phase { idle, joining, addressing };
+
+  void send(int slot, const std::string& bytes);
+  void gone(int slot, const std::string& why);
+  void open(const std::string& why);
+  void maybe_close();
+  void close();
+  void fail_pending(const std::string& why);
+  void commit();
+  // Whether the forming generation waits for `slot`: a live member of the one in force that has
+  // not joined.
+  bool awaited(int slot) const;
+
+  int min_ranks_;
+  std::chrono::milliseconds deadline_;
+  std::ostream& log_;
+  std::vector<Slot> slots_;
+  Phase phase_ = Phase::idle;
+  int number_ = 0;            // the generation forming (or last formed)
+  int committed_number_ = 0;  // the generation in force
+  std::vector<int> committed_;  // its slots; before the first: every slot
+  std::vector<int> committed_life_;  // the life of each member then
+  Generation pending_;
+  Clock::time_point deadline_at_ = Clock::time_point::max();
+  Clock::time_point opened_at_{};
+  bool stopped_ = false;
+  std::string stop_reason_;
+};
+
+/// The body of a message: the type, then fields (helpers shared by both sides).
+std::string encode(Message type, const std::vector<std::string>& fields);
+/// Splits a message into its type and fields; throws comm::Error naming `what` when malformed.
+std::pair<Message, std::vector<std::string>> decode(const std::string& bytes,
+                                                    const std::string& what);
+
+}  // namespace troupe::elastic

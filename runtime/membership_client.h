@@ -1,0 +1,74 @@
+#pragma once
+/// MembershipClient: a rank's side of the elastic membership service (runtime/membership.h).
+///
+/// A reader thread receives what the service sends. A notice that a newer generation forms (or
+/// that the job stops) is handed at once to `on_change`, on that thread, so the Runtime can fail
+/// the collectives of the generation that ends; the rest waits for join() and exchange().
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/membership.h"
+
+namespace troupe::elastic {
+
+/// What the service assigned this rank in a generation.
+struct Assignment {
+  int generation = 0;
+  int rank = 0;
+  int world_size = 1;
+  int source = 0;    // the rank whose state every member adopts
+  int64_t step = 0;  // the step the job continues from
+};
+
+/// A generation's peer table: host and transport address by rank.
+struct MemberTable {
+  std::vector<std::string> hosts;
+  std::vector<std::string> addresses;
+};
+
+class MembershipClient {
+ public:
+  /// `fd`: this rank's end of the service's socket (owned from now on). `on_change(generation,
+  /// why)` runs on the reader thread for each notice of a generation newer than the one in force
+  /// (generation -1: the job stops, or the service is gone).
+  MembershipClient(int fd, std::function<void(int, const std::string&)> on_change);
+  ~MembershipClient();
+  MembershipClient(const MembershipClient&) = delete;
+  MembershipClient& operator=(const MembershipClient&) = delete;
+
+  /// Reports `step` completed steps (-1: no state) and waits for this rank's assignment. Throws
+  /// comm::Error with the service's reason when the job stops, or naming the deadline.
+  Assignment join(int64_t step, const std::string& host, Clock::time_point deadline);
+  /// Sends this rank's transport address for `generation` and waits for its table; empty when a
+  /// newer generation opened meanwhile (join again). Throws as join() does.
+  std::optional<MemberTable> exchange(int generation, const std::string& address,
+                                      Clock::time_point deadline);
+  /// The generation in force (after its table arrived).
+  int generation() const;
+  /// Tells the service this rank ends cleanly (not a death).
+  void leave();
+
+ private:
+  void read_loop();
+  void send(const std::string& bytes);
+  std::pair<Message, std::vector<std::string>> next(Clock::time_point deadline,
+                                                    const std::string& waiting_for);
+
+  int fd_;
+  std::function<void(int, const std::string&)> on_change_;
+  mutable std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::deque<std::pair<Message, std::vector<std::string>>> queue_;
+  std::string closed_;  // why the service's socket ended, once it did
+  int in_force_ = 0;
+  std::thread reader_;
+};
+
+}  // namespace troupe::elastic

@@ -1,0 +1,124 @@
+// Elastic jobs between real processes: `troupe launch --elastic` (troupe::launch) of
+// troupe_elastic_rank with faults injected by TROUPE_FAULT. Each rank trains a small MLP for 40
+// steps (on, in the restart cases, until the restarted rank is back) and checks, at the end, that every member holds bit-identical parameters and that they
+// match one process trained on the same global batches (tests/runtime/elastic_rank.cpp); these
+// tests check which ranks finished, in which world, and what the launcher reported.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "runtime/launch.h"
+
+using namespace troupe;
+
+namespace {
+
+struct Run {
+  LaunchResult result;
+  std::string out, err;
+  size_t count(const std::string& what) const {
+    size_t n = 0;
+    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+    return n;
+  }
+};
+
+Run run_elastic(int ranks, int min_ranks, int max_restarts, const std::string& faults,
+                int until_world = 0) {
+  LaunchOptions o;
+  o.nprocs = ranks;
+  o.elastic = true;
+  o.min_ranks = min_ranks;
+  o.max_restarts = max_restarts;
+  o.membership_timeout_sec = 20;
+  o.timeout_sec = 120;  // the whole job's deadline
+  o.grace_sec = 2;
+  o.command = {TROUPE_ELASTIC_RANK_BIN, "40", std::to_string(until_world)};
+  o.extra_env = {{"TROUPE_FAULT", faults}, {"OMP_NUM_THREADS", "1"}};
+  std::ostringstream out, err;
+  Run run;
+  run.result = launch(o, out, err);
+  run.out = out.str();
+  run.err = err.str();
+  // TROUPE_TEST_SHOW_OUTPUT=1 prints what the job said (timings for docs/benchmarks.md).
+  if (std::getenv("TROUPE_TEST_SHOW_OUTPUT")) MESSAGE(run.out << run.err << run.result.message);
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
+  return run;
+}
+
+/// Every finisher's line says the replicas were identical and matched the reference.
+void check_finished(const Run& run, int finishers, int world) {
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err << "\nlaunch: " << run.result.message);
+  CHECK(run.result.exit_code == 0);
+  CHECK(run.count(" finished ") == static_cast<size_t>(finishers));
+  CHECK(run.count("of " + std::to_string(world) + " in generation") ==
+        static_cast<size_t>(finishers));
+  CHECK(run.count("replicas identical") == static_cast<size_t>(finishers));
+  CHECK(run.out.find("DIFFER") == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("an elastic job goes on without a rank killed during backward") {
+  auto run = run_elastic(3, 2, 0, "kill:rank=1,step=10");
+  check_finished(run, 2, 2);
+  CHECK(run.err.find("kills itself at step 10 (backward)") != std::string::npos);
+  CHECK(run.err.find("generation 2 in force") != std::string::npos);
+  CHECK(run.out.find("stepping again in generation 2") != std::string::npos);
+}
+
+TEST_CASE("an elastic job goes on without a rank killed during the reduction") {
+  auto run = run_elastic(3, 2, 0, "kill:rank=2,step=10,phase=reduce");
+  check_finished(run, 2, 2);
+  CHECK(run.err.find("kills itself at step 10 (reduce)") != std::string::npos);
+}
+
+TEST_CASE("an elastic job goes on without a rank killed during the optimizer step") {
+  auto run = run_elastic(3, 2, 0, "kill:rank=0,step=10,phase=optimizer");
+  check_finished(run, 2, 2);
+  CHECK(run.err.find("kills itself at step 10 (optimizer)") != std::string::npos);
+}
+
+TEST_CASE("an elastic job forms without a rank killed during rendezvous, and during a re-form") {
+  // Slot 3 dies before the first generation; slot 1 dies at step 8, and slot 2 while the
+  // survivors re-form after it.
+  auto run = run_elastic(4, 1, 0,
+                         "kill:rank=3,step=0,phase=rendezvous;kill:rank=1,step=8;"
+                         "kill:rank=2,step=8,phase=rendezvous");
+  check_finished(run, 1, 1);
+  CHECK(run.err.find("kills itself at step 0 (rendezvous)") != std::string::npos);
+  CHECK(run.err.find("kills itself at step 8 (rendezvous)") != std::string::npos);
+}
+
+TEST_CASE("an elastic job survives two kills in a row") {
+  auto run = run_elastic(4, 2, 0, "kill:rank=1,step=8;kill:rank=3,step=20,phase=reduce");
+  check_finished(run, 2, 2);
+  CHECK(run.err.find("generation 3 in force") != std::string::npos);
+}
+
+TEST_CASE("a killed rank is restarted, heals from a live peer, and the replicas are identical") {
+  auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3);
+  check_finished(run, 3, 3);
+  CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
+  CHECK(run.out.find("slot 2 healed, stepping from step") != std::string::npos);
+}
+
+TEST_CASE("a rank killed while it heals is restarted again, and the job still ends identical") {
+  auto run = run_elastic(3, 2, 2, "kill:rank=2,step=6;kill:rank=2,step=any,phase=heal,life=1", 3);
+  check_finished(run, 3, 3);
+  CHECK(run.err.find("(heal)") != std::string::npos);
+  CHECK(run.err.find("restart 2 of 2") != std::string::npos);
+}
+
+TEST_CASE("survivors below --min-ranks stop with an error naming the generation and min-ranks") {
+  auto run = run_elastic(3, 3, 0, "kill:rank=1,step=5");
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
+  CHECK(run.result.exit_code != 0);
+  CHECK(run.result.message.find("generation 2 has no quorum") != std::string::npos);
+  CHECK(run.result.message.find("--min-ranks 3") != std::string::npos);
+  CHECK(run.err.find("the job stops: generation 2 has no quorum: ranks (launch slots) 0, 2 "
+                     "reported") != std::string::npos);
+  CHECK(run.out.find("finished") == std::string::npos);
+}

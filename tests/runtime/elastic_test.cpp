@@ -1,0 +1,247 @@
+// The pieces of elastic training that need no process: the quorum rule of a generation, the
+// membership service driven through its sockets by hand, the elastic sampler, and the launch
+// options of an elastic job.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/support/torch_doctest.h"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/status.h"
+#include "runtime/elastic.h"
+#include "runtime/launch.h"
+#include "runtime/membership.h"
+
+using namespace troupe;
+using namespace troupe::elastic;
+
+namespace {
+
+/// The rank side of a slot's socket, by hand.
+struct FakeRank {
+  int fd = -1;
+  void send(Message type, const std::vector<std::string>& fields) const {
+    const std::string bytes = encode(type, fields);
+    REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(bytes.size()));
+  }
+  /// The next message, if one is waiting (the server writes synchronously, so it is there),
+  /// past the notice that the first generation forms (sent to the slots not joined yet).
+  std::pair<Message, std::vector<std::string>> receive() const {
+    for (;;) {
+      std::string buffer(kMaxMessageBytes, '\0');
+      const ssize_t got = ::recv(fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+      REQUIRE(got > 0);
+      auto message = decode(std::string(buffer.data(), static_cast<size_t>(got)), "test");
+      if (message.first != Message::reform || message.second.at(0) != "1") return message;
+    }
+  }
+  bool idle() const {
+    char byte;
+    return ::recv(fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK) < 0;
+  }
+};
+
+std::vector<FakeRank> attach_all(MembershipServer& server, int n) {
+  std::vector<FakeRank> ranks;
+  for (int s = 0; s < n; ++s) {
+    ranks.push_back({server.attach(s)});
+    // The launcher closes its copy of the rank's end after fork; here the test keeps it.
+  }
+  return ranks;
+}
+
+void join(MembershipServer& server, const std::vector<FakeRank>& ranks, int slot, int64_t step) {
+  ranks[static_cast<size_t>(slot)].send(Message::join, {std::to_string(step), "host"});
+  server.on_readable(slot);
+}
+
+}  // namespace
+
+TEST_CASE("a first generation numbers its members by launch slot and heals from the lowest") {
+  auto g = close_generation(1, {{2, -1}, {0, -1}, {3, -1}}, {0, 1, 2, 3}, 1, 2);
+  CHECK(g.error.empty());
+  CHECK(g.slots == std::vector<int>{0, 2, 3});
+  CHECK(g.source == 0);
+  CHECK(g.step == 0);
+}
+
+TEST_CASE("a generation heals from the member with the most completed steps") {
+  auto g = close_generation(3, {{0, 41}, {1, 42}, {3, -1}}, {0, 1, 2}, 1, 1);
+  CHECK(g.error.empty());
+  CHECK(g.slots == std::vector<int>{0, 1, 3});
+  CHECK(g.source == 1);
+  CHECK(g.step == 42);
+}
+
+TEST_CASE("a generation below --min-ranks has no quorum, and says so") {
+  auto g = close_generation(2, {{0, 10}, {1, 10}}, {0, 1, 2}, 1, 3);
+  CHECK(g.error.find("generation 2 has no quorum") != std::string::npos);
+  CHECK(g.error.find("slots) 0, 1 reported") != std::string::npos);
+  CHECK(g.error.find("--min-ranks 3") != std::string::npos);
+}
+
+TEST_CASE("a side that holds no majority of the ranks that may still live does not go on") {
+  // Four ranks before; two report, two went silent (their processes live): a possible partition.
+  auto silent = close_generation(2, {{0, 7}, {1, 7}}, {0, 1, 2, 3}, 0, 1);
+  CHECK(silent.error.find("no quorum") != std::string::npos);
+  CHECK(silent.error.find("more than half") != std::string::npos);
+  // The same two when the other two are known dead: no other side can exist.
+  CHECK(close_generation(2, {{0, 7}, {1, 7}}, {0, 1, 2, 3}, 2, 1).error.empty());
+  // A restarted rank holds no state: it does not count towards the majority.
+  CHECK(!close_generation(2, {{0, 7}, {2, -1}}, {0, 1, 2}, 0, 1).error.empty());
+}
+
+TEST_CASE("membership messages round-trip, and a malformed one is refused naming its sender") {
+  auto [type, fields] = decode(encode(Message::table, {"3", "", std::string(5, '\0')}), "x");
+  CHECK(type == Message::table);
+  CHECK(fields == std::vector<std::string>{"3", "", std::string(5, '\0')});
+  CHECK_THROWS_WITH_AS(decode(std::string(1, '\x09'), "rank slot 4"),
+                       doctest::Contains("rank slot 4: a membership message of 1 bytes with an "
+                                         "unknown type"),
+                       comm::Error);
+  std::string cut = encode(Message::join, {"12345"});
+  cut.pop_back();
+  CHECK_THROWS_WITH_AS(decode(cut, "rank slot 1"), doctest::Contains("overruns"), comm::Error);
+}
+
+TEST_CASE("the membership service forms a world, and re-forms it when a rank dies") {
+  std::ostringstream log;
+  MembershipServer server(3, 2, std::chrono::seconds(30), log);
+  auto ranks = attach_all(server, 3);
+  join(server, ranks, 0, -1);
+  join(server, ranks, 1, -1);
+  CHECK(ranks[0].idle());  // slot 2 lives and has not joined: the generation waits
+  join(server, ranks, 2, -1);
+  for (int s = 0; s < 3; ++s) {
+    auto [type, f] = ranks[static_cast<size_t>(s)].receive();
+    CHECK(type == Message::assign);
+    CHECK(f == std::vector<std::string>{"1", std::to_string(s), "3", "0", "0"});
+    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "address" + std::to_string(s)});
+    server.on_readable(s);
+  }
+  for (int s = 0; s < 3; ++s) {
+    auto [type, f] = ranks[static_cast<size_t>(s)].receive();
+    CHECK(type == Message::table);
+    CHECK(f == std::vector<std::string>{"1", "host", "address0", "host", "address1", "host",
+                                        "address2"});
+  }
+  CHECK(server.generations() == 1);
+
+  // Slot 1 dies: its socket closes. The others hear at once that generation 2 forms.
+  ::close(ranks[1].fd);
+  server.on_exit(1, "was killed by signal 9 (Killed)");
+  for (int s : {0, 2}) {
+    auto [type, f] = ranks[static_cast<size_t>(s)].receive();
+    CHECK(type == Message::reform);
+    CHECK(f[0] == "2");
+    CHECK(f[1].find("rank slot 1 died (was killed by signal 9") != std::string::npos);
+  }
+  join(server, ranks, 2, 12);  // slot 2 completed one more step than slot 0
+  join(server, ranks, 0, 11);
+  auto [type0, f0] = ranks[0].receive();
+  auto [type2, f2] = ranks[2].receive();
+  CHECK(type0 == Message::assign);
+  CHECK(f0 == std::vector<std::string>{"2", "0", "2", "1", "12"});
+  CHECK(f2 == std::vector<std::string>{"2", "1", "2", "1", "12"});
+  CHECK(!server.stopped());
+  ::close(ranks[0].fd);
+  ::close(ranks[2].fd);
+}
+
+TEST_CASE("the membership service stops a world below --min-ranks, telling every survivor why") {
+  std::ostringstream log;
+  MembershipServer server(3, 3, std::chrono::seconds(30), log);
+  auto ranks = attach_all(server, 3);
+  for (int s = 0; s < 3; ++s) join(server, ranks, s, -1);
+  for (int s = 0; s < 3; ++s) {
+    ranks[static_cast<size_t>(s)].receive();
+    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "a"});
+    server.on_readable(s);
+  }
+  for (int s = 0; s < 3; ++s) ranks[static_cast<size_t>(s)].receive();
+  ::close(ranks[2].fd);
+  server.on_readable(2);
+  for (int s : {0, 1}) {
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::reform);
+    join(server, ranks, s, 5);
+  }
+  for (int s : {0, 1}) {
+    auto [type, f] = ranks[static_cast<size_t>(s)].receive();
+    CHECK(type == Message::stop);
+    CHECK(f[0].find("generation 2 has no quorum") != std::string::npos);
+    CHECK(f[0].find("--min-ranks 3") != std::string::npos);
+  }
+  CHECK(server.stopped());
+  CHECK(log.str().find("no quorum") != std::string::npos);
+  ::close(ranks[0].fd);
+  ::close(ranks[1].fd);
+}
+
+TEST_CASE("a generation closes at its deadline without a live rank that never joins") {
+  std::ostringstream log;
+  MembershipServer server(2, 1, std::chrono::milliseconds(1), log);
+  auto ranks = attach_all(server, 2);
+  join(server, ranks, 0, -1);
+  const auto give_up = Clock::now() + std::chrono::seconds(10);
+  while (ranks[0].idle() && Clock::now() < give_up) server.tick();
+  auto [type, f] = ranks[0].receive();
+  CHECK(type == Message::assign);
+  CHECK(f[2] == "1");  // a world of one
+  auto [stop, why] = ranks[1].receive();
+  CHECK(stop == Message::stop);
+  CHECK(why[0].find("did not join generation 1") != std::string::npos);
+  ::close(ranks[0].fd);
+  ::close(ranks[1].fd);
+}
+
+TEST_CASE("an elastic sampler cuts the same global batches among any number of ranks") {
+  ElasticSampler sampler(100, 12, 5);
+  CHECK(sampler.steps_per_epoch() == 8);
+  std::set<int64_t> epoch;
+  for (int64_t step = 0; step < 8; ++step) {
+    std::vector<int64_t> whole = sampler.indices(step, 0, 1);
+    CHECK(whole.size() == 12);
+    for (int world : {2, 3, 4, 5}) {
+      std::vector<int64_t> joined;
+      for (int r = 0; r < world; ++r) {
+        auto part = sampler.indices(step, r, world);
+        joined.insert(joined.end(), part.begin(), part.end());
+      }
+      CHECK(joined == whole);
+    }
+    epoch.insert(whole.begin(), whole.end());
+  }
+  CHECK(epoch.size() == 96);  // no sample twice in an epoch
+  CHECK(sampler.indices(8, 0, 1) != sampler.indices(0, 0, 1));  // the next epoch reshuffles
+  CHECK_THROWS_WITH_AS(ElasticSampler(10, 11, 0), doctest::Contains("global_batch 11 (expected 1..10"),
+                       comm::Error);
+  CHECK_THROWS_WITH_AS(sampler.indices(0, 3, 3), doctest::Contains("expected step >= 0 and 0 <= rank < world"),
+                       comm::Error);
+}
+
+TEST_CASE("elastic launch options are checked before any rank starts") {
+  LaunchOptions o;
+  o.nprocs = 3;
+  o.command = {"true"};
+  o.elastic = true;
+  o.min_ranks = 4;
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("min_ranks (--min-ranks) = 4 is out of range (expected 1..3"),
+                       comm::Error);
+  o.min_ranks = 2;
+  o.nnodes = 2;
+  o.master_addr = "node0";
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("--nnodes 1"), comm::Error);
+  o.nnodes = 1;
+  o.elastic = false;
+  o.max_restarts = 2;
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("without elastic"), comm::Error);
+  o.elastic = true;
+  o.max_restarts = -1;
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("is negative"), comm::Error);
+}
