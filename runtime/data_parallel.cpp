@@ -6,6 +6,7 @@
 #include <map>
 
 #include "runtime/gossip/decentralized.h"
+#include "runtime/local_update/diloco.h"
 #include "runtime/model_check.h"
 
 namespace troupe {
@@ -67,6 +68,8 @@ std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
         } else if constexpr (std::is_same_v<A, Decentralized> ||
                              std::is_same_v<A, LowPrecisionDecentralized>) {
           return std::make_unique<DecentralizedModule>(runtime, std::move(module), a);
+        } else if constexpr (std::is_same_v<A, DiLoCo>) {
+          return std::make_unique<DiLoCoModule>(runtime, std::move(module), a);
         } else {
           return std::make_unique<AsynchronousModule>(runtime, std::move(module), a);
         }

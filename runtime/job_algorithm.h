@@ -8,13 +8,21 @@
 
 #include "comm/compression/algorithms.h"
 #include "runtime/gossip/algorithms.h"
+#include "runtime/local_update/algorithms.h"
 
 namespace troupe {
 
-/// Every algorithm a job can run: the bucket algorithms of DistributedModule, and the
-/// decentralized and asynchronous ones of runtime/gossip.
+/// Every algorithm a job can run: the bucket algorithms of DistributedModule, the decentralized
+/// and asynchronous ones of runtime/gossip, and the local-update ones of runtime/local_update.
 using JobAlgorithm = std::variant<comm::Compression, Decentralized, LowPrecisionDecentralized,
-                                  AsyncModelAverage, AsyncGossip>;
+                                  AsyncModelAverage, AsyncGossip, DiLoCo>;
+
+/// An algorithm as the command line's --algorithm gives it: a bucket algorithm with its settings
+/// ("powersgd:rank=2", comm::parse_compression), or
+/// "diloco[:h=50,outer_lr=0.7,outer_momentum=0.9,nesterov=1,compress=fp16]" (compress: a bucket
+/// algorithm's name, with its default settings; a job file's outer_compression takes settings too).
+/// Throws comm::Error naming the key or value and what was expected.
+JobAlgorithm parse_algorithm_argument(const std::string& text);
 
 /// The name a job file uses for the algorithm ("powersgd", "decentralized", ...).
 std::string job_algorithm_name(const JobAlgorithm& algorithm);

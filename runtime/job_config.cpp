@@ -49,6 +49,7 @@ const std::vector<std::pair<std::string, Keys>> kGossipAlgorithms = {
     {"low_precision_decentralized", {"gamma", "block"}},
     {"async_model_average", {"warmup_steps", "sync_interval_ms"}},
     {"async_gossip", {"min_interval_ms"}},
+    {"diloco", {"inner_steps", "outer_lr", "outer_momentum", "nesterov", "outer_compression"}},
 };
 const char* const kTopologyUsers = "decentralized, low_precision_decentralized and async_gossip";
 
@@ -344,6 +345,17 @@ JobAlgorithm read_algorithm(const Section& a, const std::string& name,
     a.integer("sync_interval_ms", m.sync_interval_ms, 1);
     return m;
   }
+  if (name == "diloco") {
+    DiLoCo d;
+    a.integer("inner_steps", d.inner_steps, 1);
+    a.number("outer_lr", d.outer_lr, [](double x) { return x > 0; }, "a number > 0");
+    a.number("outer_momentum", d.outer_momentum, [](double x) { return x >= 0 && x < 1; },
+             "a number in [0, 1)");
+    a.boolean("nesterov", d.nesterov);
+    if (const toml::node* node = a.find("outer_compression"))
+      d.outer_compression = a.parsed("outer_compression", *node, comm::parse_compression);
+    return d;
+  }
   AsyncGossip g;  // the only name left
   g.topology = topology;
   a.integer("min_interval_ms", g.min_interval_ms, 0);
@@ -413,6 +425,7 @@ std::string job_algorithm_name(const JobAlgorithm& algorithm) {
           },
           [](const AsyncModelAverage&) -> std::string { return "async_model_average"; },
           [](const AsyncGossip&) -> std::string { return "async_gossip"; },
+          [](const DiLoCo&) -> std::string { return "diloco"; },
       },
       algorithm);
 }
@@ -492,6 +505,60 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
   config.links = read_links(Section(source, "links", table_of(root, "links", source)),
                             config.world_size, source);
   return config;
+}
+
+JobAlgorithm parse_algorithm_argument(const std::string& text) {
+  const std::string head = text.substr(0, text.find(':'));
+  if (head != "diloco") return comm::parse_compression(text);
+  DiLoCo d;
+  const std::string where = "--algorithm " + text + ": ";
+  if (text.size() == head.size()) return d;
+  std::string rest = text.substr(head.size() + 1);
+  std::vector<std::string> seen;
+  for (size_t at = 0; at <= rest.size();) {
+    size_t end = rest.find(',', at);
+    if (end == std::string::npos) end = rest.size();
+    const std::string item = rest.substr(at, end - at);
+    at = end + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw Error(where + "'" + item + "' is not key=value (keys: h, outer_lr, outer_momentum, "
+                  "nesterov, compress)");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw Error(where + key + " is given twice");
+    seen.push_back(key);
+    auto number = [&](const std::function<bool(double)>& ok, const std::string& expected) {
+      size_t used = 0;
+      double x = 0;
+      try {
+        x = std::stod(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (value.empty() || used != value.size() || !std::isfinite(x) || !ok(x))
+        throw Error(where + key + " = '" + value + "', expected " + expected);
+      return x;
+    };
+    if (key == "h" || key == "inner_steps") {
+      d.inner_steps = static_cast<int>(number(
+          [](double x) { return x >= 1 && x <= 1e9 && x == std::floor(x); }, "an integer >= 1"));
+    } else if (key == "outer_lr") {
+      d.outer_lr = number([](double x) { return x > 0; }, "a number > 0");
+    } else if (key == "outer_momentum") {
+      d.outer_momentum = number([](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)");
+    } else if (key == "nesterov") {
+      if (value != "0" && value != "1" && value != "true" && value != "false")
+        throw Error(where + "nesterov = '" + value + "', expected 0, 1, true or false");
+      d.nesterov = value == "1" || value == "true";
+    } else if (key == "compress") {
+      d.outer_compression = comm::parse_compression(value);
+    } else {
+      throw Error(where + "unknown key '" + key +
+                  "' (allowed: h, outer_lr, outer_momentum, nesterov, compress)");
+    }
+  }
+  return d;
 }
 
 bool tolerates_dead_ranks(const JobAlgorithm& algorithm) {

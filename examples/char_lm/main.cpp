@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
       s.algorithm = job.algorithm;
       o.links = job.links;
     } else {
-      s.algorithm = comm::parse_compression(algorithm);
+      s.algorithm = parse_algorithm_argument(algorithm);
     }
     torch::set_num_threads(s.threads);
     Runtime rt(o);

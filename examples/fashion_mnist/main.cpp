@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
       world = job.world_size;
       s.ranks_as_threads = job.mode == JobConfig::Mode::threads;
     } else {
-      s.algorithm = comm::parse_compression(algorithm);
+      s.algorithm = parse_algorithm_argument(algorithm);
     }
     check_momentum_once(s);
     torch::set_num_threads(t.threads);

@@ -22,23 +22,10 @@
 #include <memory>
 #include <string>
 
-#include "comm/compression/algorithms.h"
 #include "runtime/data_parallel.h"
+#include "runtime/local_update/algorithms.h"
 
 namespace troupe {
-
-struct DiLoCo {
-  /// H: inner steps between synchronisations (>= 1).
-  int inner_steps = 50;
-  /// The outer SGD's learning rate (> 0; the paper's 0.7).
-  double outer_lr = 0.7;
-  /// The outer SGD's momentum, in [0, 1) (the paper's 0.9).
-  double outer_momentum = 0.9;
-  /// Nesterov momentum (the paper's), else heavy ball.
-  bool nesterov = true;
-  /// How the outer gradient is averaged over the ranks.
-  comm::Compression outer_compression = comm::GradientAllReduce{};
-};
 
 /// "diloco(h=50, outer_lr=0.7, outer_momentum=0.9, allreduce)".
 std::string diloco_name(const DiLoCo& config);

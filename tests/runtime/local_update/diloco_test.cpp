@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "comm/state.h"
+#include "runtime/data_parallel.h"
+#include "runtime/job_config.h"
 #include "runtime/local_update/diloco.h"
 #include "tests/support/thread_ranks.h"
 
@@ -240,4 +242,76 @@ TEST_CASE("DiLoCo resumed from its saved state continues bit-identically, error 
     CHECK(torch::equal(resumed[static_cast<size_t>(r)], straight[static_cast<size_t>(r)]));
     CHECK(!torch::equal(dropped[static_cast<size_t>(r)], straight[static_cast<size_t>(r)]));
   }
+}
+
+TEST_CASE("DiLoCo is named on the command line and in job files, its keys checked") {
+  auto d = std::get<DiLoCo>(
+      parse_algorithm_argument("diloco:h=20,outer_lr=0.5,outer_momentum=0.8,nesterov=0,compress=fp16"));
+  CHECK(d.inner_steps == 20);
+  CHECK(d.outer_lr == 0.5);
+  CHECK(d.outer_momentum == 0.8);
+  CHECK(!d.nesterov);
+  CHECK(std::holds_alternative<comm::HalfPrecision>(d.outer_compression));
+  auto defaults = std::get<DiLoCo>(parse_algorithm_argument("diloco"));
+  CHECK(defaults.inner_steps == 50);
+  CHECK(std::holds_alternative<comm::GradientAllReduce>(defaults.outer_compression));
+  CHECK(std::holds_alternative<comm::Compression>(parse_algorithm_argument("topk:ratio=0.1")));
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      parse_algorithm_argument(text);
+    } catch (const comm::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(error_of("diloco:h=0").find("h = '0', expected an integer >= 1") != std::string::npos);
+  CHECK(error_of("diloco:h=2.5").find("h = '2.5', expected an integer >= 1") != std::string::npos);
+  CHECK(error_of("diloco:outer_momentum=1").find("expected a number in [0, 1)") != std::string::npos);
+  CHECK(error_of("diloco:outer_lr=x").find("outer_lr = 'x', expected a number > 0") != std::string::npos);
+  CHECK(error_of("diloco:h=2,h=3").find("h is given twice") != std::string::npos);
+  CHECK(error_of("diloco:foo=1").find("unknown key 'foo' (allowed: h, outer_lr") != std::string::npos);
+  CHECK(error_of("diloco:compress=nope").find("nope") != std::string::npos);
+
+  auto job = parse_job_config(
+      "[job]\nworld_size = 2\n[algorithm]\nname = \"diloco\"\ninner_steps = 10\nouter_lr = 0.6\n"
+      "outer_compression = \"topk:ratio=0.1\"\n",
+      "diloco.toml");
+  auto j = std::get<DiLoCo>(job.algorithm);
+  CHECK(j.inner_steps == 10);
+  CHECK(j.outer_lr == 0.6);
+  CHECK(std::get<comm::Sparsification>(j.outer_compression).ratio == 0.1);
+  CHECK(job_algorithm_name(job.algorithm) == "diloco");
+  CHECK(!tolerates_dead_ranks(job.algorithm));
+  try {
+    parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"diloco\"\ninner_step = 10\n",
+                     "bad.toml");
+    FAIL("a misspelt key was taken");
+  } catch (const comm::Error& e) {
+    CHECK(std::string(e.what()).find("inner_step") != std::string::npos);
+    CHECK(std::string(e.what()).find("inner_steps") != std::string::npos);  // the allowed keys
+  }
+}
+
+TEST_CASE("make_data_parallel runs DiLoCo") {
+  auto errors = test::run_threads(2, [](int, Runtime& rt) {
+    auto net = make_net();
+    DiLoCo c;
+    c.inner_steps = 2;
+    auto dp = make_data_parallel(rt, net.ptr(), c);
+    CHECK(dp->algorithm_name() == "diloco(h=2, outer_lr=0.7, outer_momentum=0.9, allreduce)");
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad();
+      torch::mse_loss(net->forward(torch::ones({2, 6}) * (rt.rank() + 1)), torch::zeros({2, 3}))
+          .backward();
+      dp->step(opt);
+    }
+    // After a synchronisation every rank holds the same global weights.
+    auto mine = flat_of(*net).clone(), theirs = mine.clone();
+    rt.comm().broadcast(theirs.data_ptr<float>(), static_cast<size_t>(theirs.numel()),
+                        comm::DataType::float32, 0);
+    CHECK(torch::equal(mine, theirs));
+    CHECK(dp->stats().bytes_sent > 0);
+  });
+  for (auto& e : errors) CHECK(e.empty());
 }
