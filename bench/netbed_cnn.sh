@@ -48,7 +48,9 @@ need_torch "$python"
 tenth() {
   [[ "$1" =~ ^([0-9]+)(kbit|mbit|gbit)$ ]] || die "rate '$1': expected a number and kbit, mbit or gbit"
   local num=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]}
-  case "$unit" in gbit) num=$((num * 1000)); unit=mbit ;; mbit) num=$((num * 1000)); unit=kbit ;; esac
+  if [ $((num % 10)) -ne 0 ]; then
+    case "$unit" in gbit) num=$((num * 1000)); unit=mbit ;; mbit) num=$((num * 1000)); unit=kbit ;; esac
+  fi
   echo "$((num / 10))$unit"
 }
 
