@@ -6,6 +6,11 @@
 #   bench/netbed_allreduce.sh [results-dir]       (root; default build/bench/netbed)
 #
 # HOSTS (default 4), SIZE (default 64MiB) and RATES (default "1gbit 100mbit") override the setup.
+# TROUPE_ARGS: troupe configurations separated by ';', each a list of `troupe bench allreduce`
+# options (default: one, the defaults, written ""): e.g. TROUPE_ARGS=";--chunk-bytes 8388608"
+# runs troupe twice per round, with the default ring and with 8 MiB chunks. ROUNDS (default 1):
+# gloo and every troupe configuration, one after the other, ROUNDS times per rate, so that a
+# change in the machine's load spreads over all of them; each row names its round.
 # The bound: a ring allreduce sends 2 (W - 1) / W of the buffer out of every host, so over links
 # of R bit/s the algbw (bytes / time) is at most R / 8 * W / (2 (W - 1)). Each row also gives the
 # bytes that left every host's link during the run (all ranks, warm-up included), from the veths'
@@ -21,9 +26,13 @@ python=/usr/bin/python3
 hosts=${HOSTS:-4}
 size=${SIZE:-64MiB}
 rates=(${RATES:-1gbit 100mbit})
+rounds=${ROUNDS:-1}
+IFS=';' read -r -a configs <<<"${TROUPE_ARGS:-}"
+[ ${#configs[@]} -gt 0 ] || configs=("")
 export NETBED_NAME=${NETBED_NAME:-ba}
 
 need_positive_int HOSTS "$hosts"
+need_positive_int ROUNDS "$rounds"
 need_troupe "$troupe"
 need_torch "$python"
 "$root/scripts/netbed" check >/dev/null
@@ -31,8 +40,8 @@ need_torch "$python"
 mkdir -p "$results"
 table="$results/netbed_allreduce.md"
 {
-  echo "| link | W | size | troupe algbw MB/s | gloo algbw MB/s | line-rate bound MB/s | troupe / bound | gloo / bound | MB sent per host, troupe | MB sent per host, gloo |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| link | W | size | round | troupe options | troupe algbw MB/s | gloo algbw MB/s | line-rate bound MB/s | troupe / bound | gloo / bound | troupe / gloo | MB sent per host, troupe | MB sent per host, gloo |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$table"
 
 sent_mb() {  # the MB (1e6) each host sent over its link, as "a/b/c/d"
@@ -40,29 +49,34 @@ sent_mb() {  # the MB (1e6) each host sent over its link, as "a/b/c/d"
 }
 
 for rate in "${rates[@]}"; do
-  echo "== $hosts hosts, links $rate: troupe" >&2
-  "$root/scripts/netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 \
-    --logs "$results/troupe_$rate" -- \
-    "$troupe" bench allreduce --as-rank --world "$hosts" --transport ucx --bytes "$size" --json
-  echo "== $hosts hosts, links $rate: gloo" >&2
-  "$root/scripts/netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 \
-    --logs "$results/gloo_$rate" -- \
-    "$python" "$root/bench/allreduce_gloo.py" --from-env eth0 --bytes "$size" --iters 3 --json
-  troupe_json=$(grep '^{' "$results/troupe_$rate/rank0.log" | tail -1)
-  gloo_json=$(grep '^{' "$results/gloo_$rate/rank0.log" | tail -1)
-  "$python" - "$rate" "$hosts" "$size" "$troupe_json" "$gloo_json" \
-    "$(sent_mb "$results/troupe_$rate/bytes")" "$(sent_mb "$results/gloo_$rate/bytes")" \
-    >>"$table" <<'EOF'
+  for ((round = 1; round <= rounds; round++)); do
+    echo "== $(date -u +%H:%M:%S) $hosts hosts, links $rate, round $round: gloo" >&2
+    gloo_logs="$results/gloo_${rate}_r$round"
+    "$root/scripts/netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 --logs "$gloo_logs" -- \
+      "$python" "$root/bench/allreduce_gloo.py" --from-env eth0 --bytes "$size" --iters 3 --json
+    gloo_json=$(grep '^{' "$gloo_logs/rank0.log" | tail -1)
+    for c in "${!configs[@]}"; do
+      args=${configs[$c]}
+      echo "== $(date -u +%H:%M:%S) $hosts hosts, links $rate, round $round: troupe ${args:-(defaults)}" >&2
+      troupe_logs="$results/troupe_${rate}_r${round}_c$c"
+      # shellcheck disable=SC2086  # the options are words
+      "$root/scripts/netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 --logs "$troupe_logs" -- \
+        "$troupe" bench allreduce --as-rank --world "$hosts" --transport ucx --bytes "$size" --json $args
+      troupe_json=$(grep '^{' "$troupe_logs/rank0.log" | tail -1)
+      "$python" - "$rate" "$hosts" "$size" "$round" "${args:-defaults}" "$troupe_json" "$gloo_json" \
+        "$(sent_mb "$troupe_logs/bytes")" "$(sent_mb "$gloo_logs/bytes")" >>"$table" <<'EOF'
 import json, re, sys
-rate, world, size, troupe, gloo, troupe_sent, gloo_sent = sys.argv[1:]
+rate, world, size, rnd, args, troupe, gloo, troupe_sent, gloo_sent = sys.argv[1:]
 world = int(world)
 num, unit = re.fullmatch(r"(\d+)([a-z]+)", rate).groups()
 bits = int(num) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[unit]
 bound = bits / 8 * world / (2 * (world - 1)) / 1e6
 t = json.loads(troupe)["algbw_GBps"] * 1e3
 g = json.loads(gloo)["algbw_GBps"] * 1e3
-print(f"| {rate} | {world} | {size} | {t:.1f} | {g:.1f} | {bound:.1f} | {t / bound:.0%} | "
-      f"{g / bound:.0%} | {troupe_sent} | {gloo_sent} |")
+print(f"| {rate} | {world} | {size} | {rnd} | {args} | {t:.1f} | {g:.1f} | {bound:.1f} | "
+      f"{t / bound:.0%} | {g / bound:.0%} | {t / g:.2f} | {troupe_sent} | {gloo_sent} |")
 EOF
+    done
+  done
 done
 cat "$table"
