@@ -490,7 +490,7 @@ void DecentralizedModule::load_state(comm::StateReader& in) {
     // The neighbours' copies live in the links: new links start from the saved ones.
     m.own_copy = std::move(own);
     m.neighbour_copies.clear();
-    m.links = std::make_unique<actors::GossipLinks>(m.rt.system(), m.transport, m.key_prefix);
+    m.links = std::make_unique<actors::GossipLinks>(detail::actor_system(m.rt), m.transport, m.key_prefix);
     const auto& l = std::get<LowPrecisionDecentralized>(m.algorithm);
     for (auto& [p, copy] : copies) {
       actors::EdgeSettings edge;
