@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/compression/settings.h"
+#include "comm/overloaded.h"
 #include "comm/status.h"
 #include "runtime/env.h"
 
@@ -26,13 +27,6 @@ namespace {
 
 using comm::Error;
 using Keys = std::vector<std::string>;
-
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
 
 const Keys kTables = {"job", "topology", "algorithm", "trainer", "links"};
 const Keys kJobKeys = {"world_size", "mode", "timeout_sec"};

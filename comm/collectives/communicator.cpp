@@ -41,15 +41,8 @@ void Communicator::allreduce(void* data, size_t count, DataType type, ReduceOp o
 
 void Communicator::hierarchical_allreduce(void* data, size_t count, DataType type, ReduceOp op,
                                           const std::vector<int>& host_of) {
-  {
-    std::lock_guard<std::mutex> guard(broken_mutex_);
-    if (!broken_.empty()) throw Error("hierarchical allreduce refused: " + broken_, broken_peer_);
-  }
-  std::vector<Stage> stages;
-  for (auto& build : hierarchical_allreduce_stages(group(), host_of, data, count, type, op, options_))
-    stages.push_back(Stage{next_key(), std::move(build)});
-  Status status = driver_.run(std::move(stages), transport_, timeout_);
-  if (!status.ok()) throw Error(status.message(), status.peer());
+  run_stages(hierarchical_allreduce_stages(group(), host_of, data, count, type, op, options_),
+             "hierarchical allreduce");
 }
 
 Communicator::Traffic Communicator::run_stages(std::vector<std::function<Schedule()>> stages,

@@ -10,6 +10,7 @@
 
 #include "comm/compression/reductions.h"
 #include "comm/compression/settings.h"
+#include "comm/overloaded.h"
 #include "comm/reduce.h"
 #include "comm/shm/local_allreduce.h"
 #include "comm/status.h"
@@ -17,13 +18,6 @@
 namespace troupe::comm {
 
 namespace {
-
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
 
 
 }  // namespace

@@ -88,7 +88,7 @@ struct DiLoCoModule::Impl {
     // torch.optim.SGD's momentum: buf = mu buf + g; Nesterov steps by g + mu buf, else by buf.
     momentum.mul_(config.outer_momentum).add_(delta);
     if (config.nesterov)
-      global.sub_(delta.add(momentum, config.outer_momentum), config.outer_lr);
+      global.sub_(delta.add_(momentum, config.outer_momentum), config.outer_lr);  // delta is spent
     else
       global.sub_(momentum, config.outer_lr);
     local.copy_(global);

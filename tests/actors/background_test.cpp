@@ -92,6 +92,17 @@ struct Ranks {
     t.run();
   }
   void stop(int r) { caf::anon_send(stoppers[r], actors::stop_atom::value); }
+  // Both ranks stop; each must answer once, without an error.
+  void stop_both_cleanly() {
+    stop(0);
+    stop(1);
+    t.run();
+    for (auto& a : answers) {
+      REQUIRE(a.size() == 1);
+      CHECK(a[0].ok);
+      CHECK(a[0].error == "");
+    }
+  }
 };
 
 }  // namespace
@@ -113,14 +124,7 @@ TEST_CASE("two averagers average their models in a round their timer starts, kee
   // Rank 1 trains on (its model moves) while no round runs; the next round averages what each
   // had at its snapshot, and stop_atom on both ends the rounds after one more, answered by each.
   k.models[1].x = {4, 4, 1};
-  k.stop(0);
-  k.stop(1);
-  k.t.run();
-  REQUIRE(k.answers[0].size() == 1);
-  REQUIRE(k.answers[1].size() == 1);
-  CHECK(k.answers[0][0].ok);
-  CHECK(k.answers[0][0].error == "");
-  CHECK(k.answers[1][0].ok);
+  k.stop_both_cleanly();
   CHECK(k.models[0].x == std::vector<float>{3, 4, 1});
   CHECK(k.models[1].x == std::vector<float>{3, 4, 1});
   CHECK(k.stats[0]->rounds == 2);
@@ -150,13 +154,7 @@ TEST_CASE("two gossipers average pairwise, keep the sum of the models, and stop 
   k.start();  // each sends a request at once
   CHECK(k.stats[0]->rounds + k.stats[1]->rounds >= 2);
   for (int i = 0; i < 3; ++i) k.t.fire_timers();
-  k.stop(0);
-  k.stop(1);
-  k.t.run();
-  REQUIRE(k.answers[0].size() == 1);
-  REQUIRE(k.answers[1].size() == 1);
-  CHECK(k.answers[0][0].ok);
-  CHECK(k.answers[1][0].ok);
+  k.stop_both_cleanly();
   CHECK(k.models[0].x[0] + k.models[1].x[0] == doctest::Approx(6));
   CHECK(k.models[0].x[1] + k.models[1].x[1] == doctest::Approx(0));
   // (Whether the two end closer depends on how exchanges overlap: two that start at once are

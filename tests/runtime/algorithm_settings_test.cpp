@@ -7,19 +7,13 @@
 #include <variant>
 
 #include "comm/compression/settings.h"
+#include "comm/overloaded.h"
 #include "comm/status.h"
 #include "runtime/job_config.h"
 
 using namespace troupe;
 
 namespace {
-
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
 
 /// Every field of the two structs, compared by hand (not through the table under test).
 bool same(const comm::Compression& a, const comm::Compression& b) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/status.h"
@@ -146,6 +147,24 @@ MakeJob gossip_family(JobAlgorithm algorithm) {
   };
 }
 
+// The job of one of troupe's optimizers that reduce their own gradients (optim/).
+template <typename Optimizer>
+Job optimizer_job(std::shared_ptr<Net> net, std::shared_ptr<Optimizer> opt) {
+  Job job;
+  job.net = net;
+  job.step = [opt, net](const torch::Tensor& x, const torch::Tensor& y) {
+    opt->zero_grad();
+    if constexpr (std::is_same_v<Optimizer, optim::FP16Optimizer>)
+      opt->backward(loss_of(*net, x, y));  // scales the loss
+    else
+      loss_of(*net, x, y).backward();
+    opt->step();
+  };
+  job.add_state = [opt](Checkpoint& c) { c.algorithm(*opt); };
+  job.owner = opt;
+  return job;
+}
+
 std::vector<torch::Tensor> params_of(Net& net) {
   std::vector<torch::Tensor> out;
   for (auto& p : net.parameters()) out.push_back(p.detach().clone());
@@ -265,16 +284,7 @@ TEST_CASE("a resumed optim::PowerSGD run is bit-identical (Qs, error feedback, w
     auto opt = std::make_shared<optim::PowerSGD>(
         rt, net, optim::PowerSgdOptimizerOptions(0.05).momentum(0.9).algorithm(power).ddp(
                      small_buckets()));
-    Job job;
-    job.net = net;
-    job.step = [opt, net](const torch::Tensor& x, const torch::Tensor& y) {
-      opt->zero_grad();
-      loss_of(*net, x, y).backward();
-      opt->step();
-    };
-    job.add_state = [opt](Checkpoint& c) { c.algorithm(*opt); };
-    job.owner = opt;
-    return job;
+    return optimizer_job(net, opt);
   };
   check_bit_identical(make, "powersgd");
 }
@@ -283,16 +293,7 @@ TEST_CASE("a resumed CentralizedAdam run is bit-identical") {
   MakeJob make = [](Runtime& rt, std::shared_ptr<Net> net, int) {
     auto opt = std::make_shared<optim::CentralizedAdam>(
         rt, net, optim::CentralizedAdamOptions(0.01).grad_clip(0.5).ddp(small_buckets()));
-    Job job;
-    job.net = net;
-    job.step = [opt, net](const torch::Tensor& x, const torch::Tensor& y) {
-      opt->zero_grad();
-      loss_of(*net, x, y).backward();
-      opt->step();
-    };
-    job.add_state = [opt](Checkpoint& c) { c.algorithm(*opt); };
-    job.owner = opt;
-    return job;
+    return optimizer_job(net, opt);
   };
   check_bit_identical(make, "centralized-adam");
 }
@@ -303,16 +304,7 @@ TEST_CASE("a resumed FP16Optimizer run is bit-identical (masters, loss scale, it
     auto opt = std::make_shared<optim::FP16Optimizer>(
         rt, net, torch::optim::SGDOptions(0.05).momentum(0.9),
         optim::Fp16OptimizerOptions().init_scale(64).scale_window(3).ddp(small_buckets()));
-    Job job;
-    job.net = net;
-    job.step = [opt, net](const torch::Tensor& x, const torch::Tensor& y) {
-      opt->zero_grad();
-      opt->backward(loss_of(*net, x, y));
-      opt->step();
-    };
-    job.add_state = [opt](Checkpoint& c) { c.algorithm(*opt); };
-    job.owner = opt;
-    return job;
+    return optimizer_job(net, opt);
   };
   check_bit_identical(make, "fp16-optimizer");
 }

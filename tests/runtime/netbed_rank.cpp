@@ -13,6 +13,7 @@
 
 #include "runtime/distributed_module.h"
 #include "runtime/runtime.h"
+#include "tests/support/whole_batch_reference.h"
 
 using namespace troupe;
 
@@ -67,43 +68,14 @@ int allreduce(Runtime& rt, size_t mib) {
 // as those of one process trained on the whole batch, which every rank computes too.
 int ddp(Runtime& rt, bool hierarchical) {
   torch::set_num_threads(1);
-  const int64_t world = rt.world_size(), rank = rt.rank(), batch = 8;
-  torch::manual_seed(5);  // the same initial weights and batches on every rank
-  auto reference = torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::Tanh(),
-                                         torch::nn::Linear(256, 8));
-  auto model = torch::nn::Sequential(torch::nn::Linear(32, 256), torch::nn::Tanh(),
-                                     torch::nn::Linear(256, 8));
-  {
-    torch::NoGradGuard no_grad;
-    auto from = reference->parameters(), to = model->parameters();
-    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-  }
   DdpOptions d;
   d.bucket_bytes = 16384;  // several buckets
   d.first_bucket_bytes = 4096;
   d.hierarchical = hierarchical;
-  DistributedModule net(rt, model.ptr(), GradientAllReduce{}, d);
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  for (int step = 0; step < 4; ++step) {
-    auto x = torch::randn({world * batch, 32});
-    auto y = torch::randn({world * batch, 8});
-    opt.zero_grad();
-    torch::mse_loss(model->forward(x.narrow(0, rank * batch, batch)),
-                    y.narrow(0, rank * batch, batch))
-        .backward();
-    net.step(opt);
-    ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(x), y).backward();
-    ref_opt.step();
-  }
-  double worst = 0;
-  auto got = model->parameters(), want = reference->parameters();
-  for (size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, (got[i].detach() - want[i]).abs().max().item<double>());
-  std::cout << "rank " << rank << " (" << net.gradient_path() << "): ddp largest difference from "
-            << "one process " << worst << std::endl;
-  return worst < 1e-4 ? 0 : 1;
+  const auto run = test::train_against_whole_batch(rt, d, 32, 256, 8, 4, 5);
+  std::cout << "rank " << rt.rank() << " (" << run.gradient_path << "): ddp largest difference "
+            << "from one process " << run.largest_difference << std::endl;
+  return run.largest_difference < 1e-4 ? 0 : 1;
 }
 
 // One rank per host: every peer over the network, an allreduce of argv[2] MiB and a short

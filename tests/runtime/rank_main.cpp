@@ -15,6 +15,7 @@
 #include "runtime/gossip/decentralized.h"
 #include "runtime/runtime.h"
 #include "tests/support/collective_checks.h"
+#include "tests/support/whole_batch_reference.h"
 
 using namespace troupe;
 
@@ -252,46 +253,16 @@ int cuda_staging() {
   o.scheduler_threads = 1;
   o.nccl = false;
   Runtime rt(o);
-  const int64_t world = rt.world_size(), rank = rt.rank(), batch = 8;
-  torch::manual_seed(11);  // the same initial weights and batches on every rank
-  auto reference = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::Tanh(),
-                                         torch::nn::Linear(64, 4));
-  auto model = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::Tanh(),
-                                     torch::nn::Linear(64, 4));
-  {
-    torch::NoGradGuard no_grad;
-    auto from = reference->parameters(), to = model->parameters();
-    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-  }
-  const torch::Device cuda(torch::kCUDA, 0);
-  model->to(cuda);
   DdpOptions d;
   d.bucket_bytes = 4096;  // several buckets
   d.first_bucket_bytes = 1024;
   d.stage_through_host = true;
-  DistributedModule ddp(rt, model.ptr(), GradientAllReduce{}, d);
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  for (int step = 0; step < 5; ++step) {
-    auto x = torch::randn({world * batch, 16});
-    auto y = torch::randn({world * batch, 4});
-    opt.zero_grad();
-    torch::mse_loss(model->forward(x.narrow(0, rank * batch, batch).to(cuda)),
-                    y.narrow(0, rank * batch, batch).to(cuda))
-        .backward();
-    ddp.step(opt);
-    ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(x), y).backward();
-    ref_opt.step();
-  }
-  double worst = 0;
-  auto got = model->parameters(), want = reference->parameters();
-  for (size_t i = 0; i < got.size(); ++i)
-    worst = std::max(worst, (got[i].detach().to(torch::kCPU) - want[i]).abs().max().item<double>());
-  std::cout << "rank " << rank << " (" << ddp.gradient_path() << "): largest difference from one "
-            << "process " << worst << std::endl;
-  if (ddp.gradient_path() != "cuda via host staging") return 2;
-  return worst < 1e-4 ? 0 : 3;
+  const auto run = test::train_against_whole_batch(rt, d, 16, 64, 4, 5, 11,
+                                                   torch::Device(torch::kCUDA, 0));
+  std::cout << "rank " << rt.rank() << " (" << run.gradient_path << "): largest difference "
+            << "from one process " << run.largest_difference << std::endl;
+  if (run.gradient_path != "cuda via host staging") return 2;
+  return run.largest_difference < 1e-4 ? 0 : 3;
 }
 
 }  // namespace
