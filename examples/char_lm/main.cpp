@@ -97,7 +97,6 @@ void train(Runtime& rt, const Settings& s) {
     opt = std::make_unique<torch::optim::SGD>(module->parameters(),
                                               torch::optim::SGDOptions(s.lr).momentum(s.momentum));
   auto dp = make_data_parallel(rt, module, s.algorithm);
-  const bool bucket = std::holds_alternative<comm::Compression>(s.algorithm);
 
   torch::Tensor eval_in, eval_out;
   examples::eval_windows(corpus.eval, length, s.eval_windows, eval_in, eval_out);
@@ -134,7 +133,8 @@ void train(Runtime& rt, const Settings& s) {
       say("step %lld loss %.4f (%.3f bits per char) characters/s %.0f MB sent %.1f",
           static_cast<long long>(step), window_loss / s.log_every,
           window_loss / s.log_every / std::log(2.0),
-          static_cast<double>(s.log_every * s.batch * length * (bucket ? world : 1)) / sec,
+          // every rank trains on its own windows, whatever the algorithm
+          static_cast<double>(s.log_every * s.batch * length * world) / sec,
           static_cast<double>(dp->stats().bytes_sent) / 1e6);
       window_start = std::chrono::steady_clock::now();
       window_loss = 0;
