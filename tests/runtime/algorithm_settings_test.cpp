@@ -31,6 +31,9 @@ bool same(const comm::Compression& a, const comm::Compression& b) {
             return x.bfloat16 == std::get<comm::HalfPrecision>(b).bfloat16;
           },
           [&](const comm::ByteGrad& x) { return x.block == std::get<comm::ByteGrad>(b).block; },
+          [&](const comm::Int4Quantization& x) {
+            return x.block == std::get<comm::Int4Quantization>(b).block;
+          },
           [&](const comm::SignCompression& x) {
             const auto& y = std::get<comm::SignCompression>(b);
             return x.mode == y.mode && x.error_feedback == y.error_feedback;
