@@ -62,7 +62,8 @@ std::string other_value(const comm::AlgorithmSetting& s, const comm::Compression
     case comm::SettingType::boolean:
       return std::get<bool>(now) ? "false" : "true";
     case comm::SettingType::integer:
-      return std::to_string(std::max(std::get<int64_t>(now), s.min_integer) + 3);
+      // + 4: even, as int4's block must be.
+      return std::to_string(std::max(std::get<int64_t>(now), s.min_integer) + 4);
     case comm::SettingType::number:
       return std::get<double>(now) == 0.5 ? "0.25" : "0.5";
   }

@@ -190,7 +190,10 @@ TEST_CASE("DiLoCo's outer gradient in 4 bits stays near the exact run at a fract
     CHECK(torch::equal(int4[static_cast<size_t>(r)], int4[0]));  // every rank decodes the same
     const double sent_exact = static_cast<double>(exact_stats[static_cast<size_t>(r)].bytes_sent);
     const double sent_int4 = static_cast<double>(int4_stats[static_cast<size_t>(r)].bytes_sent);
-    CHECK(sent_int4 < 0.3 * sent_exact);  // 83 parameters: the blocks' headers weigh
+    CHECK(sent_int4 < 0.5 * sent_exact);  // 83 parameters: the blocks' headers weigh
+    // Two synchronisations of an alltoall and an allgather of W - 1 slots each; a slot holds the
+    // largest chunk, 28 elements: two blocks' {min, max} (16 bytes) and 14 code bytes, in words.
+    CHECK(int4_stats[static_cast<size_t>(r)].bytes_sent == 2 * 2 * (world - 1) * 32);
   }
 }
 
