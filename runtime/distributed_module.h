@@ -72,13 +72,14 @@ namespace troupe {
 using comm::ByteGrad;
 using comm::GradientAllReduce;
 using comm::HalfPrecision;
+using comm::Int4Quantization;
 using comm::PowerSGD;
 using comm::SignCompression;
 using comm::SignMode;
 using comm::SparseMode;
 using comm::Sparsification;
 /// What a DistributedModule runs on its buckets: GradientAllReduce{} (the default),
-/// HalfPrecision{}, ByteGrad{}, SignCompression{}, Sparsification{}, PowerSGD{.rank = 2}.
+/// HalfPrecision{}, ByteGrad{}, Int4Quantization{}, SignCompression{}, Sparsification{}, PowerSGD{.rank = 2}.
 using Algorithm = comm::Compression;
 
 /// How gradients (or weights) are grouped into reductions (mlbench-core's by-layer / by-model).

@@ -44,6 +44,7 @@ const std::vector<std::pair<std::string, Keys>> kGossipAlgorithms = {
     {"async_model_average", {"warmup_steps", "sync_interval_ms"}},
     {"async_gossip", {"min_interval_ms"}},
     {"diloco", {"inner_steps", "outer_lr", "outer_momentum", "nesterov", "outer_compression"}},
+    {"sparseloco", {"inner_steps", "outer_lr", "ratio", "chunk", "value_bits", "ef_decay"}},
 };
 const char* const kTopologyUsers = "decentralized, low_precision_decentralized and async_gossip";
 
@@ -350,6 +351,20 @@ JobAlgorithm read_algorithm(const Section& a, const std::string& name,
       d.outer_compression = a.parsed("outer_compression", *node, comm::parse_compression);
     return d;
   }
+  if (name == "sparseloco") {
+    SparseLoCo s;
+    a.integer("inner_steps", s.inner_steps, 1);
+    a.number("outer_lr", s.outer_lr, [](double x) { return x > 0; }, "a number > 0");
+    a.number("ratio", s.ratio, in_range(0, 1), "a number in (0, 1]");
+    if (a.integer("chunk", s.chunk, 1) && s.chunk > 65536)
+      a.fail("chunk", *a.find("chunk"), "an integer in [1, 65536]");
+    if (a.integer("value_bits", s.value_bits, 0) && s.value_bits != 2 && s.value_bits != 4 &&
+        s.value_bits != 8 && s.value_bits != 32)
+      a.fail("value_bits", *a.find("value_bits"), "2, 4, 8 or 32");
+    a.number("ef_decay", s.ef_decay, [](double x) { return x >= 0 && x <= 1; },
+             "a number in [0, 1]");
+    return s;
+  }
   AsyncGossip g;  // the only name left
   g.topology = topology;
   a.integer("min_interval_ms", g.min_interval_ms, 0);
@@ -420,6 +435,7 @@ std::string job_algorithm_name(const JobAlgorithm& algorithm) {
           [](const AsyncModelAverage&) -> std::string { return "async_model_average"; },
           [](const AsyncGossip&) -> std::string { return "async_gossip"; },
           [](const DiLoCo&) -> std::string { return "diloco"; },
+          [](const SparseLoCo&) -> std::string { return "sparseloco"; },
       },
       algorithm);
 }
@@ -501,8 +517,70 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
   return config;
 }
 
+namespace {
+
+/// "sparseloco[:h=50,outer_lr=1,ratio=0.015625,chunk=4096,bits=2,beta=0.95]", each key at most
+/// once and checked against its range.
+SparseLoCo parse_sparseloco_argument(const std::string& text) {
+  SparseLoCo s;
+  const std::string where = "--algorithm " + text + ": ";
+  const char* const keys = "h, outer_lr, ratio, chunk, bits, beta";
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return s;
+  const std::string rest = text.substr(colon + 1);
+  std::vector<std::string> seen;
+  for (size_t at = 0; at <= rest.size();) {
+    size_t end = rest.find(',', at);
+    if (end == std::string::npos) end = rest.size();
+    const std::string item = rest.substr(at, end - at);
+    at = end + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw Error(where + "'" + item + "' is not key=value (keys: " + keys + ")");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw Error(where + key + " is given twice");
+    seen.push_back(key);
+    auto number = [&](const std::function<bool(double)>& ok, const std::string& expected) {
+      size_t used = 0;
+      double x = 0;
+      try {
+        x = std::stod(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (value.empty() || used != value.size() || !std::isfinite(x) || !ok(x))
+        throw Error(where + key + " = '" + value + "', expected " + expected);
+      return x;
+    };
+    auto integer = [](double lo, double hi) {
+      return [=](double x) { return x >= lo && x <= hi && x == std::floor(x); };
+    };
+    if (key == "h" || key == "inner_steps") {
+      s.inner_steps = static_cast<int>(number(integer(1, 1e9), "an integer >= 1"));
+    } else if (key == "outer_lr") {
+      s.outer_lr = number([](double x) { return x > 0; }, "a number > 0");
+    } else if (key == "ratio") {
+      s.ratio = number([](double x) { return x > 0 && x <= 1; }, "a number in (0, 1]");
+    } else if (key == "chunk") {
+      s.chunk = static_cast<size_t>(number(integer(1, 65536), "an integer in [1, 65536]"));
+    } else if (key == "bits" || key == "value_bits") {
+      s.value_bits = static_cast<int>(number(
+          [](double x) { return x == 2 || x == 4 || x == 8 || x == 32; }, "2, 4, 8 or 32"));
+    } else if (key == "beta" || key == "ef_decay") {
+      s.ef_decay = number([](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]");
+    } else {
+      throw Error(where + "unknown key '" + key + "' (allowed: " + keys + ")");
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
 JobAlgorithm parse_algorithm_argument(const std::string& text) {
   const std::string head = text.substr(0, text.find(':'));
+  if (head == "sparseloco") return parse_sparseloco_argument(text);
   if (head != "diloco") return comm::parse_compression(text);
   DiLoCo d;
   const std::string where = "--algorithm " + text + ": ";

@@ -13,9 +13,9 @@
 /// # rows = 2, cols = 4          (torus)   edges = [[0, 1], [1, 2]]   (edge_list)   seed = 1
 ///
 /// [algorithm]
-/// name = "decentralized"        # allreduce, fp16, bf16, bytegrad, sign, topk, randomk, blockk,
-///                               # powersgd, decentralized, low_precision_decentralized,
-///                               # async_model_average, async_gossip
+/// name = "decentralized"        # allreduce, fp16, bf16, bytegrad, int4, sign, topk, randomk,
+///                               # blockk, powersgd, decentralized, low_precision_decentralized,
+///                               # async_model_average, async_gossip, diloco, sparseloco
 /// exchange = "overlap"          # and the algorithm's other settings, by their struct field names
 ///
 /// [trainer]

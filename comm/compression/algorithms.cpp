@@ -28,6 +28,7 @@ std::string algorithm_name(const Compression& algorithm) {
           [](const GradientAllReduce&) -> std::string { return "allreduce"; },
           [](const HalfPrecision& c) -> std::string { return c.bfloat16 ? "bf16" : "fp16"; },
           [](const ByteGrad&) -> std::string { return "bytegrad"; },
+          [](const Int4Quantization&) -> std::string { return "int4"; },
           [](const SignCompression& c) -> std::string {
             std::string s = c.mode == SignMode::scaled ? "sign" : "sign(majority vote)";
             return c.error_feedback && c.mode == SignMode::scaled ? "ef-" + s : s;
@@ -54,6 +55,11 @@ void validate(const Compression& algorithm) {
           [](const HalfPrecision&) {},
           [](const ByteGrad& c) {
             if (c.block == 0) throw Error("ByteGrad.block=0 (expected >= 1 element per block)");
+          },
+          [](const Int4Quantization& c) {
+            if (c.block < 2 || c.block % 2)
+              throw Error("Int4Quantization.block=" + std::to_string(c.block) +
+                          " (expected an even number of elements >= 2 per block)");
           },
           [](const SignCompression& c) {
             if (c.mode == SignMode::majority_vote && c.error_feedback)
@@ -93,6 +99,7 @@ std::shared_ptr<Reduction> make_reduction(const Compression& algorithm, const Bu
           [&](const GradientAllReduce&) { return make_allreduce_reduction(bucket); },
           [&](const HalfPrecision& c) { return make_half_reduction(c, bucket); },
           [&](const ByteGrad& c) { return make_byte_grad_reduction(c, bucket); },
+          [&](const Int4Quantization& c) { return make_int4_reduction(c, bucket); },
           [&](const SignCompression& c) { return make_sign_reduction(c, bucket); },
           [&](const Sparsification& c) { return make_sparse_reduction(c, bucket); },
           [&](const PowerSGD& c) { return make_power_sgd_reduction(c, bucket); },

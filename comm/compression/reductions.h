@@ -9,6 +9,7 @@ namespace troupe::comm {
 std::shared_ptr<Reduction> make_allreduce_reduction(const BucketBuffer& bucket);
 std::shared_ptr<Reduction> make_half_reduction(const HalfPrecision& config, const BucketBuffer& bucket);
 std::shared_ptr<Reduction> make_byte_grad_reduction(const ByteGrad& config, const BucketBuffer& bucket);
+std::shared_ptr<Reduction> make_int4_reduction(const Int4Quantization& config, const BucketBuffer& bucket);
 std::shared_ptr<Reduction> make_sign_reduction(const SignCompression& config, const BucketBuffer& bucket);
 std::shared_ptr<Reduction> make_sparse_reduction(const Sparsification& config, const BucketBuffer& bucket);
 std::shared_ptr<Reduction> make_power_sgd_reduction(const PowerSGD& config, const BucketBuffer& bucket);

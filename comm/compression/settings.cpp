@@ -97,6 +97,7 @@ std::vector<AlgorithmEntry> make_table() {
       {"fp16", HalfPrecision{false}, {}},
       {"bf16", HalfPrecision{true}, {}},
       {"bytegrad", ByteGrad{}, {integer("block", &ByteGrad::block, 1)}},
+      {"int4", Int4Quantization{}, {integer("block", &Int4Quantization::block, 2)}},
       sign(SignMode::scaled),
       sign(SignMode::majority_vote),
       sparse("topk", SparseMode::top_k),

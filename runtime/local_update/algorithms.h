@@ -20,4 +20,25 @@ struct DiLoCo {
   comm::Compression outer_compression = comm::GradientAllReduce{};
 };
 
+/// SparseLoCo (Sarfi et al. 2025, of the DeMo family): DiLoCo whose outer gradient is sent as the
+/// top `ratio` of each chunk of an error-feedback memory, in `value_bits`-bit values, the memory
+/// replacing the outer momentum: e = ef_decay e + delta; c = Q(topk(e)); e -= c; the ranks
+/// allgather their c and the global weights step by outer_lr times its average.
+/// runtime/local_update/sparseloco.h.
+struct SparseLoCo {
+  /// H: inner steps between synchronisations (>= 1).
+  int inner_steps = 50;
+  /// The outer step's learning rate (> 0).
+  double outer_lr = 1.0;
+  /// The share of each chunk sent, in (0, 1]: k = max(1, round(ratio * chunk)) per chunk (the
+  /// default: 64 of 4096).
+  double ratio = 1.0 / 64;
+  /// Elements per top-k chunk, in [1, 65536] (indices travel as 16 bits within their chunk).
+  size_t chunk = 4096;
+  /// Bits per value sent: 2, 4 or 8 (min-max codes, one {min, max} pair per chunk), or 32 (float).
+  int value_bits = 2;
+  /// beta: the decay of the error-feedback memory, in [0, 1].
+  double ef_decay = 0.95;
+};
+
 }  // namespace troupe

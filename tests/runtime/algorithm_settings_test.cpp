@@ -25,6 +25,9 @@ bool same(const comm::Compression& a, const comm::Compression& b) {
             return x.bfloat16 == std::get<comm::HalfPrecision>(b).bfloat16;
           },
           [&](const comm::ByteGrad& x) { return x.block == std::get<comm::ByteGrad>(b).block; },
+          [&](const comm::Int4Quantization& x) {
+            return x.block == std::get<comm::Int4Quantization>(b).block;
+          },
           [&](const comm::SignCompression& x) {
             const auto& y = std::get<comm::SignCompression>(b);
             return x.mode == y.mode && x.error_feedback == y.error_feedback;
@@ -53,7 +56,8 @@ std::string other_value(const comm::AlgorithmSetting& s, const comm::Compression
     case comm::SettingType::boolean:
       return std::get<bool>(now) ? "false" : "true";
     case comm::SettingType::integer:
-      return std::to_string(std::max(std::get<int64_t>(now), s.min_integer) + 3);
+      // + 4: even, as int4's block must be.
+      return std::to_string(std::max(std::get<int64_t>(now), s.min_integer) + 4);
     case comm::SettingType::number:
       return std::get<double>(now) == 0.5 ? "0.25" : "0.5";
   }

@@ -457,6 +457,7 @@ TEST_CASE("compressed algorithms run in the bucket flow and leave every rank the
       {"fp16", HalfPrecision{}},
       {"bf16", HalfPrecision{true}},
       {"bytegrad", ByteGrad{}},
+      {"int4", Int4Quantization{}},
       {"sign", SignCompression{}},
       {"sign-vote", SignCompression{SignMode::majority_vote, false}},
       {"topk", Sparsification{SparseMode::top_k, 0.02}},
@@ -500,6 +501,7 @@ TEST_CASE("compressed algorithms run in the bucket flow and leave every rank the
   CHECK(bytes["fp16"] * 2 == bytes["allreduce"]);
   CHECK(bytes["bf16"] * 2 == bytes["allreduce"]);
   CHECK(bytes["bytegrad"] < full / 2.5);  // ~4x against the ring; less against doubling
+  CHECK(bytes["int4"] < full / 5);         // ~8x against the ring; less against doubling
   CHECK(bytes["sign"] < full / 8);
   CHECK(bytes["topk"] < full / 4);
   CHECK(bytes["randomk"] < full / 8);

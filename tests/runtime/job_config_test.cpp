@@ -262,7 +262,7 @@ min_interval_ms = 0
 }
 
 TEST_CASE("job_algorithm_name gives back the name the job file used") {
-  for (const char* name : {"allreduce", "fp16", "bf16", "bytegrad", "sign", "sign-vote", "topk",
+  for (const char* name : {"allreduce", "fp16", "bf16", "bytegrad", "int4", "sign", "sign-vote", "topk",
                            "randomk", "blockk", "powersgd", "decentralized",
                            "low_precision_decentralized", "async_model_average", "async_gossip"}) {
     CAPTURE(name);

@@ -510,7 +510,7 @@ TEST_CASE("algorithm specs from the command line parse, and mistakes name the ke
   CHECK(std::holds_alternative<comm::GradientAllReduce>(comm::parse_compression("allreduce")));
   CHECK_THROWS_WITH(comm::parse_compression("zip"),
                     "--algorithm 'zip' is not an algorithm (expected allreduce, fp16, bf16, "
-                    "bytegrad, sign, sign-vote, topk, randomk, blockk or powersgd)");
+                    "bytegrad, int4, sign, sign-vote, topk, randomk, blockk or powersgd)");
   CHECK_THROWS_WITH(comm::parse_compression("powersgd:rank=two"),
                     "--algorithm powersgd: rank=two: expected an integer >= 1");
   CHECK_THROWS_WITH(comm::parse_compression("topk:k=5"),

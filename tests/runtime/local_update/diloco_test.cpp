@@ -162,6 +162,41 @@ TEST_CASE("DiLoCo's outer gradient in fp16 stays near the exact run at about hal
   }
 }
 
+TEST_CASE("DiLoCo's outer gradient in 4 bits stays near the exact run at a fraction of the bytes") {
+  torch::manual_seed(4);
+  const auto init = flat_of(*make_net()).clone();
+  const int world = 3, steps = 8;
+  DiLoCo c;
+  c.inner_steps = 4;
+  Batches b(world, steps);
+  std::vector<CommStats> exact_stats, int4_stats;
+  auto exact = run_diloco(init, b, world, steps, c, false, &exact_stats);
+  c.outer_compression = std::get<DiLoCo>(parse_algorithm_argument("diloco:compress=int4:block=16"))
+                            .outer_compression;
+  REQUIRE(std::get<comm::Int4Quantization>(c.outer_compression).block == 16);
+  auto job = parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"diloco\"\n"
+                              "outer_compression = \"int4\"\n",
+                              "diloco.toml");
+  CHECK(std::holds_alternative<comm::Int4Quantization>(std::get<DiLoCo>(job.algorithm).outer_compression));
+  auto int4 = run_diloco(init, b, world, steps, c, false, &int4_stats);
+  const double moved = (exact[0] - init).abs().max().item<double>();
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    const double off = (int4[static_cast<size_t>(r)] - exact[static_cast<size_t>(r)]).abs().max().item<double>();
+    CAPTURE(off);
+    CAPTURE(moved);
+    CHECK(off > 0);               // the codes did lose something
+    CHECK(off < 0.1 * moved);     // but little of the way the weights travelled
+    CHECK(torch::equal(int4[static_cast<size_t>(r)], int4[0]));  // every rank decodes the same
+    const double sent_exact = static_cast<double>(exact_stats[static_cast<size_t>(r)].bytes_sent);
+    const double sent_int4 = static_cast<double>(int4_stats[static_cast<size_t>(r)].bytes_sent);
+    CHECK(sent_int4 < 0.5 * sent_exact);  // 83 parameters: the blocks' headers weigh
+    // Two synchronisations of an alltoall and an allgather of W - 1 slots each; a slot holds the
+    // largest chunk, 28 elements: two blocks' {min, max} (16 bytes) and 14 code bytes, in words.
+    CHECK(int4_stats[static_cast<size_t>(r)].bytes_sent == 2 * 2 * (world - 1) * 32);
+  }
+}
+
 TEST_CASE("DiLoCo refuses settings out of range, naming them") {
   auto errors = test::run_threads(1, [](int, Runtime& rt) {
     auto net = make_net();
