@@ -133,7 +133,8 @@ Simulated simulate(const torch::Tensor& init, const Batches& b, int world, int s
       auto local = part(w, f);
       if (c.eager) {
         local.copy_(local + g - provisional[r]);
-        if (world > 1) others[static_cast<size_t>(f)][r] = (average * world - own[r]) / (world - 1);
+        others[static_cast<size_t>(f)][r] =
+            world > 1 ? (average * world - own[r]) / (world - 1) : torch::zeros_like(average);
       }
       local.copy_(c.fragment_update_alpha * local + (1 - c.fragment_update_alpha) * g);
       load_flat(*nets[r], w);
@@ -340,8 +341,14 @@ TEST_CASE("each sync of P fragments sends about 1/P of DiLoCo's bytes, the total
       REQUIRE(ps.peak_sync_bytes_sent > 0);
       const double ratio = static_cast<double>(ps.peak_sync_bytes_sent) /
                            static_cast<double>(ss.peak_sync_bytes_sent);
-      CHECK(ratio > 0.85 * p);
-      CHECK(ratio < 1.15 * p);
+      // The peak is the largest fragment's sync; fragments end at row boundaries (the last
+      // matrix has rows of 256), so they are near P-th parts of the model, not exact ones.
+      size_t largest = 0;
+      for (const auto& [lo, hi] : streaming.cuts) largest = std::max(largest, hi - lo);
+      const double expected = 2563.0 / static_cast<double>(largest);
+      CHECK(expected > 0.8 * p);
+      CHECK(ratio > 0.9 * expected);
+      CHECK(ratio < 1.1 * expected);
       // Every sync is counted, and they sum to the total.
       const auto& each = streaming.sync_bytes[static_cast<size_t>(r)];
       CHECK(static_cast<int64_t>(each.size()) == streaming.outer_steps);
@@ -618,13 +625,24 @@ TEST_CASE("make_data_parallel runs Streaming DiLoCo") {
           .backward();
       dp->step(opt);
     }
-    // Both fragments synced, alpha 0: every rank holds the same global weights.
+    // Fragment 1 synced after step 2, alpha 0: every rank holds its global copy. Fragment 0,
+    // synced after step 1, has taken a local step since, on each rank's own batch.
+    auto* streaming = dynamic_cast<StreamingDiLoCoModule*>(dp.get());
+    REQUIRE(streaming);
+    const auto cuts = streaming->fragments();
+    REQUIRE(cuts.size() == 2);
     auto mine = flat_of(*net).clone(), theirs = mine.clone();
     rt.comm().broadcast(theirs.data_ptr<float>(), static_cast<size_t>(theirs.numel()),
                         comm::DataType::float32, 0);
-    CHECK(torch::equal(mine, theirs));
+    auto part = [&](const torch::Tensor& t, size_t f) {
+      return t.narrow(0, static_cast<int64_t>(cuts[f].first),
+                      static_cast<int64_t>(cuts[f].second - cuts[f].first));
+    };
+    CHECK(torch::equal(part(mine, 1), part(theirs, 1)));
+    if (rt.rank() == 1) CHECK(!torch::equal(part(mine, 0), part(theirs, 0)));
     CHECK(dp->stats().bytes_sent > 0);
     CHECK(dp->stats().peak_sync_bytes_sent > 0);
   });
   for (auto& e : errors) CHECK(e.empty());
 }
+
