@@ -8,6 +8,7 @@
 #include "runtime/gossip/decentralized.h"
 #include "runtime/local_update/diloco.h"
 #include "runtime/local_update/sparseloco.h"
+#include "runtime/local_update/streaming_diloco.h"
 #include "runtime/model_check.h"
 
 namespace troupe {
@@ -73,6 +74,8 @@ std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
           return std::make_unique<DiLoCoModule>(runtime, std::move(module), a);
         } else if constexpr (std::is_same_v<A, SparseLoCo>) {
           return std::make_unique<SparseLoCoModule>(runtime, std::move(module), a);
+        } else if constexpr (std::is_same_v<A, StreamingDiLoCo>) {
+          return std::make_unique<StreamingDiLoCoModule>(runtime, std::move(module), a);
         } else {
           return std::make_unique<AsynchronousModule>(runtime, std::move(module), a);
         }

@@ -28,6 +28,8 @@ struct CommStats {
   uint64_t bytes_received = 0;
   /// Bytes sent by the last step's own communication (not by background rounds).
   uint64_t last_step_bytes_sent = 0;
+  /// The most bytes one synchronisation sent (local-update algorithms; 0 for the others).
+  uint64_t peak_sync_bytes_sent = 0;
   /// Time step() spent waiting for communication.
   double comm_wait_sec = 0;
   /// Background rounds (asynchronous algorithms): averages or pairwise exchanges completed (their

@@ -15,13 +15,16 @@ namespace troupe {
 /// Every algorithm a job can run: the bucket algorithms of DistributedModule, the decentralized
 /// and asynchronous ones of runtime/gossip, and the local-update ones of runtime/local_update.
 using JobAlgorithm = std::variant<comm::Compression, Decentralized, LowPrecisionDecentralized,
-                                  AsyncModelAverage, AsyncGossip, DiLoCo, SparseLoCo>;
+                                  AsyncModelAverage, AsyncGossip, DiLoCo, StreamingDiLoCo,
+                                  SparseLoCo>;
 
 /// An algorithm as the command line's --algorithm gives it: a bucket algorithm with its settings
 /// ("powersgd:rank=2", comm::parse_compression), or
 /// "diloco[:h=50,outer_lr=0.7,outer_momentum=0.9,nesterov=1,compress=fp16]" (compress: a bucket
 /// algorithm's name, with its default settings; a job file's outer_compression takes settings too),
-/// or "sparseloco[:h=50,outer_lr=1,ratio=0.015625,chunk=4096,bits=2,beta=0.95]".
+/// or "sparseloco[:h=50,outer_lr=1,ratio=0.015625,chunk=4096,bits=2,beta=0.95]",
+/// or "streaming-diloco[:h=50,fragments=4,delay=1,alpha=0.5,outer_lr=..,outer_momentum=..,
+/// nesterov=1,compress=fp16,eager=0]" (also spelt streaming_diloco).
 /// Throws comm::Error naming the key or value and what was expected.
 JobAlgorithm parse_algorithm_argument(const std::string& text);
 

@@ -45,6 +45,9 @@ const std::vector<std::pair<std::string, Keys>> kGossipAlgorithms = {
     {"async_gossip", {"min_interval_ms"}},
     {"diloco", {"inner_steps", "outer_lr", "outer_momentum", "nesterov", "outer_compression"}},
     {"sparseloco", {"inner_steps", "outer_lr", "ratio", "chunk", "value_bits", "ef_decay"}},
+    {"streaming_diloco",
+     {"inner_steps", "fragments", "delay", "alpha", "outer_lr", "outer_momentum", "nesterov",
+      "outer_compression", "eager"}},
 };
 const char* const kTopologyUsers = "decentralized, low_precision_decentralized and async_gossip";
 
@@ -365,6 +368,39 @@ JobAlgorithm read_algorithm(const Section& a, const std::string& name,
              "a number in [0, 1]");
     return s;
   }
+  if (name == "streaming_diloco") {
+    StreamingDiLoCo d;
+    a.integer("inner_steps", d.inner_steps, 1);
+    a.integer("fragments", d.fragments, 1);
+    a.integer("delay", d.delay, 0);
+    a.number("alpha", d.fragment_update_alpha, [](double x) { return x >= 0 && x <= 1; },
+             "a number in [0, 1]");
+    a.number("outer_lr", d.outer_lr, [](double x) { return x > 0; }, "a number > 0");
+    a.number("outer_momentum", d.outer_momentum, [](double x) { return x >= 0 && x < 1; },
+             "a number in [0, 1)");
+    a.boolean("nesterov", d.nesterov);
+    a.boolean("eager", d.eager);
+    if (const toml::node* node = a.find("outer_compression"))
+      d.outer_compression = a.parsed("outer_compression", *node, comm::parse_compression);
+    // The keys that bound each other: fragments <= inner_steps, delay <= inner_steps / fragments.
+    const std::string h = "inner_steps = " + std::to_string(d.inner_steps);
+    if (d.fragments > d.inner_steps) {
+      if (const toml::node* node = a.find("fragments"))
+        a.fail("fragments", *node, "an integer in [1, inner_steps] (" + h + ")");
+      a.fail("inner_steps", *a.find("inner_steps"),
+             "an integer >= fragments (" + std::to_string(d.fragments) + ")");
+    }
+    const int most = d.inner_steps / d.fragments;
+    if (d.delay > most) {
+      const std::string bound = "inner_steps / fragments = " + std::to_string(most);
+      if (const toml::node* node = a.find("delay"))
+        a.fail("delay", *node, "an integer in [0, " + bound + "] (one fragment in flight at a time)");
+      a.fail(a.find("fragments") ? "fragments" : "inner_steps",
+             *a.find(a.find("fragments") ? "fragments" : "inner_steps"),
+             "a value leaving " + bound + " >= delay (" + std::to_string(d.delay) + ")");
+    }
+    return d;
+  }
   AsyncGossip g;  // the only name left
   g.topology = topology;
   a.integer("min_interval_ms", g.min_interval_ms, 0);
@@ -436,6 +472,7 @@ std::string job_algorithm_name(const JobAlgorithm& algorithm) {
           [](const AsyncGossip&) -> std::string { return "async_gossip"; },
           [](const DiLoCo&) -> std::string { return "diloco"; },
           [](const SparseLoCo&) -> std::string { return "sparseloco"; },
+          [](const StreamingDiLoCo&) -> std::string { return "streaming_diloco"; },
       },
       algorithm);
 }
@@ -519,15 +556,13 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
 
 namespace {
 
-/// "sparseloco[:h=50,outer_lr=1,ratio=0.015625,chunk=4096,bits=2,beta=0.95]", each key at most
-/// once and checked against its range.
-SparseLoCo parse_sparseloco_argument(const std::string& text) {
-  SparseLoCo s;
+/// The settings of "name:key=value,...": `take(key, value)` reads each (throwing for a key it
+/// does not know); a setting that is not key=value, or a key given twice, is refused here.
+void read_settings(const std::string& text, const std::string& head, const std::string& keys,
+                   const std::function<void(const std::string&, const std::string&)>& take) {
+  if (text.size() == head.size()) return;
   const std::string where = "--algorithm " + text + ": ";
-  const char* const keys = "h, outer_lr, ratio, chunk, bits, beta";
-  const size_t colon = text.find(':');
-  if (colon == std::string::npos) return s;
-  const std::string rest = text.substr(colon + 1);
+  const std::string rest = text.substr(head.size() + 1);
   std::vector<std::string> seen;
   for (size_t at = 0; at <= rest.size();) {
     size_t end = rest.find(',', at);
@@ -541,96 +576,131 @@ SparseLoCo parse_sparseloco_argument(const std::string& text) {
     if (std::find(seen.begin(), seen.end(), key) != seen.end())
       throw Error(where + key + " is given twice");
     seen.push_back(key);
-    auto number = [&](const std::function<bool(double)>& ok, const std::string& expected) {
-      size_t used = 0;
-      double x = 0;
-      try {
-        x = std::stod(value, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (value.empty() || used != value.size() || !std::isfinite(x) || !ok(x))
-        throw Error(where + key + " = '" + value + "', expected " + expected);
-      return x;
-    };
-    auto integer = [](double lo, double hi) {
-      return [=](double x) { return x >= lo && x <= hi && x == std::floor(x); };
-    };
-    if (key == "h" || key == "inner_steps") {
-      s.inner_steps = static_cast<int>(number(integer(1, 1e9), "an integer >= 1"));
-    } else if (key == "outer_lr") {
-      s.outer_lr = number([](double x) { return x > 0; }, "a number > 0");
-    } else if (key == "ratio") {
-      s.ratio = number([](double x) { return x > 0 && x <= 1; }, "a number in (0, 1]");
-    } else if (key == "chunk") {
-      s.chunk = static_cast<size_t>(number(integer(1, 65536), "an integer in [1, 65536]"));
-    } else if (key == "bits" || key == "value_bits") {
-      s.value_bits = static_cast<int>(number(
-          [](double x) { return x == 2 || x == 4 || x == 8 || x == 32; }, "2, 4, 8 or 32"));
-    } else if (key == "beta" || key == "ef_decay") {
-      s.ef_decay = number([](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]");
-    } else {
-      throw Error(where + "unknown key '" + key + "' (allowed: " + keys + ")");
-    }
+    take(key, value);
   }
-  return s;
 }
+
+/// One setting's value read as the command line gives it; errors name the key, the value and
+/// what was expected.
+struct SettingText {
+  std::string where, key, value;
+  double number(const std::function<bool(double)>& ok, const std::string& expected) const {
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (value.empty() || used != value.size() || !std::isfinite(x) || !ok(x))
+      throw Error(where + key + " = '" + value + "', expected " + expected);
+    return x;
+  }
+  int integer(int64_t min) const {
+    return static_cast<int>(number(
+        [min](double x) { return x >= static_cast<double>(min) && x <= 1e9 && x == std::floor(x); },
+        "an integer >= " + std::to_string(min)));
+  }
+  bool flag() const {
+    if (value != "0" && value != "1" && value != "true" && value != "false")
+      throw Error(where + key + " = '" + value + "', expected 0, 1, true or false");
+    return value == "1" || value == "true";
+  }
+};
+
+const char* const kDiLoCoKeys = "h, outer_lr, outer_momentum, nesterov, compress";
+const char* const kStreamingKeys =
+    "h, fragments, delay, alpha, outer_lr, outer_momentum, nesterov, compress, eager";
+const char* const kSparseLoCoKeys = "h, outer_lr, ratio, chunk, bits, beta";
 
 }  // namespace
 
 JobAlgorithm parse_algorithm_argument(const std::string& text) {
   const std::string head = text.substr(0, text.find(':'));
-  if (head == "sparseloco") return parse_sparseloco_argument(text);
-  if (head != "diloco") return comm::parse_compression(text);
-  DiLoCo d;
   const std::string where = "--algorithm " + text + ": ";
-  if (text.size() == head.size()) return d;
-  std::string rest = text.substr(head.size() + 1);
-  std::vector<std::string> seen;
-  for (size_t at = 0; at <= rest.size();) {
-    size_t end = rest.find(',', at);
-    if (end == std::string::npos) end = rest.size();
-    const std::string item = rest.substr(at, end - at);
-    at = end + 1;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw Error(where + "'" + item + "' is not key=value (keys: h, outer_lr, outer_momentum, "
-                  "nesterov, compress)");
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (std::find(seen.begin(), seen.end(), key) != seen.end())
-      throw Error(where + key + " is given twice");
-    seen.push_back(key);
-    auto number = [&](const std::function<bool(double)>& ok, const std::string& expected) {
-      size_t used = 0;
-      double x = 0;
-      try {
-        x = std::stod(value, &used);
-      } catch (const std::exception&) {
-        used = 0;
+  if (head == "diloco") {
+    DiLoCo d;
+    read_settings(text, head, kDiLoCoKeys, [&](const std::string& key, const std::string& value) {
+      const SettingText v{where, key, value};
+      if (key == "h" || key == "inner_steps") {
+        d.inner_steps = v.integer(1);
+      } else if (key == "outer_lr") {
+        d.outer_lr = v.number([](double x) { return x > 0; }, "a number > 0");
+      } else if (key == "outer_momentum") {
+        d.outer_momentum = v.number([](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)");
+      } else if (key == "nesterov") {
+        d.nesterov = v.flag();
+      } else if (key == "compress") {
+        d.outer_compression = comm::parse_compression(value);
+      } else {
+        throw Error(where + "unknown key '" + key + "' (allowed: " + kDiLoCoKeys + ")");
       }
-      if (value.empty() || used != value.size() || !std::isfinite(x) || !ok(x))
-        throw Error(where + key + " = '" + value + "', expected " + expected);
-      return x;
-    };
-    if (key == "h" || key == "inner_steps") {
-      d.inner_steps = static_cast<int>(number(
-          [](double x) { return x >= 1 && x <= 1e9 && x == std::floor(x); }, "an integer >= 1"));
-    } else if (key == "outer_lr") {
-      d.outer_lr = number([](double x) { return x > 0; }, "a number > 0");
-    } else if (key == "outer_momentum") {
-      d.outer_momentum = number([](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)");
-    } else if (key == "nesterov") {
-      if (value != "0" && value != "1" && value != "true" && value != "false")
-        throw Error(where + "nesterov = '" + value + "', expected 0, 1, true or false");
-      d.nesterov = value == "1" || value == "true";
-    } else if (key == "compress") {
-      d.outer_compression = comm::parse_compression(value);
-    } else {
-      throw Error(where + "unknown key '" + key +
-                  "' (allowed: h, outer_lr, outer_momentum, nesterov, compress)");
-    }
+    });
+    return d;
   }
-  return d;
+  if (head == "streaming-diloco" || head == "streaming_diloco") {
+    StreamingDiLoCo d;
+    read_settings(text, head, kStreamingKeys, [&](const std::string& key, const std::string& value) {
+      const SettingText v{where, key, value};
+      if (key == "h" || key == "inner_steps") {
+        d.inner_steps = v.integer(1);
+      } else if (key == "fragments") {
+        d.fragments = v.integer(1);
+      } else if (key == "delay") {
+        d.delay = v.integer(0);
+      } else if (key == "alpha") {
+        d.fragment_update_alpha =
+            v.number([](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]");
+      } else if (key == "outer_lr") {
+        d.outer_lr = v.number([](double x) { return x > 0; }, "a number > 0");
+      } else if (key == "outer_momentum") {
+        d.outer_momentum = v.number([](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)");
+      } else if (key == "nesterov") {
+        d.nesterov = v.flag();
+      } else if (key == "eager") {
+        d.eager = v.flag();
+      } else if (key == "compress") {
+        d.outer_compression = comm::parse_compression(value);
+      } else {
+        throw Error(where + "unknown key '" + key + "' (allowed: " + kStreamingKeys + ")");
+      }
+    });
+    const std::string h = "h = " + std::to_string(d.inner_steps);
+    if (d.fragments > d.inner_steps)
+      throw Error(where + "fragments = " + std::to_string(d.fragments) +
+                  ", expected an integer in [1, h] (" + h + ")");
+    const int most = d.inner_steps / d.fragments;
+    if (d.delay > most)
+      throw Error(where + "delay = " + std::to_string(d.delay) + ", expected an integer in [0, " +
+                  std::to_string(most) + "] (h / fragments: one fragment in flight at a time)");
+    return d;
+  }
+  if (head == "sparseloco") {
+    SparseLoCo s;
+    read_settings(text, head, kSparseLoCoKeys, [&](const std::string& key, const std::string& value) {
+      const SettingText v{where, key, value};
+      if (key == "h" || key == "inner_steps") {
+        s.inner_steps = v.integer(1);
+      } else if (key == "outer_lr") {
+        s.outer_lr = v.number([](double x) { return x > 0; }, "a number > 0");
+      } else if (key == "ratio") {
+        s.ratio = v.number([](double x) { return x > 0 && x <= 1; }, "a number in (0, 1]");
+      } else if (key == "chunk") {
+        s.chunk = static_cast<size_t>(
+            v.number([](double x) { return x >= 1 && x <= 65536 && x == std::floor(x); },
+                     "an integer in [1, 65536]"));
+      } else if (key == "bits" || key == "value_bits") {
+        s.value_bits = static_cast<int>(v.number(
+            [](double x) { return x == 2 || x == 4 || x == 8 || x == 32; }, "2, 4, 8 or 32"));
+      } else if (key == "beta" || key == "ef_decay") {
+        s.ef_decay = v.number([](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]");
+      } else {
+        throw Error(where + "unknown key '" + key + "' (allowed: " + kSparseLoCoKeys + ")");
+      }
+    });
+    return s;
+  }
+  return comm::parse_compression(text);
 }
 
 bool tolerates_dead_ranks(const JobAlgorithm& algorithm) {

@@ -523,6 +523,9 @@ caf::actor_system& detail::RuntimeAccess::system(Runtime& runtime) {
 const caf::actor& detail::RuntimeAccess::worker(const Runtime& runtime) {
   return runtime.impl_->worker;
 }
+std::chrono::milliseconds detail::RuntimeAccess::collective_timeout(const Runtime& runtime) {
+  return runtime.impl_->options.collective_timeout;
+}
 std::shared_ptr<comm::Transport> Runtime::transport() { return impl_->transport; }
 comm::Communicator& Runtime::comm() { return *impl_->comm; }
 

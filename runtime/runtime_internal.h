@@ -4,6 +4,8 @@
 /// the public runtime.h names no CAF type.
 #include <caf/fwd.hpp>
 
+#include <chrono>
+
 #include "runtime/runtime.h"
 
 namespace troupe::detail {
@@ -12,6 +14,8 @@ struct RuntimeAccess {
   static caf::actor_system& system(Runtime& runtime);
   /// This rank's worker actor.
   static const caf::actor& worker(const Runtime& runtime);
+  /// The deadline of each collective (RuntimeOptions::collective_timeout).
+  static std::chrono::milliseconds collective_timeout(const Runtime& runtime);
 };
 
 /// The actor system of `runtime`.

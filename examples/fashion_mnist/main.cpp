@@ -225,10 +225,12 @@ void train_rank(Runtime& rt, const Settings& s) {
     for (int p : st.dropped_peers) peers += (peers.empty() ? "" : ", ") + std::to_string(p);
     say(s, rank, "finished without dropped peer(s) " + peers);
   } else if (speaks && !is_bucket_algorithm(s.algorithm)) {
-    say(s, rank, format("finished: %llu steps, %llu background rounds, %.1f MB sent",
+    say(s, rank, format("finished: %llu steps, %llu background rounds, %.1f MB sent, "
+                        "peak %.3f MB per sync",
                         static_cast<unsigned long long>(st.steps),
                         static_cast<unsigned long long>(st.background_rounds),
-                        static_cast<double>(st.bytes_sent) / 1e6));
+                        static_cast<double>(st.bytes_sent) / 1e6,
+                        static_cast<double>(st.peak_sync_bytes_sent) / 1e6));
   }
 }
 
@@ -320,7 +322,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", t.seed, "Seed of the shards and the batch order");
   app.add_option("--algorithm", algorithm,
                  "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk or "
-                 "powersgd, with settings: powersgd:rank=2,start_iter=10 or topk:ratio=0.01");
+                 "powersgd, with settings: powersgd:rank=2,start_iter=10 or topk:ratio=0.01; "
+                 "local updates: diloco:h=50,compress=fp16 or "
+                 "streaming-diloco:h=50,fragments=4,delay=2,alpha=0.5,compress=fp16,eager=0");
   app.add_flag("--delay-reduce", s.ddp.delay_reduce, "Reduce after backward (no overlap)");
   app.add_option("--trace", s.ddp.trace_path,
                  "Write a Chrome trace per rank here ({rank} is replaced)");

@@ -1,6 +1,6 @@
 #pragma once
 /// The local-update algorithms' settings (plain structs, like comm/compression/algorithms.h and
-/// runtime/gossip/algorithms.h): what a job names and runtime/local_update/diloco.h runs.
+/// runtime/gossip/algorithms.h): what a job names and runtime/local_update/diloco.h and streaming_diloco.h run.
 #include "comm/compression/algorithms.h"
 
 namespace troupe {
@@ -39,6 +39,33 @@ struct SparseLoCo {
   int value_bits = 2;
   /// beta: the decay of the error-feedback memory, in [0, 1].
   double ef_decay = 0.95;
+};
+
+/// Streaming DiLoCo (arXiv 2501.18512), optionally with eager updates (arXiv 2502.12996): the
+/// model cut into `fragments` pieces that synchronise in turn, each every `inner_steps` steps,
+/// offsets inner_steps / fragments apart; a fragment's outer gradient travels during the next
+/// `delay` inner steps and is then stepped into its global copy and merged into the local one.
+/// runtime/local_update/streaming_diloco.h.
+struct StreamingDiLoCo {
+  /// H: inner steps between two synchronisations of one fragment (>= 1).
+  int inner_steps = 50;
+  /// P: fragments (1 <= P <= H, and no more than the model has rows to cut).
+  int fragments = 4;
+  /// tau: inner steps a fragment's reduction travels before it is applied (the overlap),
+  /// 0 <= tau <= H / P (rounded down): at most one fragment is in flight.
+  int delay = 1;
+  /// alpha: at the merge, local = alpha local + (1 - alpha) global (0: the global replaces it).
+  double fragment_update_alpha = 0.5;
+  /// The outer SGD's learning rate (> 0) and momentum (in [0, 1)), Nesterov or heavy ball.
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool nesterov = true;
+  /// How each fragment's outer gradient is averaged over the ranks (the paper: 4 bits, summed in
+  /// float32).
+  comm::Compression outer_compression = comm::GradientAllReduce{};
+  /// Eager updates: at the sync the local fragment takes a provisional outer step by its own
+  /// fresh outer gradient standing in for the others' (docs/algorithms.md), corrected on arrival.
+  bool eager = false;
 };
 
 }  // namespace troupe

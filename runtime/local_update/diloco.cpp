@@ -85,6 +85,7 @@ struct DiLoCoModule::Impl {
     totals.bytes_sent += traffic.sent;
     totals.bytes_received += traffic.received;
     totals.last_step_bytes_sent = traffic.sent;
+    totals.peak_sync_bytes_sent = std::max<uint64_t>(totals.peak_sync_bytes_sent, traffic.sent);
     // torch.optim.SGD's momentum: buf = mu buf + g; Nesterov steps by g + mu buf, else by buf.
     momentum.mul_(config.outer_momentum).add_(delta);
     if (config.nesterov)

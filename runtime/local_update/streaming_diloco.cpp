@@ -1,0 +1,528 @@
+#include "runtime/local_update/streaming_diloco.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "comm/collectives/communicator.h"
+#include "comm/collectives/driver.h"
+#include "comm/compression/reduction.h"
+#include "comm/state.h"
+#include "comm/tags.h"
+#include "runtime/gossip/flat_model.h"
+#include "runtime/module_id.h"
+#include "runtime/runtime_internal.h"
+
+namespace troupe {
+
+std::string streaming_diloco_name(const StreamingDiLoCo& c) {
+  std::ostringstream s;
+  s << "streaming_diloco(h=" << c.inner_steps << ", fragments=" << c.fragments
+    << ", delay=" << c.delay << ", alpha=" << c.fragment_update_alpha
+    << ", outer_lr=" << c.outer_lr << ", outer_momentum=" << c.outer_momentum
+    << (c.nesterov ? "" : ", heavy ball") << ", " << comm::algorithm_name(c.outer_compression)
+    << (c.eager ? ", eager" : "") << ")";
+  return s.str();
+}
+
+std::vector<std::pair<size_t, size_t>> streaming_fragments(const std::vector<size_t>& rows,
+                                                           const std::vector<size_t>& cols,
+                                                           int fragments) {
+  // Every place the flat vector may be cut: the end of each row.
+  std::vector<size_t> ends;
+  size_t at = 0;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t r = 0; r < rows[i]; ++r) ends.push_back(at += cols[i]);
+  const size_t parts = static_cast<size_t>(fragments);
+  if (fragments < 1 || ends.size() < parts)
+    throw comm::Error("Streaming DiLoCo: fragments = " + std::to_string(fragments) +
+                      ", expected 1 <= it <= " + std::to_string(ends.size()) +
+                      " (the rows the model's parameters have to cut at)");
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t taken = 0;  // rows already in earlier fragments
+  for (size_t k = 0; k + 1 < parts; ++k) {
+    const double target = static_cast<double>(at) * static_cast<double>(k + 1) /
+                          static_cast<double>(parts);
+    // The row end nearest the target that leaves each fragment (this and the rest) a row.
+    const size_t lo = taken + 1, hi = ends.size() - (parts - 1 - k);
+    size_t j = static_cast<size_t>(
+        std::lower_bound(ends.begin(), ends.end(), static_cast<size_t>(target)) - ends.begin()) + 1;
+    if (j > 1 && j <= ends.size() &&
+        target - static_cast<double>(ends[j - 2]) < static_cast<double>(ends[j - 1]) - target)
+      --j;
+    j = std::clamp(j, lo, hi);
+    out.emplace_back(taken ? ends[taken - 1] : 0, ends[j - 1]);
+    taken = j;
+  }
+  out.emplace_back(taken ? ends[taken - 1] : 0, at);
+  return out;
+}
+
+namespace {
+
+StreamingDiLoCo checked(StreamingDiLoCo c) {
+  auto bad = [](const std::string& what) { throw comm::Error("Streaming DiLoCo: " + what); };
+  if (c.inner_steps < 1)
+    bad("inner_steps = " + std::to_string(c.inner_steps) + ", expected >= 1");
+  if (c.fragments < 1 || c.fragments > c.inner_steps)
+    bad("fragments = " + std::to_string(c.fragments) + ", expected 1 <= it <= inner_steps (" +
+        std::to_string(c.inner_steps) + "): each fragment needs its own sync step");
+  const int most = c.inner_steps / c.fragments;
+  if (c.delay < 0 || c.delay > most)
+    bad("delay = " + std::to_string(c.delay) + ", expected 0 <= it <= inner_steps / fragments (" +
+        std::to_string(most) + "): one fragment in flight at a time");
+  if (!(c.fragment_update_alpha >= 0 && c.fragment_update_alpha <= 1))
+    bad("fragment_update_alpha = " + std::to_string(c.fragment_update_alpha) +
+        ", expected 0 <= it <= 1");
+  if (!(c.outer_lr > 0) || !std::isfinite(c.outer_lr))
+    bad("outer_lr = " + std::to_string(c.outer_lr) + ", expected a finite number > 0");
+  if (!(c.outer_momentum >= 0 && c.outer_momentum < 1))
+    bad("outer_momentum = " + std::to_string(c.outer_momentum) + ", expected 0 <= it < 1");
+  return c;
+}
+
+/// The module's own thread for reductions in flight: one job at a time, posted by the trainer and
+/// waited for by it with a deadline.
+class Courier {
+ public:
+  Courier() : thread_([this] { loop(); }) {}
+  ~Courier() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void post(std::function<comm::Status()> job) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = std::move(job);
+    done_ = false;
+    wake_.notify_all();
+  }
+  /// The job's status, or a failure naming `what` when it has not ended by `deadline`.
+  comm::Status wait(std::chrono::steady_clock::time_point deadline, const std::string& what) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wake_.wait_until(lock, deadline, [&] { return done_; }))
+      return comm::Status::failure(what + ": no answer by the deadline");
+    return status_;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || job_; });
+      if (!job_) return;  // stopping with nothing posted
+      auto job = std::move(job_);
+      job_ = nullptr;
+      lock.unlock();
+      comm::Status status;
+      try {
+        status = job();
+      } catch (const std::exception& e) {
+        status = comm::Status::failure(e.what());
+      }
+      lock.lock();
+      status_ = status;
+      done_ = true;
+      wake_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::function<comm::Status()> job_;
+  comm::Status status_;
+  bool done_ = true;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the rest is built
+};
+
+}  // namespace
+
+struct StreamingDiLoCoModule::Impl {
+  struct Fragment {
+    size_t first = 0, count = 0;
+    comm::BucketBuffer bucket;  // over delta's slice
+    std::shared_ptr<comm::Reduction> reduction;
+    int offset = 0;           // syncs after inner step t when t % H == offset
+    int64_t syncs = 0;        // reductions started
+    bool has_average = false; // eager: `others` holds the others' last average
+  };
+
+  Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, StreamingDiLoCo c)
+      : runtime(rt), config(checked(std::move(c))), id(rt), flat(rt, m, "Streaming DiLoCo") {
+    const auto count = static_cast<int64_t>(flat.count());
+    auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    flat.pull();
+    global = torch::from_blob(flat.host(), {count}, f32).clone();
+    momentum = torch::zeros({count}, f32);
+    delta = torch::zeros({count}, f32);
+    if (config.eager) {
+      own = torch::zeros({count}, f32);
+      others = torch::zeros({count}, f32);
+      provisional = torch::zeros({count}, f32);
+    }
+    std::vector<size_t> rows, cols, slot_rows;
+    for (auto& p : m->parameters()) {
+      const auto n = static_cast<size_t>(p.numel());
+      const size_t r = p.dim() >= 2 ? static_cast<size_t>(p.size(0)) : n;
+      rows.push_back(r);
+      cols.push_back(r ? n / r : 0);
+      slot_rows.push_back(p.dim() >= 2 ? r : 1);
+    }
+    const auto cuts = streaming_fragments(rows, cols, config.fragments);
+    const int H = config.inner_steps, P = config.fragments;
+    for (size_t f = 0; f < cuts.size(); ++f) {
+      Fragment frag;
+      frag.first = cuts[f].first;
+      frag.count = cuts[f].second - cuts[f].first;
+      frag.offset = static_cast<int>(static_cast<int64_t>(f + 1) * H / P % H);
+      frag.bucket.index = static_cast<int>(f);
+      frag.bucket.data = delta.data_ptr<float>() + frag.first;
+      frag.bucket.count = frag.count;
+      frag.bucket.type = comm::DataType::float32;
+      // The pieces of the tensors in this fragment, each whole rows of its tensor.
+      size_t at = 0;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const size_t n = rows[i] * cols[i];
+        const size_t lo = std::max(at, frag.first), hi = std::min(at + n, cuts[f].second);
+        if (lo < hi) {
+          comm::TensorSlot slot;
+          slot.offset = lo - frag.first;
+          slot.count = hi - lo;
+          slot.rows = slot_rows[i] == 1 ? 1 : slot.count / cols[i];
+          frag.bucket.tensors.push_back(slot);
+        }
+        at += n;
+      }
+      frag.reduction = comm::make_reduction(config.outer_compression, frag.bucket);
+      fragments.push_back(std::move(frag));
+    }
+    Impl* self = this;
+    listener = rt.add_failure_listener([self](int rank, const std::string& reason) {
+      {
+        std::lock_guard<std::mutex> lock(self->broken_mutex);
+        if (self->broken.empty()) {
+          self->broken = reason;
+          self->broken_peer = rank;
+        }
+      }
+      self->driver.abort(comm::Status::failure(reason, rank));
+    });
+  }
+
+  ~Impl() { runtime.remove_failure_listener(listener); }
+
+  torch::Tensor slice(torch::Tensor& t, const Fragment& f) {
+    return t.narrow(0, static_cast<int64_t>(f.first), static_cast<int64_t>(f.count));
+  }
+  torch::Tensor local_slice(const Fragment& f) {
+    return torch::from_blob(flat.host() + f.first, {static_cast<int64_t>(f.count)},
+                            torch::kFloat32);
+  }
+
+  // The outer SGD step of fragment f's global copy by the averaged outer gradient d, as
+  // torch.optim.SGD: buf = mu buf + d; Nesterov steps by d + mu buf, else by buf.
+  void outer_step(torch::Tensor g, torch::Tensor m, const torch::Tensor& d) {
+    m.mul_(config.outer_momentum).add_(d);
+    if (config.nesterov)
+      g.sub_(d.add(m, config.outer_momentum), config.outer_lr);
+    else
+      g.sub_(m, config.outer_lr);
+  }
+
+  // After inner step `inner`: fragment f's outer gradient is computed and its reduction posted.
+  void start(int f) {
+    auto& frag = fragments[static_cast<size_t>(f)];
+    auto d = slice(delta, frag), g = slice(global, frag);
+    {
+      std::lock_guard<std::mutex> lock(flat.mutex());
+      flat.reattach();
+      flat.pull();
+      auto local = local_slice(frag);
+      torch::sub_out(d, g, local);
+      if (config.eager) {
+        // The provisional outer step: this rank's fresh outer gradient stands in for the others'
+        // that are still on the way (1/W own + (W-1)/W the others' last average); the local
+        // fragment continues from where that step lands.
+        auto mine = slice(own, frag), p = slice(provisional, frag);
+        mine.copy_(d);
+        const double w = runtime.world_size();
+        auto proxy = frag.has_average ? d.div(w).add_(slice(others, frag), (w - 1) / w) : d.clone();
+        auto m = slice(momentum, frag).mul(config.outer_momentum).add_(proxy);
+        p.copy_(g);
+        if (config.nesterov)
+          p.sub_(proxy.add(m, config.outer_momentum), config.outer_lr);
+        else
+          p.sub_(m, config.outer_lr);
+        local.copy_(p);
+        flat.push();
+      }
+    }
+    flight = f;
+    apply_at = inner + config.delay;
+    arrived = false;
+    const auto step = static_cast<uint32_t>(frag.syncs++);
+    if (runtime.world_size() == 1) {
+      arrived = true;
+      traffic = {};
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(broken_mutex);
+      if (!broken.empty())
+        throw comm::Error("Streaming DiLoCo's reduction of fragment " + std::to_string(f) +
+                              " refused: " + broken,
+                          broken_peer);
+    }
+    comm::ReduceStep rs;
+    rs.group = comm::Group{runtime.rank(), runtime.world_size()};
+    rs.step = step;
+    rs.scale = 1.0 / runtime.world_size();
+    rs.collectives = runtime.comm().options();
+    auto built = frag.reduction->stages(rs);
+    if (built.size() > static_cast<size_t>(comm::tags::kMaxStages))
+      throw comm::Error("Streaming DiLoCo: " + frag.reduction->name() + " has " +
+                        std::to_string(built.size()) + " stages, expected at most " +
+                        std::to_string(comm::tags::kMaxStages));
+    std::vector<comm::Stage> stages;
+    for (size_t s = 0; s < built.size(); ++s)
+      stages.push_back(comm::Stage{
+          comm::tags::bucket_key(id.key_prefix(), step, static_cast<int>(s), f), std::move(built[s])});
+    timeout = detail::RuntimeAccess::collective_timeout(runtime);
+    auto transport = runtime.transport();
+    courier.post([this, stages = std::move(stages), transport]() mutable {
+      auto status = driver.run(std::move(stages), transport, timeout);
+      traffic.sent = driver.last_bytes_sent();
+      traffic.received = driver.last_bytes_received();
+      return status;
+    });
+  }
+
+  // Waits for the reduction in flight; its average is then in delta.
+  void await() {
+    if (arrived || flight < 0) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    // The driver fails its peers at its own deadline; this one only guards against a driver that
+    // never returns.
+    const auto status =
+        courier.wait(t0 + timeout + std::chrono::seconds(30),
+                     "Streaming DiLoCo's reduction of fragment " + std::to_string(flight) +
+                         " (sync " + std::to_string(fragments[static_cast<size_t>(flight)].syncs - 1) +
+                         ")");
+    totals.comm_wait_sec +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!status.ok()) throw comm::Error(status.message(), status.peer());
+    arrived = true;
+  }
+
+  // The fragment in flight lands: its global copy steps, the local fragment merges.
+  void apply() {
+    await();
+    auto& frag = fragments[static_cast<size_t>(flight)];
+    auto d = slice(delta, frag), g = slice(global, frag);
+    totals.bytes_sent += traffic.sent;
+    totals.bytes_received += traffic.received;
+    totals.last_step_bytes_sent = traffic.sent;
+    totals.peak_sync_bytes_sent = std::max<uint64_t>(totals.peak_sync_bytes_sent, traffic.sent);
+    sync_bytes.push_back(traffic.sent);
+    std::lock_guard<std::mutex> lock(flat.mutex());
+    flat.reattach();
+    flat.pull();
+    auto local = local_slice(frag);
+    outer_step(g, slice(momentum, frag), d);
+    if (config.eager) {
+      // The provisional step is replaced by the real one; the delay's local progress is kept.
+      local.add_(g).sub_(slice(provisional, frag));
+      const double w = runtime.world_size();
+      if (w > 1) slice(others, frag).copy_(d.mul(w).sub_(slice(own, frag)).div_(w - 1));
+      frag.has_average = true;
+    }
+    const double alpha = config.fragment_update_alpha;
+    if (alpha == 0)
+      local.copy_(g);
+    else
+      local.mul_(alpha).add_(g, 1 - alpha);
+    flat.push();
+    flight = -1;
+    ++outer;
+  }
+
+  // The fragment whose turn it is after inner step t, or -1.
+  int due(int64_t t) const {
+    const auto phase = static_cast<int>(t % config.inner_steps);
+    for (size_t f = 0; f < fragments.size(); ++f)
+      if (fragments[f].offset == phase) return static_cast<int>(f);
+    return -1;
+  }
+
+  Runtime& runtime;
+  StreamingDiLoCo config;
+  ModuleId id;  // before the courier and driver that send under its keys
+  gossip::FlatModel flat;
+  torch::Tensor global, momentum, delta;  // flat float32, in host memory
+  torch::Tensor own, others, provisional; // eager updates only
+  std::vector<Fragment> fragments;
+  int64_t inner = 0, outer = 0;
+  int flight = -1;        // the fragment in flight
+  int64_t apply_at = 0;   // ... applied after this inner step
+  bool arrived = false;   // ... whose average is in delta
+  comm::Communicator::Traffic traffic;  // ... and what its reduction sent
+  std::chrono::milliseconds timeout{60000};
+  CommStats totals;
+  std::vector<uint64_t> sync_bytes;
+  std::mutex broken_mutex;
+  std::string broken;
+  int broken_peer = -1;
+  int listener = -1;
+  comm::BlockingDriver driver;
+  Courier courier;  // last: its thread ends (joined) before the rest goes
+};
+
+StreamingDiLoCoModule::StreamingDiLoCoModule(Runtime& runtime,
+                                             std::shared_ptr<torch::nn::Module> module,
+                                             StreamingDiLoCo config)
+    : impl_(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
+
+StreamingDiLoCoModule::~StreamingDiLoCoModule() = default;
+
+void StreamingDiLoCoModule::step(torch::optim::Optimizer& inner) {
+  auto& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.flat.mutex());
+    inner.step();
+  }
+  ++m.totals.steps;
+  m.totals.last_step_bytes_sent = 0;
+  ++m.inner;
+  if (m.flight >= 0 && m.inner == m.apply_at) m.apply();
+  if (const int f = m.due(m.inner); f >= 0) {
+    m.start(f);
+    if (m.config.delay == 0) m.apply();
+  }
+}
+
+void StreamingDiLoCoModule::finish() {
+  if (impl_->flight >= 0) impl_->apply();
+}
+
+std::string StreamingDiLoCoModule::algorithm_name() const {
+  return streaming_diloco_name(impl_->config);
+}
+
+CommStats StreamingDiLoCoModule::stats() const { return impl_->totals; }
+
+int64_t StreamingDiLoCoModule::outer_steps() const { return impl_->outer; }
+
+std::vector<std::pair<size_t, size_t>> StreamingDiLoCoModule::fragments() const {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const auto& f : impl_->fragments) out.emplace_back(f.first, f.first + f.count);
+  return out;
+}
+
+const std::vector<uint64_t>& StreamingDiLoCoModule::sync_bytes_sent() const {
+  return impl_->sync_bytes;
+}
+
+namespace {
+
+std::vector<float> values_of(const torch::Tensor& t) {
+  const auto* p = t.data_ptr<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+}  // namespace
+
+void StreamingDiLoCoModule::save_state(comm::StateWriter& out) const {
+  auto& m = *impl_;
+  m.await();  // a fragment in flight: its average is saved, to be applied at its step
+  std::lock_guard<std::mutex> lock(m.flat.mutex());
+  out.string(streaming_diloco_name(m.config));
+  out.value(m.inner);
+  out.value(m.outer);
+  out.value(m.totals.steps);
+  out.value(static_cast<int64_t>(m.flight));
+  out.value(m.apply_at);
+  out.vector(values_of(m.global));
+  out.vector(values_of(m.momentum));
+  out.vector(values_of(m.delta));  // only the fragment in flight's slice matters
+  if (m.config.eager) {
+    out.vector(values_of(m.own));
+    out.vector(values_of(m.others));
+    out.vector(values_of(m.provisional));
+  }
+  for (const auto& f : m.fragments) {
+    out.value(f.syncs);
+    out.value(static_cast<uint8_t>(f.has_average));
+  }
+  for (const auto& f : m.fragments) f.reduction->save_state(out);
+}
+
+void StreamingDiLoCoModule::load_state(comm::StateReader& in) {
+  auto& m = *impl_;
+  if (m.flight >= 0)
+    in.fail("a fragment of this module is in flight (step " + std::to_string(m.inner) +
+            "): load into a module that has not stepped since construction or a sync landed");
+  const auto saved = in.string();
+  if (saved != streaming_diloco_name(m.config))
+    in.fail("saved under " + saved + ", this module runs " + streaming_diloco_name(m.config));
+  const auto inner = in.value<int64_t>(), outer = in.value<int64_t>();
+  const auto steps = in.value<uint64_t>();
+  const auto flight = in.value<int64_t>(), apply_at = in.value<int64_t>();
+  if (flight < -1 || flight >= static_cast<int64_t>(m.fragments.size()))
+    in.fail("fragment in flight " + std::to_string(flight) + ", expected -1 (none) or one of the " +
+            std::to_string(m.fragments.size()) + " fragments");
+  const auto count = static_cast<size_t>(m.global.numel());
+  auto global = in.vector<float>(count, "Streaming DiLoCo's global weights");
+  auto momentum = in.vector<float>(count, "Streaming DiLoCo's outer momentum");
+  auto delta = in.vector<float>(count, "Streaming DiLoCo's outer gradient in flight");
+  std::vector<float> own, others, provisional;
+  if (m.config.eager) {
+    own = in.vector<float>(count, "Streaming DiLoCo's own outer gradient");
+    others = in.vector<float>(count, "Streaming DiLoCo's others' last average");
+    provisional = in.vector<float>(count, "Streaming DiLoCo's provisional global weights");
+  }
+  std::vector<std::pair<int64_t, bool>> per_fragment;
+  for (size_t f = 0; f < m.fragments.size(); ++f) {
+    const auto syncs = in.value<int64_t>();
+    per_fragment.emplace_back(syncs, in.value<uint8_t>() != 0);
+  }
+  std::lock_guard<std::mutex> lock(m.flat.mutex());
+  // Each reduction checks its own state before changing it; the module's own is read above, so
+  // a refusal leaves it as it was.
+  for (auto& f : m.fragments) f.reduction->load_state(in);
+  auto put = [](torch::Tensor& t, const std::vector<float>& v) {
+    std::copy(v.begin(), v.end(), t.data_ptr<float>());
+  };
+  put(m.global, global);
+  put(m.momentum, momentum);
+  put(m.delta, delta);
+  if (m.config.eager) {
+    put(m.own, own);
+    put(m.others, others);
+    put(m.provisional, provisional);
+  }
+  for (size_t f = 0; f < m.fragments.size(); ++f) {
+    m.fragments[f].syncs = per_fragment[f].first;
+    m.fragments[f].has_average = per_fragment[f].second;
+  }
+  m.inner = inner;
+  m.outer = outer;
+  m.totals.steps = steps;
+  m.flight = static_cast<int>(flight);
+  m.apply_at = apply_at;
+  m.arrived = true;
+  m.traffic = {};
+}
+
+}  // namespace troupe
