@@ -18,6 +18,7 @@
 #include "comm/compression/algorithms.h"
 #include "comm/compression/reductions.h"
 #include "comm/transport/inproc/transport.h"
+#include "tests/support/padded_bucket.h"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -28,13 +29,9 @@ namespace {
 // A bucket of three tensors with alignment gaps: a 16 x 24 matrix, a vector of 7, a 5 x 40 matrix.
 const std::vector<comm::TensorSlot> kTensors = {{0, 384, 16}, {400, 7, 1}, {416, 200, 5}};
 constexpr size_t kCount = 624;
-constexpr float kPadding = 1e30f;  // stale values in the gaps must not leak into any tensor
+constexpr float kPadding = test::kStalePadding;
 
-bool in_tensor(size_t i) {
-  for (auto& t : kTensors)
-    if (i >= t.offset && i < t.offset + t.count) return true;
-  return false;
-}
+bool in_tensor(size_t i) { return test::in_tensor(kTensors, i); }
 
 // Rank r's gradient at a step: distinct, non-zero, of mixed magnitudes.
 Vec gradient(int rank, uint32_t step) {

@@ -15,6 +15,7 @@
 #include "comm/compression/algorithms.h"
 #include "comm/compression/settings.h"
 #include "comm/transport/inproc/transport.h"
+#include "tests/support/padded_bucket.h"
 
 using namespace troupe;
 using Vec = std::vector<float>;
@@ -50,13 +51,9 @@ Vec reference_round_trip(const Vec& x, size_t block) {
 // A bucket of two tensors with a gap of padding between them and after them.
 const std::vector<comm::TensorSlot> kTensors = {{0, 301, 7}, {304, 77, 1}};
 constexpr size_t kCount = 400;
-constexpr float kPadding = 1e30f;  // stale values in the gaps must not leak into any tensor
+constexpr float kPadding = test::kStalePadding;
 
-bool in_tensor(size_t i) {
-  for (auto& t : kTensors)
-    if (i >= t.offset && i < t.offset + t.count) return true;
-  return false;
-}
+bool in_tensor(size_t i) { return test::in_tensor(kTensors, i); }
 
 Vec gradient(int rank, uint32_t step) {
   Vec g = random_values(kCount, static_cast<unsigned>(rank * 131 + step * 7 + 3), 0.7f);

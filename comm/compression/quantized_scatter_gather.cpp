@@ -1,12 +1,15 @@
-// ByteGrad (Bagua): 8-bit min-max quantisation with scatter-gather.
+// ByteGrad (Bagua, 8-bit min-max codes: comm/codecs/minmax8.h) and Int4Quantization (4-bit
+// min-max codes with fp32 sums: comm/codecs/minmax4.h): one scatter-gather reduction over a block
+// codec, so that every element crosses the wire twice as a code whatever the world size (an
+// allgather of every rank's codes would send (W - 1) codes per element instead):
 //   stage 1: quantise the world-size chunks of the bucket, alltoall (rank j gets everyone's chunk j)
-//   stage 2: dequantise and sum the chunks received, scale, re-quantise, allgather
+//   stage 2: dequantise and sum the chunks received in fp32, scale, re-quantise, allgather
 //   end:     dequantise every chunk into the bucket
-// Every rank, its own chunk included, ends with the values decoded from the same bytes, so the
-// buckets agree bit for bit.
-#include <algorithm>
+// Every rank, its own chunk included, decodes the same bytes, so the buckets agree bit for bit.
+#include <utility>
 #include <vector>
 
+#include "comm/codecs/minmax4.h"
 #include "comm/codecs/minmax8.h"
 #include "comm/compression/reductions.h"
 
@@ -14,17 +17,30 @@ namespace troupe::comm {
 
 namespace {
 
-class ByteGradReduction final : public Reduction {
+// A block quantiser as the min-max codecs spell it: the bytes of n elements' encoding, encode,
+// decode, and decode-and-add. Called once per chunk, not per element.
+struct BlockCodec {
+  size_t (*bytes)(size_t n, size_t block);
+  void (*encode)(const float* src, size_t n, size_t block, uint8_t* out);
+  void (*decode)(const uint8_t* in, size_t n, size_t block, float* dst);
+  void (*decode_add)(const uint8_t* in, size_t n, size_t block, float* dst);
+};
+
+constexpr BlockCodec kMinMax8 = {minmax8_bytes, minmax8_encode, minmax8_decode, minmax8_decode_add};
+constexpr BlockCodec kMinMax4 = {minmax4_bytes, minmax4_encode, minmax4_decode, minmax4_decode_add};
+
+class QuantizedScatterGather final : public Reduction {
  public:
-  ByteGradReduction(const ByteGrad& config, const BucketBuffer& bucket)
-      : config_(config), bucket_(bucket) {}
-  std::string name() const override { return "bytegrad"; }
+  QuantizedScatterGather(std::string name, const BlockCodec& codec, size_t block,
+                         const BucketBuffer& bucket)
+      : name_(std::move(name)), codec_(codec), block_(block), bucket_(bucket) {}
+  std::string name() const override { return name_; }
 
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     const int world = step.group.world_size;
     const size_t largest = (bucket_.count + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
     // Every chunk's encoding gets the same slot, in whole int32 words (the collectives' unit).
-    stride_words_ = (minmax8_bytes(largest, config_.block) + 3) / 4;
+    stride_words_ = (codec_.bytes(largest, block_) + 3) / 4;
     const size_t slot = stride_words_ * 4;
     // Sized once (the world does not change between steps); every slot is rewritten each step.
     send_.resize(slot * static_cast<size_t>(world));
@@ -36,7 +52,7 @@ class ByteGradReduction final : public Reduction {
           zero_padding(bucket_);
           for (int j = 0; j < step.group.world_size; ++j) {
             const Range r = block_range(bucket_.count, step.group.world_size, j);
-            minmax8_encode(data + r.begin, r.size(), config_.block, send_.data() + slot * static_cast<size_t>(j));
+            codec_.encode(data + r.begin, r.size(), block_, send_.data() + slot * static_cast<size_t>(j));
           }
           return alltoall_schedule(step.group, send_.data(), received_.data(), stride_words_,
                                    DataType::int32);
@@ -46,20 +62,20 @@ class ByteGradReduction final : public Reduction {
           const Range mine = block_range(bucket_.count, step.group.world_size, me);
           sum_.assign(mine.size(), 0.0f);
           for (int j = 0; j < step.group.world_size; ++j)
-            minmax8_decode_add(received_.data() + slot * static_cast<size_t>(j), mine.size(),
-                               config_.block, sum_.data());
+            codec_.decode_add(received_.data() + slot * static_cast<size_t>(j), mine.size(), block_,
+                              sum_.data());
           const auto factor = static_cast<float>(step.scale);
           if (factor != 1.0f)
             for (float& v : sum_) v *= factor;
           uint8_t* own = gathered_.data() + slot * static_cast<size_t>(me);
-          minmax8_encode(sum_.data(), sum_.size(), config_.block, own);
+          codec_.encode(sum_.data(), sum_.size(), block_, own);
           auto schedule = allgather_schedule(step.group, own, gathered_.data(), stride_words_,
                                              DataType::int32, step.collectives);
           schedule.finally = [this, step, data, slot] {
             for (int j = 0; j < step.group.world_size; ++j) {
               const Range r = block_range(bucket_.count, step.group.world_size, j);
-              minmax8_decode(gathered_.data() + slot * static_cast<size_t>(j), r.size(),
-                             config_.block, data + r.begin);
+              codec_.decode(gathered_.data() + slot * static_cast<size_t>(j), r.size(), block_,
+                            data + r.begin);
             }
           };
           return schedule;
@@ -68,7 +84,9 @@ class ByteGradReduction final : public Reduction {
   }
 
  private:
-  ByteGrad config_;
+  std::string name_;
+  BlockCodec codec_;
+  size_t block_;
   BucketBuffer bucket_;
   size_t stride_words_ = 0;
   std::vector<uint8_t> send_, received_, gathered_;
@@ -79,7 +97,12 @@ class ByteGradReduction final : public Reduction {
 
 std::shared_ptr<Reduction> make_byte_grad_reduction(const ByteGrad& config,
                                                     const BucketBuffer& bucket) {
-  return std::make_shared<ByteGradReduction>(config, bucket);
+  return std::make_shared<QuantizedScatterGather>("bytegrad", kMinMax8, config.block, bucket);
+}
+
+std::shared_ptr<Reduction> make_int4_reduction(const Int4Quantization& config,
+                                               const BucketBuffer& bucket) {
+  return std::make_shared<QuantizedScatterGather>("int4", kMinMax4, config.block, bucket);
 }
 
 }  // namespace troupe::comm
