@@ -190,8 +190,11 @@ int main(int argc, char** argv) {
   app.add_option("--threads", s.threads, "Intra-op threads per rank")->check(cli::integer_in(1, 1024));
   app.add_option("--seed", s.seed, "Seed of the weights and the windows");
   app.add_option("--algorithm", algorithm,
-                 "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk or "
-                 "powersgd, with settings: powersgd:rank=4 or topk:ratio=0.01");
+                 "allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, blockk "
+                 "or powersgd, with settings: powersgd:rank=4 or topk:ratio=0.01; local updates: "
+                 "diloco:h=50,compress=int4, "
+                 "streaming-diloco:h=50,fragments=4,delay=2,alpha=0.5,compress=int4,eager=0 or "
+                 "sparseloco:h=50,ratio=0.015625,bits=2");
   app.add_option("--job", job_file, "A job file (troupe run's TOML): its algorithm and links only");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -321,10 +321,11 @@ int main(int argc, char** argv) {
       ->check(cli::integer_in(1, 1024));
   app.add_option("--seed", t.seed, "Seed of the shards and the batch order");
   app.add_option("--algorithm", algorithm,
-                 "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk or "
-                 "powersgd, with settings: powersgd:rank=2,start_iter=10 or topk:ratio=0.01; "
-                 "local updates: diloco:h=50,compress=fp16 or "
-                 "streaming-diloco:h=50,fragments=4,delay=2,alpha=0.5,compress=fp16,eager=0");
+                 "allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, blockk "
+                 "or powersgd, with settings: powersgd:rank=2,start_iter=10 or topk:ratio=0.01; "
+                 "local updates: diloco:h=50,compress=int4, "
+                 "streaming-diloco:h=50,fragments=4,delay=2,alpha=0.5,compress=int4,eager=0 or "
+                 "sparseloco:h=50,ratio=0.015625,bits=2");
   app.add_flag("--delay-reduce", s.ddp.delay_reduce, "Reduce after backward (no overlap)");
   app.add_option("--trace", s.ddp.trace_path,
                  "Write a Chrome trace per rank here ({rank} is replaced)");
