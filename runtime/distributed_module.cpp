@@ -125,6 +125,13 @@ struct DistributedModule::Impl {
   // The step in progress (trainer thread only), and the first this module took (resume_at).
   uint32_t step = 0;
   uint32_t first_step = 0;
+  // Between the end of a step's reductions and next_step (agg_grad: while the optimizer runs):
+  // the algorithm state is the next step's, which save_state may record.
+  bool reduced = false;
+  // The buckets are in a rebuilt layout loaded by load_state: no rebuild after the first step.
+  bool rebuilt = false;
+  // save_state's per-bucket scratch, kept so that saving each step allocates nothing.
+  mutable std::string bucket_scratch;
   std::vector<char> ready;
   std::vector<int> order;
   std::vector<int64_t> order_us;  // when each gradient of `order` became ready
@@ -550,8 +557,9 @@ void DistributedModule::Impl::shadow_step() {
 // rebuild after step 1, and this step's per-step state.
 void DistributedModule::Impl::next_step() {
   if (buffers) buffers->broadcast(rt.comm(), lead);
-  const bool first = step == first_step;
+  const bool first = step == first_step && !rebuilt;
   ++step;
+  reduced = false;
   if (first && opt.rebuild_buckets && opt.agg_grad && opt.aggregation == Aggregation::bucket)
     rebuild_from_observed_order(lead);
   std::fill(ready.begin(), ready.end(), 0);
@@ -717,6 +725,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
   }
   const int64_t reduced = actors::now_us();
   fault::at(FaultPhase::optimizer, m.step);
+  m.reduced = m.opt.agg_grad;
   optimizer_step();
   if (!m.opt.agg_grad) {
     torch::NoGradGuard no_grad;
@@ -817,26 +826,30 @@ std::vector<std::vector<std::string>> DistributedModule::bucket_parameters() con
   return out;
 }
 
-void DistributedModule::save_state(comm::StateWriter& out) const {
+void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const {
   const auto& m = *impl_;
-  if (!m.order.empty())
+  if (!m.order.empty() && !m.reduced)
     throw comm::Error("DistributedModule::save_state at step " + std::to_string(m.step) +
-                      ": a backward ran without its step() (expected a state between steps)");
+                      ": a backward ran without its step() (expected a state between steps, "
+                      "or inside step()'s optimizer step)");
   out.string(comm::algorithm_name(m.algorithm));
-  out.value<uint32_t>(m.step);
+  // Inside step()'s optimizer step the reductions are done: the state is the next step's.
+  out.value<uint32_t>(m.reduced ? m.step + 1 : m.step);
   out.vector(m.layout_order);
   out.vector(m.layout_ready_us);
   out.value<uint64_t>(m.buckets.size());
-  std::string bucket_state;
   for (const auto& b : m.buckets) {
-    bucket_state.clear();
-    comm::StateWriter inner(bucket_state);
-    if (auto* r = b.path->reduction()) r->save_state(inner);
-    out.string(bucket_state);
+    m.bucket_scratch.clear();
+    comm::StateWriter inner(m.bucket_scratch);
+    if (auto* r = b.path->reduction()) {
+      if (part == StatePart::all) r->save_state(inner);
+      else r->save_shared_state(inner);
+    }
+    out.string(m.bucket_scratch);
   }
 }
 
-void DistributedModule::load_state(comm::StateReader& in) {
+void DistributedModule::load_state(comm::StateReader& in, StatePart part) {
   auto& m = *impl_;
   if (!m.order.empty())
     throw comm::Error("DistributedModule::load_state at step " + std::to_string(m.step) +
@@ -872,10 +885,16 @@ void DistributedModule::load_state(comm::StateReader& in) {
   }
   for (size_t b = 0; b < m.buckets.size(); ++b) {
     comm::StateReader bucket(states[b], "bucket " + std::to_string(b) + " of " + in.what());
-    if (auto* r = m.buckets[b].path->reduction()) r->load_state(bucket);
+    if (auto* r = m.buckets[b].path->reduction()) {
+      if (part == StatePart::all) r->load_state(bucket);
+      else r->load_shared_state(bucket);
+    }
     bucket.expect_end();
   }
-  m.step = step;
+  // A rebuilt layout stays; without one (saved before the first step ended) the rebuild follows
+  // the first step from here.
+  m.step = m.first_step = step;
+  m.rebuilt = !order.empty();
   m.layout_order = std::move(order);
   m.layout_ready_us = std::move(ready_us);
 }

@@ -162,6 +162,13 @@ struct DdpOptions {
   std::string trace_path;
 };
 
+/// Which part of a module's algorithm state DistributedModule::save_state writes: all of it (a
+/// checkpoint; a survivor of an elastic re-form keeps its own), or only what every rank holds
+/// equal (the step, the bucket layout, PowerSGD's Qs), which a restarted rank takes from a peer:
+/// an error-feedback residual is that rank's own unsent gradient, and a copy of a peer's would
+/// send the peer's twice.
+enum class StatePart { all, shared };
+
 /// What the last step did, on this rank.
 struct StepMetrics {
   uint64_t step = 0;
@@ -260,13 +267,17 @@ class DistributedModule {
   std::vector<std::vector<std::string>> bucket_parameters() const;
   /// The state this module keeps across steps, for checkpoints (runtime/checkpoint.h) and for
   /// healing a rank: the step counter, the bucket layout (after the rebuild) and each bucket's
-  /// algorithm state (error feedback, momentum correction, PowerSGD's Qs). Not the parameters or
-  /// the optimizer. Call between steps (not after a backward without its step()).
-  void save_state(comm::StateWriter& out) const;
-  /// Restores what save_state wrote on a module of the same model, algorithm and options: the
-  /// buckets are rebuilt in the saved layout, then each takes its state. Local (no collective).
-  /// Throws comm::Error naming the difference (algorithm, layout, a bucket's sizes).
-  void load_state(comm::StateReader& in);
+  /// algorithm state (error feedback, momentum correction, PowerSGD's Qs), or with
+  /// StatePart::shared only what every rank holds equal. Not the parameters or the optimizer.
+  /// Call between steps (not after a backward without its step()), or inside step()'s optimizer
+  /// step, where the reductions are done and the state saved is the next step's.
+  void save_state(comm::StateWriter& out, StatePart part = StatePart::all) const;
+  /// Restores what save_state wrote (with the same `part`) on a module of the same model,
+  /// algorithm and options: the buckets are rebuilt in the saved layout (dropping the state of
+  /// the layout they had), then each takes its state; the step numbering goes on from the saved
+  /// step, and a rebuilt layout is not rebuilt again after it. Local (no collective). Throws
+  /// comm::Error naming the difference (algorithm, layout, a bucket's sizes).
+  void load_state(comm::StateReader& in, StatePart part = StatePart::all);
   /// Writes the Chrome trace recorded so far to `path` (empty unless DdpOptions::trace_path is
   /// set).
   void write_trace(const std::string& path) const;

@@ -71,7 +71,35 @@ ElasticTrainer::~ElasticTrainer() = default;
 
 void ElasticTrainer::build() {
   ddp_ = std::make_unique<DistributedModule>(rt_, module_, algorithm_, options_);
+  // A survivor keeps its own algorithm state (error feedback, momentum correction) as it was at
+  // the end of its last completed step; the bucket layout does not depend on the world size, so
+  // it fits the new module. Then the source's shared part (the step, the layout, PowerSGD's Qs)
+  // makes every member agree; a restarted rank has only that, and zero error feedback.
+  if (!own_.empty()) {
+    comm::StateReader in(own_, "ElasticTrainer's own algorithm state");
+    ddp_->load_state(in, StatePart::all);
+    in.expect_end();
+  }
+  if (!shared_.empty()) {
+    const auto before = ddp_->bucket_parameters();
+    comm::StateReader in(shared_, "the algorithm state shared by the generation's source");
+    ddp_->load_state(in, StatePart::shared);
+    in.expect_end();
+    if (!own_.empty() && ddp_->bucket_parameters() != before)
+      std::cerr << "troupe: elastic: rank " << rt_.rank() << ": the source's bucket layout differs "
+                << "from this rank's; its error feedback starts from zero\n";
+  }
   ddp_->resume_at(static_cast<uint64_t>(completed_));
+  snapshot();
+}
+
+void ElasticTrainer::snapshot() {
+  own_.clear();
+  comm::StateWriter all(own_);
+  ddp_->save_state(all, StatePart::all);
+  shared_.clear();
+  comm::StateWriter shared(shared_);
+  ddp_->save_state(shared, StatePart::shared);
 }
 
 void ElasticTrainer::heal(const ElasticGeneration& generation) {
@@ -80,7 +108,11 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
   std::string bytes;
   int64_t size = 0;
   if (source) {
-    bytes = state_.save();
+    // The caller's state (parameters, buffers, optimizer), then the module's shared state (empty
+    // before the first module).
+    comm::StateWriter out(bytes);
+    out.string(state_.save());
+    out.string(shared_);
     size = static_cast<int64_t>(bytes.size());
   }
   comm.broadcast(&size, 1, comm::DataType::int64, generation.source);
@@ -89,7 +121,17 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
   bytes.resize(static_cast<size_t>((size + 3) / 4 * 4));
   comm.broadcast(bytes.data(), bytes.size() / 4, comm::DataType::int32, generation.source);
   bytes.resize(static_cast<size_t>(size));
-  if (!source) state_.load(bytes);
+  if (!source) {
+    comm::StateReader in(bytes, "the state of generation " + std::to_string(generation.number) +
+                                    "'s source (rank " + std::to_string(generation.source) + ")");
+    const std::string user = in.string();
+    std::string shared = in.string();
+    in.expect_end();
+    state_.load(user);
+    // A member behind the source by a step keeps its own residual of the step before (the
+    // unsent remainder of the step it missed is dropped, never sent twice).
+    shared_ = std::move(shared);
+  }
   completed_ = generation.step;
 }
 
@@ -123,8 +165,12 @@ bool ElasticTrainer::step(const std::function<void()>& forward_backward) {
     ddp_->step([&] {
       optimizer_.step();
       applied = true;
+      // The reductions are done: the algorithm state is the end of this step's, the one to keep
+      // if the world changes before the next step completes.
+      if (options_.agg_grad) snapshot();
     });
     ++completed_;
+    if (!options_.agg_grad) snapshot();
     return true;
   } catch (const comm::Error& e) {
     if (!rt_.elastic()) throw;

@@ -24,6 +24,19 @@
 /// caller redoes the step on its new shard. A restarted rank joins the same way: its Runtime
 /// joins the next generation (the others' current step fails and is redone), and its trainer
 /// receives the state before its first step, so every replica is bit-identical.
+///
+/// The compressed algorithms' own state goes on too. Each survivor carries its error feedback
+/// and momentum correction into the new module as they were at the end of its last completed
+/// step (the trainer keeps a copy, taken inside each step once the reductions are done: a failed
+/// step has already folded its gradient into the buckets it launched, so the live state would
+/// count that gradient twice when the step is redone); the bucket layout depends on the model
+/// and the options, not on the world size, so the state fits the new buckets. What every rank
+/// holds equal (the step, the bucket layout, PowerSGD's warm-start Qs) travels from the source
+/// with the parameters, so all members agree on it. A restarted rank starts with zero error
+/// feedback: a residual is its owner's unsent gradient, and a copy of a peer's would send the
+/// peer's twice. A member one step behind the source keeps its residual of the step before (the
+/// unsent remainder of the step it missed is dropped). Keeping the copy costs one copy of the
+/// algorithm state per step (the size of the model for error feedback; nothing for allreduce).
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -35,9 +48,10 @@
 
 namespace troupe {
 
-/// A rank's whole training state as bytes, and back: what a rejoining or lagging member receives.
-/// module_state() covers parameters, buffers and a torch optimizer; a checkpoint format that also
-/// covers an algorithm's own state plugs in here.
+/// The caller's training state as bytes, and back: what a rejoining or lagging member receives
+/// from the generation's source. module_state() covers parameters, buffers and a torch
+/// optimizer; the trainer adds its DistributedModule's shared algorithm state (StatePart::shared)
+/// itself. Other state the members hold equal (an RNG, the data position) plugs in here.
 struct ElasticState {
   std::function<std::string()> save;
   std::function<void(const std::string&)> load;
@@ -80,6 +94,7 @@ class ElasticTrainer {
   void recover(const std::string& why);
   void heal(const ElasticGeneration& generation);
   void build();
+  void snapshot();
 
   Runtime& rt_;
   std::shared_ptr<torch::nn::Module> module_;
@@ -88,6 +103,10 @@ class ElasticTrainer {
   DdpOptions options_;
   ElasticState state_;
   std::unique_ptr<DistributedModule> ddp_;
+  // The module's algorithm state at the end of the last completed step, all of it and its shared
+  // part (DistributedModule::save_state), taken inside each step: a failed step has already
+  // changed the error feedback of the buckets it launched.
+  std::string own_, shared_;
   int64_t completed_ = 0;
   std::vector<ElasticRecovery> recoveries_;
 };

@@ -76,6 +76,22 @@ class PowerSgdReduction final : public Reduction {
     for (size_t i = 0; i < matrices_.size(); ++i) matrices_[i].qt = std::move(qs[i]);
   }
 
+  // The warm-start Qs are the allreduced ones, equal on every rank; the memory is this rank's.
+  void save_shared_state(StateWriter& out) const override {
+    out.value<uint64_t>(matrices_.size());
+    for (const auto& m : matrices_) out.vector(m.qt);
+  }
+
+  void load_shared_state(StateReader& in) override {
+    const auto count = in.value<uint64_t>();
+    if (count != matrices_.size())
+      in.fail(std::to_string(count) + " compressed matrices, expected " +
+              std::to_string(matrices_.size()));
+    std::vector<std::vector<float>> qs;
+    for (const auto& m : matrices_) qs.push_back(in.vector<float>(m.qt.size(), "a Q matrix"));
+    for (size_t i = 0; i < matrices_.size(); ++i) matrices_[i].qt = std::move(qs[i]);
+  }
+
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     auto* data = static_cast<float*>(bucket_.data);
     if (step.step < config_.start_iter)

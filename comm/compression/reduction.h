@@ -67,6 +67,12 @@ class Reduction {
   /// Restores what save_state wrote for the same algorithm over the same bucket. Reads and checks
   /// everything before changing anything: a state of other sizes throws comm::Error (via `in`).
   virtual void load_state(StateReader& in) { (void)in; }
+  /// The part of the state every rank holds equal after a step (PowerSGD's Qs), which a
+  /// restarted rank takes from a peer; the rest (error feedback, momentum correction) is this
+  /// rank's own. Nothing by default.
+  virtual void save_shared_state(StateWriter& out) const { (void)out; }
+  /// Restores what save_shared_state wrote, leaving the rank's own state as it is.
+  virtual void load_shared_state(StateReader& in) { (void)in; }
 };
 
 }  // namespace troupe::comm

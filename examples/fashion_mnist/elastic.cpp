@@ -14,6 +14,16 @@
 
 namespace troupe::examples {
 
+namespace {
+
+long long unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
 void train_elastic(Runtime& rt, const ElasticRun& run) {
   auto train = load_fashion_mnist(run.data, "train");
   auto test = load_fashion_mnist(run.data, "test");
@@ -37,6 +47,12 @@ void train_elastic(Runtime& rt, const ElasticRun& run) {
   ElasticSampler sampler(size(train), run.batch * std::max<int64_t>(first_world, 1), run.seed);
   const int64_t steps = run.epochs * sampler.steps_per_epoch();
   auto start = std::chrono::steady_clock::now();
+  // A restarted rank, and every rank after a change of the world, says when it completes its
+  // first step (bench/elastic_goodput.sh times recoveries from these lines).
+  bool changed = rt.generation().number > 1;
+  if (changed)
+    std::printf("launch slot %d healed at step %lld\n", rt.slot(),
+                static_cast<long long>(trainer.steps()));
   while (trainer.steps() < steps) {
     const int64_t step = trainer.steps();
     auto mine = sampler.indices(step, rt.rank(), rt.world_size());
@@ -48,10 +64,17 @@ void train_elastic(Runtime& rt, const ElasticRun& run) {
       loss.backward();
     });
     if (!done) {
+      changed = true;
       std::printf("rank %d (launch slot %d): the world changed, now %d ranks; redoing step %lld\n",
                   rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
       std::fflush(stdout);
       continue;
+    }
+    if (changed) {
+      std::printf("launch slot %d stepping in generation %d at unix ms %lld\n", rt.slot(),
+                  rt.generation().number, unix_ms());
+      std::fflush(stdout);
+      changed = false;
     }
     if (rt.rank() == 0 && trainer.steps() % run.log_every == 0) {
       std::printf("step %lld of %lld, %d ranks, loss %.4f\n",

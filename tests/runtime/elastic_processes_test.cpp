@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -26,7 +28,7 @@ struct Run {
 };
 
 Run run_elastic(int ranks, int min_ranks, int max_restarts, const std::string& faults,
-                int until_world = 0) {
+                int until_world = 0, const std::string& algorithm = "allreduce") {
   LaunchOptions o;
   o.nprocs = ranks;
   o.elastic = true;
@@ -35,7 +37,7 @@ Run run_elastic(int ranks, int min_ranks, int max_restarts, const std::string& f
   o.membership_timeout_sec = 20;
   o.timeout_sec = 120;  // the whole job's deadline
   o.grace_sec = 2;
-  o.command = {TROUPE_ELASTIC_RANK_BIN, "40", std::to_string(until_world)};
+  o.command = {TROUPE_ELASTIC_RANK_BIN, "40", std::to_string(until_world), algorithm};
   o.extra_env = {{"TROUPE_FAULT", faults}, {"OMP_NUM_THREADS", "1"}};
   std::ostringstream out, err;
   Run run;
@@ -57,6 +59,20 @@ void check_finished(const Run& run, int finishers, int world) {
         static_cast<size_t>(finishers));
   CHECK(run.count("replicas identical") == static_cast<size_t>(finishers));
   CHECK(run.out.find("DIFFER") == std::string::npos);
+}
+
+/// The hashes of the shared algorithm state the ranks printed, by step ("slot S shared state at
+/// step N: H").
+std::map<long, std::set<std::string>> shared_hashes(const Run& run) {
+  std::map<long, std::set<std::string>> by_step;
+  const std::string key = " shared state at step ";
+  for (size_t at = run.out.find(key); at != std::string::npos; at = run.out.find(key, at + 1)) {
+    const size_t colon = run.out.find(": ", at);
+    const size_t end = run.out.find('\n', colon);
+    by_step[std::stol(run.out.substr(at + key.size(), colon - at - key.size()))].insert(
+        run.out.substr(colon + 2, end - colon - 2));
+  }
+  return by_step;
 }
 
 }  // namespace
@@ -121,4 +137,29 @@ TEST_CASE("survivors below --min-ranks stop with an error naming the generation 
   CHECK(run.err.find("the job stops: generation 2 has no quorum: ranks (launch slots) 0, 2 "
                      "reported") != std::string::npos);
   CHECK(run.out.find("finished") == std::string::npos);
+}
+
+TEST_CASE("survivors keep their top-k error feedback and momentum correction across a re-form") {
+  // Slot 1 dies in backward at step 10, after the survivors' buckets folded step 10's gradient
+  // into their memories: each survivor must go on with its memory of the end of step 9.
+  auto run = run_elastic(3, 2, 0, "kill:rank=1,step=10", 0, "topk");
+  check_finished(run, 2, 2);
+  CHECK(run.count("algorithm state after re-form: kept") == 2);
+  CHECK(run.count("algorithm state after re-form: LOST") == 0);
+}
+
+TEST_CASE("a healed rank starts with zero error feedback and the peers' PowerSGD Qs") {
+  auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "powersgd");
+  check_finished(run, 3, 3);
+  CHECK(run.count("slot 2 residual after heal: zero") == 1);
+  CHECK(run.count("residual after heal: NONZERO") == 0);
+  CHECK(run.count("algorithm state after re-form: LOST") == 0);
+  // Every member printed its shared state after each change and at the end; at each step all
+  // the hashes agree.
+  const auto by_step = shared_hashes(run);
+  CHECK(by_step.size() >= 2);
+  for (const auto& [step, hashes] : by_step) {
+    INFO("step " << step);
+    CHECK(hashes.size() == 1);
+  }
 }

@@ -5,13 +5,21 @@
 // rejoins before the end; at most kMaxSteps), then checks that every member holds the same parameters (bit for bit) and that
 // they match one process trained on the same global batches (the global batch divides evenly by
 // every world size the tests reach, so the average of the ranks' means is the batch mean).
+// argv[3] picks the algorithm: allreduce (the default), topk (top-k 10% with error feedback and
+// momentum correction) or powersgd (rank 1 with error feedback, from step 2); the compressed
+// ones are not compared with the reference (they follow their own trajectory), but each rank
+// reports what happened to its algorithm state: after a re-form a survivor's must be what it was
+// after its last completed step ("kept"), a restarted rank's error feedback must be zero, and
+// the shared part (PowerSGD's Qs) is printed as a hash per step for the test to compare.
 // Exit: 0 held, 2 replicas differ, 3 off the reference, 1 an error (printed).
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "runtime/elastic.h"
 #include "runtime/runtime.h"
@@ -72,6 +80,63 @@ torch::Tensor reference(const Data& d, int64_t steps) {
   return flat(*net);
 }
 
+Algorithm make_algorithm(const std::string& name) {
+  if (name == "allreduce") return GradientAllReduce{};
+  if (name == "topk") {
+    Sparsification topk;
+    topk.ratio = 0.1;
+    topk.momentum = 0.5;
+    return topk;
+  }
+  if (name == "powersgd") {
+    PowerSGD power;
+    power.rank = 1;
+    power.start_iter = 2;
+    return power;
+  }
+  throw comm::Error("elastic rank: algorithm '" + name + "' (expected allreduce, topk or powersgd)");
+}
+
+std::string module_state(const DistributedModule& ddp, StatePart part) {
+  std::string bytes;
+  comm::StateWriter out(bytes);
+  ddp.save_state(out, part);
+  return bytes;
+}
+
+// The buckets' states of a DistributedModule state (its format: the algorithm's name, the step,
+// the layout's order and ready times, then one string per bucket).
+std::vector<std::string> bucket_states(const std::string& bytes) {
+  comm::StateReader in(bytes, "a DistributedModule state");
+  in.string();
+  in.value<uint32_t>();
+  in.vector<int>();
+  in.vector<int64_t>();
+  std::vector<std::string> out(static_cast<size_t>(in.value<uint64_t>()));
+  for (auto& b : out) b = in.string();
+  return out;
+}
+
+// Whether every bucket's error feedback (and top-k's momentum correction) is zero: top-k writes
+// the memory and the velocity, PowerSGD the memory and then its Qs.
+bool residuals_zero(const std::string& bytes, const std::string& algorithm) {
+  auto zero = [](const std::vector<float>& v) {
+    for (float x : v)
+      if (x != 0.0f) return false;
+    return true;
+  };
+  for (const auto& b : bucket_states(bytes)) {
+    comm::StateReader in(b, "a bucket state");
+    if (!zero(in.vector<float>())) return false;
+    if (algorithm == "topk" && !zero(in.vector<float>())) return false;
+  }
+  return true;
+}
+
+std::string hash_of(const std::string& bytes) {
+  return std::to_string(std::hash<std::string>{}(bytes));
+}
+
 long long unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -84,6 +149,7 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 40;
   const int until_world = argc > 2 ? std::atoi(argv[2]) : 0;
+  const std::string algorithm = argc > 3 ? argv[3] : "allreduce";
   try {
     RuntimeOptions o;
     o.scheduler_threads = 1;
@@ -95,10 +161,24 @@ int main(int argc, char** argv) {
     auto opt = make_sgd(*net);
     DdpOptions ddp;
     ddp.stall_timeout = std::chrono::seconds(20);
-    ElasticTrainer trainer(rt, net.ptr(), opt, GradientAllReduce{}, ddp);
-    if (rt.generation().number > 1 || !trainer.recoveries().empty())
+    ElasticTrainer trainer(rt, net.ptr(), opt, make_algorithm(algorithm), ddp);
+    auto report_shared = [&] {
+      std::cout << "slot " << rt.slot() << " shared state at step " << trainer.steps() << ": "
+                << hash_of(module_state(trainer.module(), StatePart::shared)) << std::endl;
+    };
+    if (rt.generation().number > 1 || !trainer.recoveries().empty()) {
       std::cout << "slot " << rt.slot() << " healed, stepping from step " << trainer.steps()
                 << " at unix ms " << unix_ms() << std::endl;
+      if (algorithm != "allreduce") {
+        const bool zero =
+            residuals_zero(module_state(trainer.module(), StatePart::all), algorithm);
+        std::cout << "slot " << rt.slot() << " residual after heal: "
+                  << (zero ? "zero" : "NONZERO") << std::endl;
+        report_shared();
+      }
+    }
+    // This rank's algorithm state after its last completed step: what a re-form must keep.
+    std::vector<std::string> last = bucket_states(module_state(trainer.module(), StatePart::all));
     ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
     bool after_change = false;
     while (trainer.steps() < steps ||
@@ -109,7 +189,18 @@ int main(int argc, char** argv) {
         torch::nn::functional::cross_entropy(net->forward(d.x.index({idx})), d.y.index({idx}))
             .backward();
       });
-      if (!done) after_change = true;
+      if (done) {
+        last = bucket_states(module_state(trainer.module(), StatePart::all));
+      } else {
+        after_change = true;
+        if (algorithm != "allreduce") {
+          const bool kept =
+              bucket_states(module_state(trainer.module(), StatePart::all)) == last;
+          std::cout << "slot " << rt.slot() << " algorithm state after re-form: "
+                    << (kept ? "kept" : "LOST") << std::endl;
+          report_shared();
+        }
+      }
       if (done && after_change) {
         std::cout << "slot " << rt.slot() << " stepping again in generation "
                   << rt.generation().number << " at unix ms " << unix_ms() << std::endl;
@@ -132,8 +223,9 @@ int main(int argc, char** argv) {
       std::cout << "slot " << rt.slot() << " recovery: generation " << r.generation << ", world "
                 << r.world_size << ", from step " << r.step << ", " << r.seconds << " s"
                 << std::endl;
+    if (algorithm != "allreduce") report_shared();
     if (!same) return 2;
-    if (!(off < 1e-4)) return 3;
+    if (algorithm == "allreduce" && !(off < 1e-4)) return 3;
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "elastic rank: " << e.what() << std::endl;
