@@ -8,7 +8,8 @@
 # HOSTS (default 4), SIZE (default 64MiB) and RATES (default "1gbit 100mbit") override the setup.
 # TROUPE_ARGS: troupe configurations separated by ';', each a list of `troupe bench allreduce`
 # options (default: one, the defaults, written ""): e.g. TROUPE_ARGS=";--chunk-bytes 8388608"
-# runs troupe twice per round, with the default ring and with 8 MiB chunks. ROUNDS (default 1):
+# runs troupe twice per round, with the default ring and with 8 MiB chunks (an empty configuration
+# must come first: `read` drops a trailing one). ROUNDS (default 1):
 # gloo and every troupe configuration, one after the other, ROUNDS times per rate, so that a
 # change in the machine's load spreads over all of them; each row names its round.
 # The bound: a ring allreduce sends 2 (W - 1) / W of the buffer out of every host, so over links

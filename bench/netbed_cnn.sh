@@ -10,7 +10,17 @@
 # HOSTS (4), RATES ("100mbit 10mbit"), ROUNDS (1: every configuration once per round, rounds one
 # after the other), EPOCHS (1), STRAGGLER (unset; "3": host 3's link at a tenth of RATE, a
 # straggler link), ALGORITHMS (troupe's, default "allreduce powersgd:rank=2 topk:ratio=0.01
-# bytegrad"), HOOKS (torch's, default "none powersgd"), TIMEOUT (seconds per run, 1800).
+# bytegrad"), HOOKS (torch's, default "none powersgd"), TIMEOUT (seconds per run, 1800),
+# ALONE (1: also "compute alone", every host training its quarter by itself, world 1, at the same
+# time; 0: not).
+# An algorithm is an --algorithm of fashion_mnist (allreduce, a compressor, diloco:h=50,...) or one
+# of the gossip algorithms, run through a job file: dpsgd (D-PSGD on a ring), adpsgd (AD-PSGD,
+# asynchronous pairwise gossip on a ring) and async_average (background model averaging); a
+# suffix @N trains it N epochs instead of EPOCHS (e.g. diloco:h=50@2), for time to an accuracy.
+# Each row gives per epoch the accuracy and the cumulative training time, and rank 0's
+# communication wait (the time its step() waited for the network) and compute share
+# (1 - wait / time). At the end: the fastest troupe run within 1 point of torch DDP without a hook
+# (or the fastest, without one), and its epoch time over compute alone's.
 # Both sides: CNN 1x28x28 -> conv16 -> conv32 -> 128 -> 10, batch 64 per rank, SGD lr 0.05
 # momentum 0.9, one intra-op thread per rank, each rank on its own quarter of the training set.
 # Epoch time: rank 0's training loop (first batch to last step); accuracy: rank 0's model on
@@ -32,6 +42,7 @@ algorithms=(${ALGORITHMS:-allreduce powersgd:rank=2 topk:ratio=0.01 bytegrad})
 hooks=(${HOOKS:-none powersgd})
 timeout=${TIMEOUT:-1800}
 straggler=${STRAGGLER:-}
+alone=${ALONE:-1}
 export NETBED_NAME=${NETBED_NAME:-bc}
 netbed="$root/scripts/netbed"
 
@@ -56,35 +67,112 @@ tenth() {
 
 mkdir -p "$results"
 table="$results/netbed_cnn.md"
-echo "| link | round | run | epoch time (s) | test accuracy (%) | MB sent per host |" >"$table"
-echo "|---|---|---|---|---|---|" >>"$table"
+summary="$results/netbed_cnn.tsv"  # rate, label, epoch time, accuracy: for the ratios at the end
+: >"$summary"
+{
+  echo "| link | round | run | epoch time (s) | test accuracy (%) | by epoch: accuracy % @ cumulative s | rank 0 comm wait (s) | compute share | MB sent per host | load (1 min) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+} >"$table"
+
+# A job file for a gossip algorithm (fashion_mnist --job): world HOSTS as processes.
+job_file() {  # job_file NAME EPOCHS FILE
+  {
+    printf '[job]\nworld_size = %d\nmode = "processes"\n' "$hosts"
+    case "$1" in
+      dpsgd) printf '[topology]\nkind = "ring"\n[algorithm]\nname = "decentralized"\n' ;;
+      adpsgd) printf '[topology]\nkind = "ring"\n[algorithm]\nname = "async_gossip"\nmin_interval_ms = 10\n' ;;
+      async_average) printf '[algorithm]\nname = "async_model_average"\nwarmup_steps = 50\nsync_interval_ms = 50\n' ;;
+      *) die "unknown gossip algorithm '$1'" ;;
+    esac
+    printf '[trainer]\nmodel = "cnn"\nepochs = %d\nlr = 0.05\nmomentum = 0.9\nlog_every = 100000\nthreads = 1\n' "$2"
+  } >"$3"
+}
 
 sent_mb() {  # what each host sent over its link during the run, as "a/b/c/d" (MB, 1e6)
   awk '{printf "%s%.1f", (NR > 1 ? "/" : ""), $6 / 1e6}' "$1/bytes" 2>/dev/null || echo "?"
 }
 
 port=29600
-run_one() {  # run_one RATE ROUND LABEL PROG ARGS...: one job on the bed that is up
+run_one() {  # run_one RATE ROUND LABEL [netbed run options] -- PROG ARGS...: one job on the bed
   local rate=$1 round=$2 label=$3; shift 3
-  local logs="$results/${rate}${straggler:+_straggler$straggler}_r${round}_${label//[ :=,.]/_}"
+  local -a options=()
+  while [ "$1" != "--" ]; do options+=("$1"); shift; done
+  shift
+  local logs="$results/${rate}${straggler:+_straggler$straggler}_r${round}_${label//[ :=,.@()]/_}"
   rm -rf "$logs"; mkdir -p "$logs"
   port=$((port + 1))
   echo "== $(date -u +%H:%M:%S) links $rate${straggler:+ (host $straggler at $(tenth "$rate"))}, round $round: $label" >&2
-  local status=0
-  "$netbed" run --quiet --timeout "$timeout" --port "$port" --logs "$logs" -- "$@" || status=$?
-  local line time acc
+  local status=0 load
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  "$netbed" run --quiet --timeout "$timeout" --port "$port" --logs "$logs" "${options[@]}" -- "$@" ||
+    status=$?
+  load="$load-$(cut -d' ' -f1 /proc/loadavg)"
+  # Lines "... test accuracy A% ... epoch time T s ...": fashion_mnist prints one per epoch, torch's
+  # script one at the end with every epoch's time.
+  local time acc by_epoch wait share
+  acc=$(grep "test accuracy" "$logs/rank0.log" | tail -1 | sed -nE 's/.*accuracy ([0-9.]+)%.*/\1/p' || true)
   if [ "$label" = "${label#torch}" ]; then
-    line=$(grep "epoch $epochs test accuracy" "$logs/rank0.log" | tail -1 || true)
-    acc=$(sed -nE 's/.*accuracy ([0-9.]+)%.*/\1/p' <<<"$line")
-    time=$(grep -o "epoch time [0-9.]* s" "$logs/rank0.log" | awk '{s += $3} END {if (NR) printf "%.1f", s}')
+    by_epoch=$(grep "test accuracy" "$logs/rank0.log" |
+      sed -nE 's/.*accuracy ([0-9.]+)%.*epoch time ([0-9.]+) s.*/\1 \2/p' |
+      awk '{s += $2; printf "%s%s @ %.1f", (NR > 1 ? ", " : ""), $1, s}')
+    time=$(grep "test accuracy" "$logs/rank0.log" | sed -nE 's/.*epoch time ([0-9.]+) s.*/\1/p' |
+      awk '{s += $1} END {if (NR) printf "%.1f", s}')
+    wait=$(grep "test accuracy" "$logs/rank0.log" | sed -nE 's/.*communication wait ([0-9.]+) s.*/\1/p' |
+      awk '{s += $1} END {if (NR) printf "%.1f", s}')
+    share=$(awk -v t="$time" -v w="$wait" 'BEGIN {if (t > 0 && w != "") printf "%.0f%%", 100 * (t - w) / t}')
   else
-    line=$(grep "test accuracy" "$logs/rank0.log" | tail -1 || true)
-    acc=$(sed -nE 's/.*accuracy ([0-9.]+)%.*/\1/p' <<<"$line")
-    time=$(sed -nE 's/.*epoch time ([0-9. ]+) s.*/\1/p' <<<"$line" | awk '{for (i = 1; i <= NF; i++) s += $i; printf "%.1f", s}')
+    time=$(grep "test accuracy" "$logs/rank0.log" | tail -1 | sed -nE 's/.*epoch time ([0-9. ]+) s.*/\1/p' |
+      awk '{for (i = 1; i <= NF; i++) s += $i; printf "%.1f", s}')
+    by_epoch="$acc @ $time"; wait=""; share=""
   fi
-  [ -n "$acc" ] || { acc="failed (status $status, $logs)"; time="-"; }
-  echo "| $rate${straggler:+, host $straggler $(tenth "$rate")} | $round | $label | $time | $acc | $(sent_mb "$logs") |" |
+  [ -n "$acc" ] || { acc="failed (status $status, $logs)"; time="-"; by_epoch="-"; }
+  echo "| $rate${straggler:+, host $straggler $(tenth "$rate")} | $round | $label | $time | $acc | $by_epoch | ${wait:--} | ${share:--} | $(sent_mb "$logs") | $load |" |
     tee -a "$table" >&2
+  printf '%s\t%s\t%s\t%s\n' "$rate" "$label" "$time" "$acc" >>"$summary"
+}
+
+# Compute alone: every host trains its quarter of the images by itself (world 1, no
+# communication), all at the same time, so the CPU is shared as in the jobs. Its epoch time is the
+# hosts' mean.
+run_alone() {  # run_alone RATE ROUND
+  local rate=$1 round=$2 label="compute alone (world 1 per host)"
+  local logs="$results/${rate}${straggler:+_straggler$straggler}_r${round}_alone"
+  rm -rf "$logs"; mkdir -p "$logs"
+  echo "== $(date -u +%H:%M:%S) links $rate, round $round: $label" >&2
+  local load status=0 time acc
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  "$netbed" run --quiet --timeout "$timeout" --logs "$logs" --env RANK=0 --env LOCAL_RANK=0 \
+    --env WORLD_SIZE=1 --env LOCAL_WORLD_SIZE=1 -- "$bin/fashion_mnist" --model cnn \
+    --epochs "$epochs" --lr 0.05 --log-every 100000 --subset $((60000 / hosts)) || status=$?
+  load="$load-$(cut -d' ' -f1 /proc/loadavg)"
+  time=$(cat "$logs"/rank*.log | sed -nE 's/.*epoch time ([0-9.]+) s.*/\1/p' |
+    awk -v e="$epochs" '{s += $1} END {if (NR) printf "%.1f", s / (NR / e)}')
+  acc=$(sed -nE 's/.*accuracy ([0-9.]+)%.*/\1/p' "$logs/rank0.log" | tail -1)
+  local shown="$acc (host 0's model)"
+  [ -n "$time" ] || { time="-"; acc=""; shown="failed (status $status, $logs)"; }
+  echo "| $rate | $round | $label | $time | $shown | - | - | 100% | $(sent_mb "$logs") | $load |" |
+    tee -a "$table" >&2
+  printf '%s\t%s\t%s\t%s\n' "$rate" "alone" "$time" "$acc" >>"$summary"
+}
+
+# troupe's best run at RATE (fastest within 1 point of torch DDP without a hook, when there is one)
+# against compute alone: a line of the report.
+ratios() {  # ratios RATE
+  awk -F'\t' -v rate="$1" '
+    $1 != rate || $3 == "-" {next}
+    $2 == "alone" {alone = (alone == "" || $3 < alone) ? $3 : alone; next}
+    $2 == "torch DDP none" {ddp = (ddp == "" || $4 > ddp) ? $4 : ddp; next}
+    $2 ~ /^troupe/ {n++; label[n] = $2; time[n] = $3; acc[n] = $4}
+    END {
+      best = 0
+      for (i = 1; i <= n; i++)
+        if ((ddp == "" || acc[i] >= ddp - 1) && (best == 0 || time[i] < time[best])) best = i
+      if (best == 0) {print "links " rate ": no troupe run within 1 point of torch DDP (" ddp "%)"; exit}
+      line = sprintf("links %s: troupe best %s, %.1f s at %s%%", rate, label[best], time[best], acc[best])
+      if (ddp != "") line = line sprintf(" (torch DDP none %s%%)", ddp)
+      if (alone != "") line = line sprintf("; compute alone %.1f s; best / alone = %.2f", alone, time[best] / alone)
+      print line
+    }' "$summary"
 }
 
 for rate in "${rates[@]}"; do
@@ -98,19 +186,34 @@ for rate in "${rates[@]}"; do
     while [ $i -lt ${#algorithms[@]} ] || [ $i -lt ${#hooks[@]} ]; do
       if [ $i -lt ${#algorithms[@]} ]; then
         algo=${algorithms[$i]}
-        own_momentum=""
-        case "$algo" in *momentum=*) own_momentum="--momentum 0" ;; esac
-        run_one "$rate" "$round" "troupe $algo" "$bin/fashion_mnist" --model cnn --epochs "$epochs" \
-          --lr 0.05 --log-every 100000 --algorithm "$algo" $own_momentum
+        algo_epochs=$epochs
+        if [[ "$algo" == *@* ]]; then
+          algo_epochs=${algo##*@}; algo=${algo%@*}
+          need_positive_int "epochs of $algo" "$algo_epochs"
+        fi
+        label="troupe $algo"
+        [ "$algo_epochs" = "$epochs" ] || label+=" ($algo_epochs epochs)"
+        case "$algo" in
+          dpsgd|adpsgd|async_average)
+            job_file "$algo" "$algo_epochs" "$results/$algo.toml"
+            run_one "$rate" "$round" "$label" -- "$bin/fashion_mnist" --job "$results/$algo.toml" ;;
+          *)
+            own_momentum=""
+            case "$algo" in *momentum=*) own_momentum="--momentum 0" ;; esac
+            run_one "$rate" "$round" "$label" -- "$bin/fashion_mnist" --model cnn \
+              --epochs "$algo_epochs" --lr 0.05 --log-every 100000 --algorithm "$algo" $own_momentum ;;
+        esac
       fi
       if [ $i -lt ${#hooks[@]} ]; then
-        run_one "$rate" "$round" "torch DDP ${hooks[$i]}" "$python" "$root/bench/fashion_mnist_torch.py" \
+        run_one "$rate" "$round" "torch DDP ${hooks[$i]}" -- "$python" "$root/bench/fashion_mnist_torch.py" \
           --from-env eth0 --model cnn --epochs "$epochs" --lr 0.05 --hook "${hooks[$i]}"
       fi
       i=$((i + 1))
     done
+    [ "$alone" = 0 ] || run_alone "$rate" "$round"
   done
   "$netbed" down >&2
   trap - EXIT
 done
 cat "$table"
+for rate in "${rates[@]}"; do ratios "$rate"; done

@@ -313,6 +313,7 @@ void Runtime::Impl::find_real_hosts(const comm::UcxTransport* ucx) {
   const auto identities =
       gather_identities(*comm, options.machine.empty() ? machine_identity() : options.machine);
   host_index = real_host_indices(hosts, identities);
+  comm->set_options(comm::for_layout(options.collectives, host_index));
   peer_paths = describe_peer_paths(info.rank, hosts, host_index,
                                    ucx ? ucx->peer_transports() : std::vector<std::string>{});
   if (ucx && info.world_size > 1) {

@@ -14,19 +14,36 @@
 
 namespace troupe::comm {
 
+/// The ring's chunk when every rank shares one host: chosen with `troupe bench allreduce` on 2
+/// cores over shared memory.
+constexpr size_t kChunkBytesOneHost = 512 << 10;
+/// The ring's chunk when the ranks span several hosts. Over TCP, UCX's progress thread wakes for
+/// every message and each wake waits for a CPU slice on a busy machine; 512 KiB chunks made
+/// 2 x 96 ring steps for 64 MiB over 4 hosts and reached ~60% of gloo at 1 Gbit/s, 8 MiB chunks
+/// 0.86-1.00 of it (docs/benchmarks.md, "network test bed").
+constexpr size_t kChunkBytesAcrossHosts = 8 << 20;
+
 /// Tuning of the collectives; the defaults were chosen with `troupe bench allreduce` on 2 cores.
 struct CollectiveOptions {
   /// At or below this many bytes, allreduce uses recursive doubling and broadcast a binomial tree
   /// (latency-optimal); above, ring reduce-scatter + allgather and scatter + allgather.
   size_t small_bytes = 64 * 1024;
   /// Ring collectives cut each rank's block into chunks of about this size, run as parallel lanes.
-  size_t chunk_bytes = 512 << 10;
+  /// 0 (the default): chosen by the job's layout, see for_layout() below; a collective that runs
+  /// with 0 uses kChunkBytesOneHost. Any other value is used as it is, whatever the layout.
+  size_t chunk_bytes = 0;
   /// At most this many lanes (chunks in flight) per collective.
   int max_lanes = 2;
   /// The host of each rank (any integers). When set, the gradient buckets of GradientAllReduce
   /// reduce hierarchically (hierarchical_allreduce_stages); empty: flat.
   std::vector<int> hosts;
 };
+
+/// `options` with its layout-dependent defaults filled in for a job whose rank r is on real host
+/// `real_hosts[r]` (any integers; Runtime::real_hosts()): chunk_bytes 0 becomes
+/// kChunkBytesAcrossHosts when the ranks span two or more hosts, else kChunkBytesOneHost. A value
+/// the user set stays as it is.
+CollectiveOptions for_layout(CollectiveOptions options, const std::vector<int>& real_hosts);
 
 /// Which rank this schedule is for.
 struct Group {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/collectives/collectives.h"
@@ -32,6 +33,9 @@ class Communicator {
   int world_size() const { return transport_->world_size(); }
   Transport& transport() { return *transport_; }
   const CollectiveOptions& options() const { return options_; }
+  /// Replaces the options; between collectives only (the Runtime fills in the layout's defaults
+  /// once it knows the real hosts: collectives.h, for_layout).
+  void set_options(CollectiveOptions options) { options_ = std::move(options); }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
   void allreduce(void* data, size_t count, DataType type, ReduceOp op);

@@ -25,7 +25,8 @@ struct Layout {
     size_t largest = 0;
     for (auto& b : blocks) largest = std::max(largest, b.size());
     const size_t bytes = largest * elem;
-    size_t n = (bytes + std::max<size_t>(o.chunk_bytes, 1) - 1) / std::max<size_t>(o.chunk_bytes, 1);
+    const size_t chunk = o.chunk_bytes ? o.chunk_bytes : kChunkBytesOneHost;
+    size_t n = (bytes + chunk - 1) / chunk;
     const size_t tag_limit = 65535 / static_cast<size_t>(std::max(steps_per_chunk, 1));
     n = std::clamp<size_t>(n, 1, std::max<size_t>(tag_limit, 1));
     n = std::min(n, std::max<size_t>(largest, 1));

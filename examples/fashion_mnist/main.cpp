@@ -156,6 +156,8 @@ void train_rank(Runtime& rt, const Settings& s) {
       batch_index = first_batch;
     }
     torch::Tensor x, y;
+    // Compute utilisation: the epoch's time less what step() waited for communication.
+    const double wait_before = dp->stats().comm_wait_sec;
     const auto epoch_start = std::chrono::steady_clock::now();
     auto window_start = epoch_start;
     int64_t window_images = 0;
@@ -199,6 +201,7 @@ void train_rank(Runtime& rt, const Settings& s) {
     }
     const double epoch_sec =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    const double wait_sec = dp->stats().comm_wait_sec - wait_before;
     std::string consensus;
     try {
       consensus = format("%.4g", consensus_distance(rt, *module));
@@ -210,10 +213,12 @@ void train_rank(Runtime& rt, const Settings& s) {
       double acc = examples::accuracy(*module, forward, test);
       say(s, rank,
           format("epoch %lld test accuracy %.2f%% bytes sent per step %.0f (last step %llu) "
-                 "epoch time %.1f s consensus distance %s",
+                 "epoch time %.1f s (communication wait %.1f s, compute %.0f%%) consensus "
+                 "distance %s",
                  static_cast<long long>(epoch + 1), acc * 100,
                  st.steps ? static_cast<double>(st.bytes_sent) / static_cast<double>(st.steps) : 0.0,
-                 static_cast<unsigned long long>(st.last_step_bytes_sent), epoch_sec,
+                 static_cast<unsigned long long>(st.last_step_bytes_sent), epoch_sec, wait_sec,
+                 epoch_sec > 0 ? 100 * (epoch_sec - wait_sec) / epoch_sec : 100.0,
                  consensus.c_str()));
     }
   }

@@ -19,6 +19,7 @@ namespace {
 struct Row {
   size_t bytes;
   double sec;
+  size_t chunk_bytes;  // the ring's chunk the ranks used (the layout's default unless set)
 };
 
 // Every rank runs this; all ranks agree on iteration counts through allreduce, and the time of an
@@ -46,7 +47,7 @@ std::vector<Row> measure(Runtime& rt, const AllreduceBench& bench) {
     double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
                  static_cast<double>(iters);
     comm.allreduce(&sec, 1, comm::DataType::float64, comm::ReduceOp::max);
-    rows.push_back(Row{count * sizeof(float), sec});
+    rows.push_back(Row{count * sizeof(float), sec, comm.options().chunk_bytes});
   }
   return rows;
 }
@@ -85,8 +86,9 @@ void print(const std::vector<Row>& rows, const AllreduceBench& bench) {
     double busbw = algbw * 2.0 * (W - 1) / W;
     if (bench.json)
       std::printf("{\"bytes\": %zu, \"world\": %d, \"transport\": \"%s\"%s, \"sec\": %.9g, "
-                  "\"algbw_GBps\": %.6g, \"busbw_GBps\": %.6g}\n",
-                  r.bytes, W, bench.transport.c_str(), link_json.c_str(), r.sec, algbw, busbw);
+                  "\"algbw_GBps\": %.6g, \"busbw_GBps\": %.6g, \"chunk_bytes\": %zu}\n",
+                  r.bytes, W, bench.transport.c_str(), link_json.c_str(), r.sec, algbw, busbw,
+                  r.chunk_bytes);
     else
       std::printf("%10s %12.1f %12.3f %12.3f\n", human(r.bytes).c_str(), r.sec * 1e6, algbw, busbw);
   }
@@ -167,9 +169,11 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
   launch_options.command.push_back(std::to_string(bench.seconds_per_size));
   if (bench.json) launch_options.command.push_back("--json");
   for (auto& arg : {std::string("--small-bytes"), std::to_string(bench.tuning.small_bytes),
-                    std::string("--chunk-bytes"), std::to_string(bench.tuning.chunk_bytes),
                     std::string("--max-lanes"), std::to_string(bench.tuning.max_lanes)})
     launch_options.command.push_back(arg);
+  if (bench.tuning.chunk_bytes != 0)  // else each rank takes its layout's default
+    launch_options.command.insert(launch_options.command.end(),
+                                  {"--chunk-bytes", std::to_string(bench.tuning.chunk_bytes)});
   // For the header that rank 0 prints; the ranks' runtimes read the environment.
   auto& command = launch_options.command;
   if (!bench.link.empty()) command.insert(command.end(), {"--link", bench.link});

@@ -164,7 +164,9 @@ int main(int argc, char** argv) {
   bench_ar->add_option("--small-bytes", bench.tuning.small_bytes,
                        "Up to this size: latency-optimal algorithms")
       ->check(troupe::cli::integer_in(0, std::numeric_limits<long long>::max()));
-  bench_ar->add_option("--chunk-bytes", bench.tuning.chunk_bytes, "Pipeline chunk of the ring")
+  bench_ar->add_option("--chunk-bytes", bench.tuning.chunk_bytes,
+                       "Pipeline chunk of the ring (default: 512 KiB on one host, 8 MiB across "
+                       "hosts)")
       ->check(troupe::cli::integer_in(1, std::numeric_limits<long long>::max()));
   bench_ar->add_option("--max-lanes", bench.tuning.max_lanes, "Chunks in flight per collective")
       ->check(troupe::cli::integer_in(1, 1024));
