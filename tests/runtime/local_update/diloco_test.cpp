@@ -11,55 +11,20 @@
 #include "runtime/data_parallel.h"
 #include "runtime/job_config.h"
 #include "runtime/local_update/diloco.h"
+#include "tests/support/local_update.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;
 
 namespace {
 
-torch::nn::Sequential make_net() {
-  return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
-}
-
-torch::Tensor flat_of(torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape({-1}));
-  return torch::cat(parts);
-}
-
-void load_flat(torch::nn::Module& m, const torch::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  int64_t at = 0;
-  for (auto& p : m.parameters()) {
-    p.copy_(flat.narrow(0, at, p.numel()).view(p.sizes()));
-    at += p.numel();
-  }
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_inner(torch::nn::Module& m, bool adamw) {
-  if (adamw)
-    return std::make_unique<torch::optim::AdamW>(m.parameters(),
-                                                 torch::optim::AdamWOptions(0.01).weight_decay(0.01));
-  return std::make_unique<torch::optim::SGD>(m.parameters(),
-                                             torch::optim::SGDOptions(0.05).momentum(0.5));
-}
-
-struct Batches {
-  // data[rank][step]
-  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> data;
-  Batches(int world, int steps) {
-    torch::manual_seed(17);
-    data.resize(static_cast<size_t>(world));
-    for (auto& rank : data)
-      for (int s = 0; s < steps; ++s) rank.emplace_back(torch::randn({4, 6}), torch::randn({4, 3}));
-  }
-};
-
-void train_step(torch::nn::Sequential& net, torch::optim::Optimizer& opt,
-                const std::pair<torch::Tensor, torch::Tensor>& batch) {
-  opt.zero_grad();
-  torch::mse_loss(net->forward(batch.first), batch.second).backward();
-}
+using test::Batch;
+using test::Batches;
+using test::flat_of;
+using test::load_flat;
+using test::make_inner;
+using test::make_net;
+using test::train_step;
 
 // The simulation: the final weights of every replica.
 std::vector<torch::Tensor> simulate(const torch::Tensor& init, const Batches& b, int world,

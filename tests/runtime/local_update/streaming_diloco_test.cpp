@@ -16,59 +16,20 @@
 #include "runtime/job_config.h"
 #include "runtime/local_update/diloco.h"
 #include "runtime/local_update/streaming_diloco.h"
+#include "tests/support/local_update.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;
 
 namespace {
 
-torch::nn::Sequential make_net(int width = 8) {
-  return torch::nn::Sequential(torch::nn::Linear(6, width), torch::nn::Tanh(),
-                               torch::nn::Linear(width, 3));
-}
-
-torch::Tensor flat_of(torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape({-1}));
-  return torch::cat(parts);
-}
-
-void load_flat(torch::nn::Module& m, const torch::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  int64_t at = 0;
-  for (auto& p : m.parameters()) {
-    p.copy_(flat.narrow(0, at, p.numel()).view(p.sizes()));
-    at += p.numel();
-  }
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_inner(torch::nn::Module& m, bool adamw) {
-  if (adamw)
-    return std::make_unique<torch::optim::AdamW>(m.parameters(),
-                                                 torch::optim::AdamWOptions(0.01).weight_decay(0.01));
-  return std::make_unique<torch::optim::SGD>(m.parameters(),
-                                             torch::optim::SGDOptions(0.05).momentum(0.5));
-}
-
-using Batch = std::pair<torch::Tensor, torch::Tensor>;
-
-struct Batches {
-  std::vector<std::vector<Batch>> data;  // data[rank][step]
-  Batches(int world, int steps) {
-    torch::manual_seed(17);
-    data.resize(static_cast<size_t>(world));
-    for (auto& rank : data)
-      for (int s = 0; s < steps; ++s) rank.emplace_back(torch::randn({4, 6}), torch::randn({4, 3}));
-  }
-  const Batch& at(int rank, int step) const {
-    return data[static_cast<size_t>(rank)][static_cast<size_t>(step)];
-  }
-};
-
-void train_step(torch::nn::Sequential& net, torch::optim::Optimizer& opt, const Batch& batch) {
-  opt.zero_grad();
-  torch::mse_loss(net->forward(batch.first), batch.second).backward();
-}
+using test::Batch;
+using test::Batches;
+using test::flat_of;
+using test::load_flat;
+using test::make_inner;
+using test::make_net;
+using test::train_step;
 
 using Cuts = std::vector<std::pair<size_t, size_t>>;
 
