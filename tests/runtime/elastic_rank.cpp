@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
     }
     // This rank's algorithm state after its last completed step: what a re-form must keep.
     std::vector<std::string> last = bucket_states(module_state(trainer.module(), StatePart::all));
+    int64_t last_step = trainer.steps();
     ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
     bool after_change = false;
     while (trainer.steps() < steps ||
@@ -191,9 +192,16 @@ int main(int argc, char** argv) {
       });
       if (done) {
         last = bucket_states(module_state(trainer.module(), StatePart::all));
+        last_step = trainer.steps();
       } else {
         after_change = true;
-        if (algorithm != "allreduce") {
+        if (algorithm != "allreduce" && trainer.steps() != last_step) {
+          // This rank was behind the generation's source: it keeps its own residual, but the
+          // shared part (step, PowerSGD's Qs) is the source's, so its whole state differs.
+          std::cout << "slot " << rt.slot() << " algorithm state after re-form: behind the "
+                    << "source (" << last_step << " -> " << trainer.steps() << ")" << std::endl;
+          report_shared();
+        } else if (algorithm != "allreduce") {
           const bool kept =
               bucket_states(module_state(trainer.module(), StatePart::all)) == last;
           std::cout << "slot " << rt.slot() << " algorithm state after re-form: "
