@@ -41,7 +41,12 @@ run_job() {
   launcher=$!
   if [[ "$kill" == 1 ]]; then
     while kill -0 "$launcher" 2>/dev/null; do
-      sleep "$PERIOD" & wait $! || true
+      # Wait PERIOD seconds, but not past the job's end (its wall time must not include the wait).
+      local tenths=0
+      while (( tenths < PERIOD * 10 )) && kill -0 "$launcher" 2>/dev/null; do
+        sleep 0.1
+        tenths=$((tenths + 1))
+      done
       kill -0 "$launcher" 2>/dev/null || break
       local pids pid
       pids=$(pgrep -P "$launcher" -x fashion_mnist || true)
