@@ -100,7 +100,12 @@ Status finish(const std::shared_ptr<Execution>& execution, Transport& transport,
   auto waiting = peers();
   if (why.empty()) why = timeout_message(*execution, transport, timeout, waiting);
   for (int p : waiting) transport.fail_peer(p, why);
-  std::tie(done, failed) = wait(Clock::now() + kDrainGrace);
+  // Until every failed operation has ended, not merely the first: one still running could write
+  // into the caller's buffers after the return.
+  const auto drained = Clock::now() + kDrainGrace;
+  do {
+    std::tie(done, failed) = wait(drained);
+  } while (!done && Clock::now() < drained);
   if (done && !execution->status().ok()) return execution->status();
   return Status::failure(why, waiting.empty() ? -1 : waiting.front());
 }

@@ -60,6 +60,16 @@ void Execution::post_step(size_t lane) {
   lane_pending_[lane] = step.ops.size();
   peers_[lane].assign(step.ops.size(), -1);
   for (size_t i = 0; i < step.ops.size(); ++i) peers_[lane][i] = step.ops[i].peer;
+  auto transport = transport_.lock();
+  if (!transport) {
+    // Its owners let the transport go, which ended everything that was in flight.
+    --lanes_running_;
+    if (status_.ok()) {
+      status_ = Status::failure(schedule_.name + " failed: the transport was shut down");
+      if (on_failure_) on_failure_(status_);
+    }
+    return;
+  }
   in_flight_ += step.ops.size();
   const Tag base = tags::tag_of(key_);
   for (size_t slot = 0; slot < step.ops.size(); ++slot) {
@@ -70,9 +80,9 @@ void Execution::post_step(size_t lane) {
       self->post_([self, lane, slot, s] { self->complete(lane, slot, s); });
     };
     if (op.kind == Op::Kind::send)
-      transport_->send(op.peer, base | op.sub, op.buffer, op.bytes, std::move(cb));
+      transport->send(op.peer, base | op.sub, op.buffer, op.bytes, std::move(cb));
     else
-      transport_->recv(op.peer, base | op.sub, op.buffer, op.bytes, std::move(cb));
+      transport->recv(op.peer, base | op.sub, op.buffer, op.bytes, std::move(cb));
   }
 }
 
@@ -118,9 +128,6 @@ void Execution::finish_if_idle() {
     }
   }
   done_ = true;
-  // The last closure holding this execution may run on a transport thread; it must not end up
-  // holding the last reference to the transport (whose destructor joins that thread).
-  transport_.reset();
   if (on_done_) on_done_(status_);
 }
 

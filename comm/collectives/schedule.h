@@ -111,7 +111,9 @@ class Execution : public std::enable_shared_from_this<Execution> {
   void complete(size_t lane, size_t slot, const Status& status);
   void finish_if_idle();
 
-  std::shared_ptr<Transport> transport_;
+  // Not owned: the last closure holding this execution may run on a transport thread, and must
+  // not hold the last reference to the transport, whose destructor joins that thread.
+  std::weak_ptr<Transport> transport_;
   uint32_t key_;
   Schedule schedule_;
   std::vector<Stage> stages_;           // stages after the first
