@@ -23,7 +23,9 @@
 /// for the new world (buckets, denominators) numbered from that step, and returns false: the
 /// caller redoes the step on its new shard. A restarted rank joins the same way: its Runtime
 /// joins the next generation (the others' current step fails and is redone), and its trainer
-/// receives the state before its first step, so every replica is bit-identical.
+/// receives the state before its first step, so every replica is bit-identical. A hot spare
+/// (`troupe launch --spares K`, runtime/membership.h) is such a rank that started before the
+/// death: the generation the death opens takes it, and it heals in the survivors' re-form.
 ///
 /// The compressed algorithms' own state goes on too. Each survivor carries its error feedback
 /// and momentum correction into the new module as they were at the end of its last completed
