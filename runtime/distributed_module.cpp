@@ -130,8 +130,10 @@ struct DistributedModule::Impl {
   bool reduced = false;
   // The buckets are in a rebuilt layout loaded by load_state: no rebuild after the first step.
   bool rebuilt = false;
-  // save_state's per-bucket scratch, kept so that saving each step allocates nothing.
+  // save_state's per-bucket scratch and comm::algorithm_name(algorithm), kept so that saving
+  // each step (ElasticTrainer does) allocates nothing.
   mutable std::string bucket_scratch;
+  mutable std::string saved_name;
   std::vector<char> ready;
   std::vector<int> order;
   std::vector<int64_t> order_us;  // when each gradient of `order` became ready
@@ -832,7 +834,8 @@ void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const
     throw comm::Error("DistributedModule::save_state at step " + std::to_string(m.step) +
                       ": a backward ran without its step() (expected a state between steps, "
                       "or inside step()'s optimizer step)");
-  out.string(comm::algorithm_name(m.algorithm));
+  if (m.saved_name.empty()) m.saved_name = comm::algorithm_name(m.algorithm);
+  out.string(m.saved_name);
   // Inside step()'s optimizer step the reductions are done: the state is the next step's.
   out.value<uint32_t>(m.reduced ? m.step + 1 : m.step);
   out.vector(m.layout_order);

@@ -23,7 +23,9 @@
 /// for the new world (buckets, denominators) numbered from that step, and returns false: the
 /// caller redoes the step on its new shard. A restarted rank joins the same way: its Runtime
 /// joins the next generation (the others' current step fails and is redone), and its trainer
-/// receives the state before its first step, so every replica is bit-identical.
+/// receives the state before its first step, so every replica is bit-identical. A hot spare
+/// (`troupe launch --spares K`, runtime/membership.h) is such a rank that started before the
+/// death: the generation the death opens takes it, and it heals in the survivors' re-form.
 ///
 /// The compressed algorithms' own state goes on too. Each survivor carries its error feedback
 /// and momentum correction into the new module as they were at the end of its last completed
@@ -35,8 +37,10 @@
 /// with the parameters, so all members agree on it. A restarted rank starts with zero error
 /// feedback: a residual is its owner's unsent gradient, and a copy of a peer's would send the
 /// peer's twice. A member one step behind the source keeps its residual of the step before (the
-/// unsent remainder of the step it missed is dropped). Keeping the copy costs one copy of the
-/// algorithm state per step (the size of the model for error feedback; nothing for allreduce).
+/// unsent remainder of the step it missed is dropped). Keeping the copy costs copying the
+/// algorithm state each step into buffers kept from step to step (twice its bytes, no allocation:
+/// 29-66 us for the example's models with error feedback, docs/benchmarks.md; nothing for
+/// allreduce).
 #include <chrono>
 #include <cstdint>
 #include <functional>

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -97,7 +98,7 @@ extern "C" void on_launcher_signal(int sig) {
 class Launcher {
  public:
   Launcher(const LaunchOptions& options, std::ostream& out, std::ostream& err)
-      : options_(options), streams_{&out, &err}, ranks_(options.nprocs) {
+      : options_(options), streams_{&out, &err}, ranks_(options.nprocs + options.spares) {
     // SIGINT/SIGTERM become bytes on a pipe that the poll loop watches; only the first of
     // concurrent launches takes them.
     make_pipe(signal_pipe_, O_NONBLOCK);
@@ -138,6 +139,7 @@ class Launcher {
   struct Rank {
     pid_t pid = -1;
     bool running = false;
+    bool dismissed = false;  // a spare stopped because no rank runs any more
     int exit_code = -1;
     int fds[2] = {-1, -1};  // stdout, stderr
     std::string partial[2];
@@ -159,7 +161,10 @@ class Launcher {
       if (std::count(kRankVars.begin(), kRankVars.end(), name) == 0)
         env.push_back(name + "=" + value);
     }
-    for (const auto& [name, value] : rank_env(options_, rank, port))
+    // Spares have slots of their own: RANK and WORLD_SIZE count every slot.
+    LaunchOptions all_slots = options_;
+    all_slots.nprocs += options_.spares;
+    for (const auto& [name, value] : rank_env(all_slots, rank, port))
       env.push_back(name + "=" + value);
     // One launch per host cannot agree on a secret it makes: with several nodes the user exports
     // one (rank 0 warns when its rendezvous is open).
@@ -175,7 +180,10 @@ class Launcher {
   /// What the user calls local rank `r`: its RANK.
   int global(int r) const { return options_.node_rank * options_.nprocs + r; }
 
-  void start_rank(int r, int port);
+  void start_rank(int r, int port, bool spare = false);
+  int slot_count() const { return static_cast<int>(ranks_.size()); }
+  /// Elastic with spares: once no rank (a process a generation took) runs, stops the spares.
+  void dismiss_spares();
 
   void forward(int r, int which, const char* data, size_t size, bool eof) {
     std::ostream& os = *streams_[which];
@@ -202,7 +210,7 @@ class Launcher {
   }
 
   void reap() {
-    for (int r = 0; r < options_.nprocs; ++r) {
+    for (int r = 0; r < slot_count(); ++r) {
       Rank& rank = ranks_[r];
       int status = 0;  // stays 0 (exit 0) on ECHILD: reaped elsewhere when SIGCHLD is ignored
       pid_t pid = rank.running ? waitpid(rank.pid, &status, WNOHANG) : 0;
@@ -217,6 +225,10 @@ class Launcher {
       } else {
         rank.exit_code = WEXITSTATUS(status);
         what += " exited with status " + std::to_string(rank.exit_code);
+      }
+      if (membership_ && rank.dismissed) {
+        membership_->on_exit(r, what);
+        continue;
       }
       if (membership_) {
         membership_->on_exit(r, what);
@@ -242,7 +254,7 @@ class Launcher {
     }
     if (!stop) return;
     stopping_ = true;
-    for (int r = 0; r < options_.nprocs; ++r) {
+    for (int r = 0; r < slot_count(); ++r) {
       if (ranks_[r].running && global(r) != failed_rank) stopped_.push_back(global(r));
     }
     signal_groups(SIGTERM);
@@ -313,7 +325,7 @@ std::string find_program(const std::string& program, int& error) {
   return "";
 }
 
-void Launcher::start_rank(int r, int port) {
+void Launcher::start_rank(int r, int port, bool spare) {
   Rank& rank = ranks_[r];
   const std::string& program = options_.command[0];
   int error = 0;
@@ -331,8 +343,14 @@ void Launcher::start_rank(int r, int port) {
   std::vector<std::string> env = child_env(r, port), args = options_.command;
   int membership_fd = -1;
   if (membership_) {
-    membership_fd = membership_->attach(r);
+    membership_fd = membership_->attach(r, spare);
     env.push_back("TROUPE_ELASTIC_FD=" + std::to_string(membership_fd));
+    if (spare) {
+      // A week without a job deadline: a spare outlives no launcher (it dies with it), but its
+      // wait still ends.
+      const double wait = options_.timeout_sec > 0 ? options_.timeout_sec : 7 * 24 * 3600.0;
+      env.push_back("TROUPE_ELASTIC_SPARE=" + std::to_string(static_cast<long long>(std::ceil(wait))));
+    }
     env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restarts_of_[static_cast<size_t>(r)]));
   }
   std::vector<char*> envp, argv;
@@ -419,25 +437,52 @@ bool Launcher::restart(int r) {
                       .count();
   *streams_[1] << "troupe launch: restarting rank slot " << global(r) << " (restart " << restarts_
                << " of " << options_.max_restarts << "; this slot's " << count
-               << ") at unix ms " << ms << "\n";
+               << ")" << (options_.spares > 0 ? " as a spare" : "") << " at unix ms " << ms
+               << "\n";
   streams_[1]->flush();
   for (int which = 0; which < 2; ++which)  // the dead process's last partial lines, then its pipes
     if (ranks_[static_cast<size_t>(r)].fds[which] >= 0) forward(r, which, "", 0, true);
-  start_rank(r, port_);
+  start_rank(r, port_, options_.spares > 0);
   return ranks_[static_cast<size_t>(r)].running;
+}
+
+void Launcher::dismiss_spares() {
+  if (!membership_ || options_.spares == 0) return;
+  bool spare_waits = false;
+  for (int r = 0; r < slot_count(); ++r) {
+    const Rank& rank = ranks_[static_cast<size_t>(r)];
+    if (!rank.running) continue;
+    if (!membership_->standby(r)) return;  // a rank still runs
+    spare_waits = true;
+  }
+  if (!spare_waits) return;
+  std::vector<int> dismissed;
+  for (int r = 0; r < slot_count(); ++r) {
+    Rank& rank = ranks_[static_cast<size_t>(r)];
+    if (!rank.running || rank.dismissed) continue;
+    rank.dismissed = true;
+    dismissed.push_back(global(r));
+    kill(-rank.pid, SIGKILL);
+  }
+  if (dismissed.empty()) return;  // stopped already, not reaped yet
+  *streams_[1] << "troupe launch: no rank runs: stopping the waiting spare"
+               << (dismissed.size() == 1 ? " in slot " : "s in slots ");
+  for (size_t i = 0; i < dismissed.size(); ++i) *streams_[1] << (i ? ", " : "") << dismissed[i];
+  *streams_[1] << "\n";
+  streams_[1]->flush();
 }
 
 LaunchResult Launcher::run(int port) {
   port_ = port;
-  restarts_of_.assign(static_cast<size_t>(options_.nprocs), 0);
+  restarts_of_.assign(static_cast<size_t>(slot_count()), 0);
   if (options_.elastic)
     membership_ = std::make_unique<elastic::MembershipServer>(
-        options_.nprocs, options_.min_ranks,
+        slot_count(), options_.min_ranks,
         std::chrono::milliseconds(static_cast<int64_t>(options_.membership_timeout_sec * 1000)),
-        *streams_[1]);
+        *streams_[1], options_.nprocs);
   auto timeout_at =
       options_.timeout_sec > 0 ? Clock::now() + as_duration(options_.timeout_sec) : kNever;
-  for (int r = 0; r < options_.nprocs && !stopping_; ++r) start_rank(r, port);
+  for (int r = 0; r < slot_count() && !stopping_; ++r) start_rank(r, port, r >= options_.nprocs);
 
   // Phases: running (until timeout_at), SIGTERM sent (until kill_at_), SIGKILL sent (until
   // give_up_at). Once no rank runs, descendants may still hold the pipes: drain until
@@ -472,7 +517,7 @@ LaunchResult Launcher::run(int port) {
       give_up_at = now + as_duration(kReapAfterKillSec);
     }
     if (running() && now >= give_up_at) {
-      for (int r = 0; r < options_.nprocs; ++r) {
+      for (int r = 0; r < slot_count(); ++r) {
         if (ranks_[r].running) unreaped.push_back(global(r));
         ranks_[r].running = false;  // abandoned: waiting longer would break the deadline
       }
@@ -481,7 +526,7 @@ LaunchResult Launcher::run(int port) {
 
     std::vector<pollfd> fds{{signal_pipe_[0], POLLIN, 0}};
     std::vector<std::pair<int, int>> owners{{-1, -1}};
-    for (int r = 0; r < options_.nprocs; ++r) {
+    for (int r = 0; r < slot_count(); ++r) {
       for (int which = 0; which < 2; ++which) {
         if (ranks_[r].fds[which] < 0) continue;
         fds.push_back({ranks_[r].fds[which], POLLIN, 0});
@@ -524,10 +569,13 @@ LaunchResult Launcher::run(int port) {
       }
     }
     reap();
+    dismiss_spares();
   }
 
   std::vector<int> not_started;
-  for (int r = 0; r < options_.nprocs; ++r) {
+  int dismissed = 0;
+  for (int r = 0; r < slot_count(); ++r) {
+    if (ranks_[r].dismissed) ++dismissed;
     for (int which = 0; which < 2; ++which) {
       if (ranks_[r].fds[which] >= 0) forward(r, which, "", 0, true);
     }
@@ -538,10 +586,11 @@ LaunchResult Launcher::run(int port) {
     // Elastic: the job succeeded when enough ranks finished and no generation lacked a quorum.
     const int finished = static_cast<int>(
         std::count(result_.rank_exit_codes.begin(), result_.rank_exit_codes.end(), 0));
-    std::string what = std::to_string(finished) + " of " + std::to_string(options_.nprocs) +
+    std::string what = std::to_string(finished) + " of " + std::to_string(slot_count()) +
                        " rank slots finished with status 0 after " +
                        std::to_string(membership_->generations()) + " generations and " +
                        std::to_string(restarts_) + " restarts";
+    if (dismissed > 0) what += "; " + std::to_string(dismissed) + " waiting spares stopped";
     if (!reason_.empty()) what += "; lost: " + reason_;
     const bool ok = !membership_->stopped() && finished >= options_.min_ranks &&
                     result_.exit_code == 0;
@@ -617,6 +666,16 @@ void check_options(const LaunchOptions& o) {
   if (o.max_restarts > 0 && !o.elastic)
     bad("max_restarts (--max-restarts) = " + std::to_string(o.max_restarts) + " without elastic",
         "--elastic: only an elastic job takes a restarted rank back");
+  if (o.spares < 0)
+    bad("spares (--spares) = " + std::to_string(o.spares) + " is negative", "0 or more");
+  if (o.spares > 0 && !o.elastic)
+    bad("spares (--spares) = " + std::to_string(o.spares) + " without elastic",
+        "--elastic: only an elastic job takes a spare in a dead rank's place");
+  if (o.spares > 0)
+    check_world_size(static_cast<long long>(o.nprocs) + o.spares,
+                     "LaunchOptions slots nprocs + spares (-n " + std::to_string(o.nprocs) +
+                         " + --spares " + std::to_string(o.spares) + ")",
+                     kMaxLocalRanks);
   if (o.elastic && !(o.membership_timeout_sec > 0))
     bad("membership_timeout_sec (--membership-timeout) = " + seconds_text(o.membership_timeout_sec),
         "more than 0");

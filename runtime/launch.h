@@ -57,6 +57,16 @@ struct LaunchOptions {
   int max_restarts = 0;
   /// How long a generation waits for its members at each round (`--membership-timeout`).
   double membership_timeout_sec = 30;
+  /// Hot spares of an elastic job (`--spares K`): K more processes of the program, started with
+  /// the ranks in launch slots nprocs..nprocs+K-1 (RANK and WORLD_SIZE count every slot), that
+  /// go through their start-up (libraries, the actor system) and wait at the membership join as
+  /// standby (TROUPE_ELASTIC_SPARE: the seconds a spare waits; timeout_sec, or a week without
+  /// one). A generation that lost a rank takes a spare in its place at once, and the spare heals
+  /// from a live peer with the others; the launcher then starts a new spare in the dead rank's
+  /// slot (a restart, counted against max_restarts; a dead rank is never restarted as a rank
+  /// then). Spares still waiting when no rank runs any more are stopped (SIGKILL: they hold no
+  /// state) and are not counted as finished or failed.
+  int spares = 0;
 };
 
 /// torchrun's MASTER_PORT when a job of several nodes names none.

@@ -89,10 +89,17 @@ Generation close_generation(int number, std::vector<Report> reports,
 }
 
 MembershipServer::MembershipServer(int slots, int min_ranks, std::chrono::milliseconds deadline,
-                                   std::ostream& log)
-    : min_ranks_(min_ranks), deadline_(deadline), log_(log), slots_(static_cast<size_t>(slots)) {
-  for (int s = 0; s < slots; ++s) committed_.push_back(s);
-  committed_life_.assign(static_cast<size_t>(slots), 1);
+                                   std::ostream& log, int members)
+    : min_ranks_(min_ranks),
+      members_(members > 0 ? members : slots),
+      deadline_(deadline),
+      log_(log),
+      slots_(static_cast<size_t>(slots)) {
+  if (members_ > slots)
+    throw comm::Error("membership: " + std::to_string(members) + " members of " +
+                      std::to_string(slots) + " slots (expected at most the slots)");
+  for (int s = 0; s < members_; ++s) committed_.push_back(s);
+  committed_life_.assign(static_cast<size_t>(members_), 1);
 }
 
 MembershipServer::~MembershipServer() {
@@ -102,7 +109,7 @@ MembershipServer::~MembershipServer() {
   }
 }
 
-int MembershipServer::attach(int slot) {
+int MembershipServer::attach(int slot, bool standby) {
   Slot& s = slots_.at(static_cast<size_t>(slot));
   if (s.fd >= 0) gone(slot, "it was started again");
   int fds[2];
@@ -118,11 +125,20 @@ int MembershipServer::attach(int slot) {
   const int life = s.life + 1;
   s = Slot{};
   s.life = life;
+  s.standby = standby;
   s.fd = fds[0];
   s.child_fd = fds[1];
   // Messages never block the launcher: a rank that stops reading loses them, not the job.
   fcntl(s.fd, F_SETFL, fcntl(s.fd, F_GETFL) | O_NONBLOCK);
   return s.child_fd;
+}
+
+bool MembershipServer::short_of_members() const {
+  return static_cast<int>(committed_.size()) < members_;
+}
+
+bool MembershipServer::standby(int slot) const {
+  return slots_.at(static_cast<size_t>(slot)).standby;
 }
 
 void MembershipServer::started(int slot) {
@@ -171,12 +187,13 @@ void MembershipServer::on_readable(int slot) {
       s.report.step = std::stoll(fields[0]);
       s.host = fields[1];
       s.joined = true;
-      if (phase_ == Phase::idle) {
+      if (phase_ == Phase::idle && (!s.standby || short_of_members())) {
         open("rank slot " + std::to_string(slot) +
              (s.report.step < 0 ? " joins" : " asks for a new generation"));
       } else if (phase_ == Phase::joining) {
         maybe_close();
-      }  // addressing: it waits for the next generation, opened at commit()
+      }  // addressing: it waits for the next generation, opened at commit(); a spare, for one
+         // that needs it
     } else if (type == Message::address && fields.size() == 2) {
       if (phase_ != Phase::addressing || std::stoi(fields[0]) != pending_.number) continue;
       s.address = fields[1];
@@ -247,9 +264,9 @@ bool MembershipServer::awaited(int slot) const {
 
 void MembershipServer::maybe_close() {
   if (phase_ != Phase::joining) return;
-  bool any = false;
+  bool any = false;  // a member (not a waiting spare) to decide for
   for (size_t s = 0; s < slots_.size(); ++s) {
-    if (slots_[s].joined) any = true;
+    if (slots_[s].joined && !slots_[s].standby) any = true;
     else if (awaited(static_cast<int>(s))) return;
   }
   if (any) close();
@@ -258,7 +275,14 @@ void MembershipServer::maybe_close() {
 void MembershipServer::close() {
   std::vector<Report> reports;
   for (size_t s = 0; s < slots_.size(); ++s)
-    if (slots_[s].joined) reports.push_back(slots_[s].report);
+    if (slots_[s].joined && !slots_[s].standby) reports.push_back(slots_[s].report);
+  // Spares fill the places of the ranks lost, in slot order; the others wait on.
+  for (size_t s = 0; s < slots_.size() && static_cast<int>(reports.size()) < members_; ++s)
+    if (slots_[s].joined && slots_[s].standby) {
+      slots_[s].standby = false;
+      reports.push_back(slots_[s].report);
+      log_ << "troupe: elastic: spare slot " << s << " joins generation " << number_ << "\n";
+    }
   int ended = 0;
   for (size_t i = 0; i < committed_.size(); ++i) {
     const Slot& m = slots_[static_cast<size_t>(committed_[i])];
@@ -326,7 +350,7 @@ void MembershipServer::commit() {
        << pending_.slots[static_cast<size_t>(pending_.source)] << ")\n";
   log_.flush();
   for (size_t s = 0; s < slots_.size(); ++s)
-    if (slots_[s].joined) {
+    if (slots_[s].joined && (!slots_[s].standby || short_of_members())) {
       open("rank slot " + std::to_string(s) + " joins");
       return;
     }
@@ -335,7 +359,8 @@ void MembershipServer::commit() {
 void MembershipServer::tick() {
   if (Clock::now() < deadline_at_) return;
   if (phase_ == Phase::joining) {
-    const bool any = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.joined; });
+    const bool any = std::any_of(slots_.begin(), slots_.end(),
+                                 [](const Slot& s) { return s.joined && !s.standby; });
     if (any) {
       close();
     } else {

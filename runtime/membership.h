@@ -22,6 +22,12 @@
 /// Its members get contiguous ranks in the order of their launch slots; the source is the member
 /// with the most completed steps (the lowest slot among equals): every member adopts its state.
 /// A rank that dies while the generation forms opens the next one (a reform to the others).
+///
+/// A spare (a process the launcher started as standby, `troupe launch --spares K`) joins as soon
+/// as it has started and waits there without opening a generation (unless the generation in
+/// force is short of the launch's ranks): the next generation that forms takes it in while it
+/// has fewer members than the launch's ranks, so a dead rank's place is taken at once by a
+/// process already past its start-up.
 #include <poll.h>
 
 #include <chrono>
@@ -70,16 +76,21 @@ Generation close_generation(int number, std::vector<Report> reports,
 class MembershipServer {
  public:
   /// `slots` launch slots; `min_ranks` the quorum floor; `deadline` how long a generation waits
-  /// for its members at each of its two rounds. Messages to the user go to `log`.
+  /// for its members at each of its two rounds. Messages to the user go to `log`. `members`
+  /// (0: all the slots) of the slots form the first generation; the others hold spares, and no
+  /// generation takes more members than that.
   MembershipServer(int slots, int min_ranks, std::chrono::milliseconds deadline,
-                   std::ostream& log);
+                   std::ostream& log, int members = 0);
   ~MembershipServer();
   MembershipServer(const MembershipServer&) = delete;
   MembershipServer& operator=(const MembershipServer&) = delete;
 
   /// A fresh socket pair for `slot` (a rank about to start, or restart); returns the rank's end,
   /// close-on-exec: the child clears the flag and finds its number in TROUPE_ELASTIC_FD.
-  int attach(int slot);
+  /// `standby`: the process is a spare; its join waits for a generation that needs it.
+  int attach(int slot, bool standby = false);
+  /// Whether `slot`'s process is a spare that no generation has taken yet.
+  bool standby(int slot) const;
   /// Closes the rank's end in the launcher once the child has it.
   void started(int slot);
   /// The launcher's ends to poll, and the slot of each.
@@ -105,6 +116,7 @@ class MembershipServer {
     int child_fd = -1;  // rank's end until started()
     bool joined = false;
     bool left = false;  // said leave: ended cleanly
+    bool standby = false;  // a spare not yet taken into a generation
     Report report;
     std::string host;
     std::string address;
@@ -120,11 +132,15 @@ class MembershipServer {
   void close();
   void fail_pending(const std::string& why);
   void commit();
+  // Whether the generation in force has fewer members than the launch's ranks: a spare that
+  // joins then opens a generation instead of waiting for a death.
+  bool short_of_members() const;
   // Whether the forming generation waits for `slot`: a live member of the one in force that has
   // not joined.
   bool awaited(int slot) const;
 
   int min_ranks_;
+  int members_;  // the most members a generation takes (the launch's ranks)
   std::chrono::milliseconds deadline_;
   std::ostream& log_;
   std::vector<Slot> slots_;

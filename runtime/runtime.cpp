@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -87,6 +88,32 @@ int env_count(const char* name, int fallback, int min) {
   return n;
 }
 
+/// While it lives, the process's name (/proc/self/comm, what ps and pgrep show) is `name`; empty:
+/// unchanged.
+class ProcessName {
+ public:
+  explicit ProcessName(const std::string& name) {
+    if (name.empty() || !read(before_)) return;
+    write(name);
+  }
+  ~ProcessName() {
+    if (!before_.empty()) write(before_);
+  }
+  ProcessName(const ProcessName&) = delete;
+  ProcessName& operator=(const ProcessName&) = delete;
+
+ private:
+  static bool read(std::string& out) {
+    std::ifstream in("/proc/self/comm");
+    return static_cast<bool>(std::getline(in, out)) && !out.empty();
+  }
+  static void write(const std::string& name) {
+    std::ofstream out("/proc/self/comm");
+    out << name;  // best effort: only what ps shows depends on it
+  }
+  std::string before_;
+};
+
 }  // namespace
 
 struct Runtime::Impl {
@@ -139,8 +166,10 @@ struct Runtime::Impl {
   void publish_nccl_id(actors::RendezvousRequest& request);
   void announce_failure(const std::string& reason);
   void stop();
-  // Elastic: form a generation with the membership service, and tear one down.
-  void form(int64_t completed_steps);
+  // Elastic: form a generation with the membership service, and tear one down. `standby` > 0:
+  // this process is a spare (TROUPE_ELASTIC_SPARE), whose first join waits that long for a
+  // generation that needs it.
+  void form(int64_t completed_steps, std::chrono::seconds standby = std::chrono::seconds(0));
   void teardown();
   void on_membership_change(int number, const std::string& why);
 };
@@ -191,7 +220,7 @@ void Runtime::Impl::start() {
         membership_fd, [this](int number, const std::string& why) {
           on_membership_change(number, why);
         });
-    form(-1);
+    form(-1, std::chrono::seconds(env_count("TROUPE_ELASTIC_SPARE", 0, 1)));
     return;
   }
 
@@ -408,11 +437,25 @@ void Runtime::Impl::teardown() {
   transport.reset();
 }
 
-void Runtime::Impl::form(int64_t completed_steps) {
+void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) {
   const std::string host = host_name(options.host);
   for (int attempt = 1;; ++attempt) {
-    const auto deadline = elastic::Clock::now() + options.rendezvous_timeout;
-    const elastic::Assignment a = membership->join(completed_steps, host, deadline);
+    const bool spare = attempt == 1 && standby.count() > 0;
+    auto deadline = elastic::Clock::now() + (spare ? standby : options.rendezvous_timeout);
+    elastic::Assignment a;
+    {
+      // A waiting spare is named troupe-spare (ps, pgrep) until a generation takes it.
+      ProcessName name(spare ? "troupe-spare" : "");
+      try {
+        a = membership->join(completed_steps, host, deadline);
+      } catch (const comm::Error& e) {
+        if (!spare) throw;
+        throw comm::Error("elastic: the spare in launch slot " + std::to_string(slot) +
+                          " waited TROUPE_ELASTIC_SPARE=" + std::to_string(standby.count()) +
+                          " s for a generation that needs it: " + e.what());
+      }
+    }
+    if (spare) deadline = elastic::Clock::now() + options.rendezvous_timeout;
     auto ucx = std::make_shared<comm::UcxTransport>(a.rank, a.world_size, /*single_host=*/true);
     auto table = membership->exchange(a.generation, ucx->local_address(), deadline);
     if (!table) continue;  // a newer generation opened: join it

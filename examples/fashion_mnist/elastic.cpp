@@ -24,9 +24,13 @@ long long unix_ms() {
 
 }  // namespace
 
-void train_elastic(Runtime& rt, const ElasticRun& run) {
-  auto train = load_fashion_mnist(run.data, "train");
-  auto test = load_fashion_mnist(run.data, "test");
+ElasticData load_elastic_data(const std::string& dir) {
+  return {load_fashion_mnist(dir, "train"), load_fashion_mnist(dir, "test")};
+}
+
+void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) {
+  const FashionMnist& train = data.train;
+  const FashionMnist& test = data.test;
   std::shared_ptr<torch::nn::Module> module;
   Forward forward;
   torch::manual_seed(run.seed);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "examples/fashion_mnist/dataset.h"
 #include "runtime/runtime.h"
 
 namespace troupe::examples {
@@ -21,7 +22,14 @@ struct ElasticRun {
   uint64_t seed = 1;
 };
 
+/// The training and test sets. Loaded before the Runtime joins the job, so that a hot spare
+/// (`troupe launch --spares`) waits with them loaded and heals at once when it is taken.
+struct ElasticData {
+  FashionMnist train, test;
+};
+ElasticData load_elastic_data(const std::string& dir);
+
 /// Trains and, at each epoch's end, prints rank 0's test accuracy. Returns when the run is done.
-void train_elastic(Runtime& rt, const ElasticRun& run);
+void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data);
 
 }  // namespace troupe::examples

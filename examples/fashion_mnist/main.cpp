@@ -19,6 +19,7 @@
 #include <iostream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "examples/fashion_mnist/dataset.h"
@@ -379,12 +380,16 @@ int main(int argc, char** argv) {
     if (s.ranks_as_threads) return run_threads(s, world, links);
     RuntimeOptions o;
     if (links_from_job) o.links = links;
+    // An elastic rank loads its data before it joins the job: a hot spare waits with it loaded.
+    std::optional<examples::ElasticData> elastic_data;
+    if (std::getenv("TROUPE_ELASTIC_FD")) elastic_data = examples::load_elastic_data(t.data);
     Runtime rt(o);
     if (rt.elastic()) {
       // troupe launch --elastic: allreduce through an ElasticTrainer (examples/fashion_mnist/elastic.h).
       examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
                                t.seed};
-      examples::train_elastic(rt, run);
+      if (!elastic_data) elastic_data = examples::load_elastic_data(t.data);
+      examples::train_elastic(rt, run, *elastic_data);
       return 0;
     }
     if (world && rt.world_size() != world)

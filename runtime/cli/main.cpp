@@ -127,6 +127,9 @@ int main(int argc, char** argv) {
                          "Elastic: restart dead ranks in their slot, this many times in all");
   launch_cmd->add_option("--membership-timeout", launch.membership_timeout_sec,
                          "Elastic: seconds a new generation waits for its members (default 30)");
+  launch_cmd->add_option("--spares", launch.spares,
+                         "Elastic: start this many spare processes that wait, past their "
+                         "start-up, to take a dead rank's place at once (default 0)");
   std::string link;
   std::vector<std::string> link_ranks;
   launch_cmd->add_option("--link", link,

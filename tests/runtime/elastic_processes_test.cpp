@@ -28,9 +28,10 @@ struct Run {
 };
 
 Run run_elastic(int ranks, int min_ranks, int max_restarts, const std::string& faults,
-                int until_world = 0, const std::string& algorithm = "allreduce") {
+                int until_world = 0, const std::string& algorithm = "allreduce", int spares = 0) {
   LaunchOptions o;
   o.nprocs = ranks;
+  o.spares = spares;
   o.elastic = true;
   o.min_ranks = min_ranks;
   o.max_restarts = max_restarts;
@@ -159,6 +160,38 @@ TEST_CASE("a healed rank starts with zero error feedback and the peers' PowerSGD
   const auto by_step = shared_hashes(run);
   CHECK(by_step.size() >= 2);
   for (const auto& [step, hashes] : by_step) {
+    INFO("step " << step);
+    CHECK(hashes.size() == 1);
+  }
+}
+
+TEST_CASE("a spare takes a killed rank's place at once, heals, and the replicas are identical") {
+  // Slot 3 is a spare, waiting past its start-up. Slot 2 dies at step 10: generation 2 takes the
+  // spare beside the survivors, and the launcher starts a new spare in slot 2, which no
+  // generation needs and which is stopped at the end.
+  auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "allreduce", 1);
+  check_finished(run, 3, 3);
+  CHECK(run.err.find("spare slot 3 joins generation 2") != std::string::npos);
+  CHECK(run.out.find("slot 3 healed, stepping from step") != std::string::npos);
+  CHECK(run.out.find("slot 2 healed") == std::string::npos);
+  CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1; this slot's 1) as a spare") !=
+        std::string::npos);
+  CHECK(run.err.find("stopping the waiting spare in slot 2") != std::string::npos);
+  size_t stops = 0;  // said once, not at every turn of the launcher's loop until it is reaped
+  for (size_t at = run.err.find("stopping the waiting spare"); at != std::string::npos;
+       at = run.err.find("stopping the waiting spare", at + 1))
+    ++stops;
+  CHECK(stops == 1);
+  CHECK(run.result.message.find("1 waiting spares stopped") != std::string::npos);
+}
+
+TEST_CASE("a spare heals with zero error feedback and the peers' PowerSGD Qs") {
+  auto run = run_elastic(3, 2, 0, "kill:rank=1,step=10", 3, "powersgd", 1);
+  check_finished(run, 3, 3);
+  CHECK(run.count("slot 3 residual after heal: zero") == 1);
+  CHECK(run.count("residual after heal: NONZERO") == 0);
+  CHECK(run.count("algorithm state after re-form: LOST") == 0);
+  for (const auto& [step, hashes] : shared_hashes(run)) {
     INFO("step " << step);
     CHECK(hashes.size() == 1);
   }

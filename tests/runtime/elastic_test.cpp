@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/status.h"
@@ -154,6 +155,118 @@ TEST_CASE("the membership service forms a world, and re-forms it when a rank die
   ::close(ranks[2].fd);
 }
 
+TEST_CASE("a spare waits at its join without opening a generation, then takes a dead rank's place") {
+  std::ostringstream log;
+  MembershipServer server(3, 1, std::chrono::seconds(30), log, /*members=*/2);
+  std::vector<FakeRank> ranks = {{server.attach(0)}, {server.attach(1)}, {server.attach(2, true)}};
+  CHECK(server.standby(2));
+  CHECK(!server.standby(0));
+  join(server, ranks, 2, -1);  // the spare is ready first: nothing forms for it
+  CHECK(ranks[0].idle());
+  join(server, ranks, 0, -1);
+  join(server, ranks, 1, -1);
+  for (int s = 0; s < 2; ++s) {
+    auto [type, f] = ranks[static_cast<size_t>(s)].receive();
+    CHECK(type == Message::assign);
+    CHECK(f == std::vector<std::string>{"1", std::to_string(s), "2", "0", "0"});
+    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "address" + std::to_string(s)});
+    server.on_readable(s);
+  }
+  for (int s = 0; s < 2; ++s) CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
+  CHECK(ranks[2].idle());  // not a member of generation 1, still waiting
+  CHECK(server.standby(2));
+  CHECK(server.generations() == 1);
+
+  // Slot 1 dies: generation 2 takes the spare at once, beside the survivor, from its step.
+  ::close(ranks[1].fd);
+  server.on_exit(1, "was killed by signal 9 (Killed)");
+  CHECK(ranks[0].receive().first == Message::reform);
+  CHECK(ranks[2].idle());  // a joined spare needs no notice
+  join(server, ranks, 0, 7);
+  auto [type0, f0] = ranks[0].receive();
+  auto [type2, f2] = ranks[2].receive();
+  CHECK(type0 == Message::assign);
+  CHECK(f0 == std::vector<std::string>{"2", "0", "2", "0", "7"});
+  CHECK(type2 == Message::assign);
+  CHECK(f2 == std::vector<std::string>{"2", "1", "2", "0", "7"});
+  CHECK(!server.standby(2));
+  CHECK(log.str().find("spare slot 2 joins generation 2") != std::string::npos);
+  for (int s : {0, 2}) {
+    ranks[static_cast<size_t>(s)].send(Message::address, {"2", "a" + std::to_string(s)});
+    server.on_readable(s);
+  }
+  CHECK(ranks[0].receive().first == Message::table);
+  CHECK(server.generations() == 2);
+  ::close(ranks[0].fd);
+  ::close(ranks[2].fd);
+}
+
+TEST_CASE("a spare that is ready while the world is short of its ranks opens a generation") {
+  std::ostringstream log;
+  MembershipServer server(3, 1, std::chrono::seconds(30), log, /*members=*/2);
+  std::vector<FakeRank> ranks = {{server.attach(0)}, {server.attach(1)}};
+  join(server, ranks, 0, -1);
+  join(server, ranks, 1, -1);
+  for (int s = 0; s < 2; ++s) {
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::assign);
+    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "a"});
+    server.on_readable(s);
+  }
+  CHECK(ranks[0].receive().first == Message::table);
+  // Slot 1 dies with no spare ready: slot 0 goes on alone in generation 2.
+  ::close(ranks[1].fd);
+  server.on_exit(1, "was killed by signal 9 (Killed)");
+  CHECK(ranks[0].receive().first == Message::reform);
+  join(server, ranks, 0, 5);
+  auto [type, f] = ranks[0].receive();
+  CHECK(f == std::vector<std::string>{"2", "0", "1", "0", "5"});
+  ranks[0].send(Message::address, {"2", "a"});
+  server.on_readable(0);
+  CHECK(ranks[0].receive().first == Message::table);
+  // The spare, ready later, opens generation 3 at once and joins slot 0 there.
+  ranks.push_back({server.attach(2, true)});
+  join(server, ranks, 2, -1);
+  std::tie(type, f) = ranks[0].receive();
+  CHECK(type == Message::reform);
+  CHECK(f.at(0) == "3");
+  join(server, ranks, 0, 6);
+  std::tie(type, f) = ranks[0].receive();
+  CHECK(f == std::vector<std::string>{"3", "0", "2", "0", "6"});
+  std::tie(type, f) = ranks[2].receive();
+  CHECK(f == std::vector<std::string>{"3", "1", "2", "0", "6"});
+  ::close(ranks[0].fd);
+  ::close(ranks[2].fd);
+}
+
+TEST_CASE("a spare is not taken while the generation has all its members") {
+  std::ostringstream log;
+  MembershipServer server(3, 1, std::chrono::seconds(30), log, /*members=*/2);
+  std::vector<FakeRank> ranks = {{server.attach(0)}, {server.attach(1)}, {server.attach(2, true)}};
+  join(server, ranks, 2, -1);
+  join(server, ranks, 0, -1);
+  join(server, ranks, 1, -1);
+  for (int s = 0; s < 2; ++s) {
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::assign);
+    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "a"});
+    server.on_readable(s);
+  }
+  // Both members ask for a new generation (an error of their own, no death): no place is free.
+  join(server, ranks, 0, 3);
+  join(server, ranks, 1, 3);
+  for (int s = 0; s < 2; ++s) {
+    auto [type, f] = ranks[static_cast<size_t>(s)].receive();
+    if (type == Message::table) std::tie(type, f) = ranks[static_cast<size_t>(s)].receive();
+    if (type == Message::reform) std::tie(type, f) = ranks[static_cast<size_t>(s)].receive();
+    CHECK(type == Message::assign);
+    CHECK(f.at(2) == "2");
+  }
+  CHECK(ranks[2].idle());
+  CHECK(server.standby(2));
+  CHECK_THROWS_WITH_AS(MembershipServer(2, 1, std::chrono::seconds(1), log, 3),
+                       doctest::Contains("3 members of 2 slots"), comm::Error);
+  for (auto& r : ranks) ::close(r.fd);
+}
+
 TEST_CASE("the membership service stops a world below --min-ranks, telling every survivor why") {
   std::ostringstream log;
   MembershipServer server(3, 3, std::chrono::seconds(30), log);
@@ -244,4 +357,13 @@ TEST_CASE("elastic launch options are checked before any rank starts") {
   o.elastic = true;
   o.max_restarts = -1;
   CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("is negative"), comm::Error);
+  o.max_restarts = 1;
+  o.spares = -1;
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("spares (--spares) = -1 is negative"),
+                       comm::Error);
+  o.spares = 1;
+  o.elastic = false;
+  o.max_restarts = 0;
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("spares (--spares) = 1 without elastic"),
+                       comm::Error);
 }
