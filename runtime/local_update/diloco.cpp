@@ -28,7 +28,7 @@ DiLoCo checked(DiLoCo c) {
 
 }  // namespace
 
-struct DiLoCoModule::Impl {
+struct DiLoCoModule::Impl : Algorithm {
   Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, DiLoCo c)
       : config(checked(std::move(c))),
         sgd{config.outer_lr, config.outer_momentum, config.nesterov},
@@ -68,6 +68,16 @@ struct DiLoCoModule::Impl {
     core.continue_from_global(local);
   }
 
+  std::string name() const override { return diloco_name(config); }
+  OuterStep& outer_step() override { return core; }
+  void after_step(int64_t t) override {
+    if (t % config.inner_steps == 0) synchronise();
+  }
+  void save_rest(comm::StateWriter& out) override { reduction->save_state(out); }
+  std::function<void(comm::StateReader&)> read_rest(comm::StateReader&) override {
+    return [this](comm::StateReader& in) { reduction->load_state(in); };
+  }
+
   DiLoCo config;
   OuterSgd sgd;
   OuterStep core;
@@ -77,33 +87,6 @@ struct DiLoCoModule::Impl {
 
 DiLoCoModule::DiLoCoModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                            DiLoCo config)
-    : impl_(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
-
-DiLoCoModule::~DiLoCoModule() = default;
-
-void DiLoCoModule::step(torch::optim::Optimizer& inner) {
-  if (impl_->core.inner_step(inner) % impl_->config.inner_steps == 0) impl_->synchronise();
-}
-
-std::string DiLoCoModule::algorithm_name() const { return diloco_name(impl_->config); }
-
-CommStats DiLoCoModule::stats() const { return impl_->core.totals; }
-
-int64_t DiLoCoModule::outer_steps() const { return impl_->core.outer; }
-
-void DiLoCoModule::save_state(comm::StateWriter& out) const {
-  auto& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.core.flat.mutex());
-  m.core.save(out, diloco_name(m.config));
-  m.reduction->save_state(out);
-}
-
-void DiLoCoModule::load_state(comm::StateReader& in) {
-  auto& m = *impl_;
-  const auto saved = m.core.read(in, diloco_name(m.config));
-  std::lock_guard<std::mutex> lock(m.core.flat.mutex());
-  m.reduction->load_state(in);  // checks its own state first: refused, nothing else changes
-  m.core.restore(saved);
-}
+    : LocalUpdateModule(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
 
 }  // namespace troupe

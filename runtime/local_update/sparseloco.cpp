@@ -72,7 +72,7 @@ size_t sparseloco_message_bytes(const SparseLoCo& config, size_t count) {
   return Layout(checked(config), count).bytes;
 }
 
-struct SparseLoCoModule::Impl {
+struct SparseLoCoModule::Impl : Algorithm {
   Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, SparseLoCo c)
       : config(checked(std::move(c))),
         core(rt, std::move(m), "SparseLoCo", /*with_momentum=*/false),
@@ -197,6 +197,19 @@ struct SparseLoCoModule::Impl {
     core.continue_from_global(local);
   }
 
+  std::string name() const override { return sparseloco_name(config); }
+  OuterStep& outer_step() override { return core; }
+  void after_step(int64_t t) override {
+    if (t % config.inner_steps == 0) synchronise();
+  }
+  void save_rest(comm::StateWriter& out) override { out.vector(error); }
+  std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {
+    auto saved = in.vector<float>(error.size(), "SparseLoCo's error-feedback memory");
+    return [this, saved = std::move(saved)](comm::StateReader&) mutable {
+      error = std::move(saved);
+    };
+  }
+
   SparseLoCo config;
   OuterStep core;
   Layout layout;
@@ -207,34 +220,6 @@ struct SparseLoCoModule::Impl {
 
 SparseLoCoModule::SparseLoCoModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                    SparseLoCo config)
-    : impl_(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
-
-SparseLoCoModule::~SparseLoCoModule() = default;
-
-void SparseLoCoModule::step(torch::optim::Optimizer& inner) {
-  if (impl_->core.inner_step(inner) % impl_->config.inner_steps == 0) impl_->synchronise();
-}
-
-std::string SparseLoCoModule::algorithm_name() const { return sparseloco_name(impl_->config); }
-
-CommStats SparseLoCoModule::stats() const { return impl_->core.totals; }
-
-int64_t SparseLoCoModule::outer_steps() const { return impl_->core.outer; }
-
-void SparseLoCoModule::save_state(comm::StateWriter& out) const {
-  auto& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.core.flat.mutex());
-  m.core.save(out, sparseloco_name(m.config));
-  out.vector(m.error);
-}
-
-void SparseLoCoModule::load_state(comm::StateReader& in) {
-  auto& m = *impl_;
-  const auto saved = m.core.read(in, sparseloco_name(m.config));
-  auto error = in.vector<float>(m.error.size(), "SparseLoCo's error-feedback memory");
-  std::lock_guard<std::mutex> lock(m.core.flat.mutex());
-  m.core.restore(saved);
-  m.error = std::move(error);
-}
+    : LocalUpdateModule(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
 
 }  // namespace troupe

@@ -144,7 +144,7 @@ class Courier {
 
 }  // namespace
 
-struct StreamingDiLoCoModule::Impl {
+struct StreamingDiLoCoModule::Impl : Algorithm {
   struct Fragment {
     size_t first = 0, count = 0;
     comm::BucketBuffer bucket;  // over delta's slice
@@ -331,6 +331,85 @@ struct StreamingDiLoCoModule::Impl {
     return -1;
   }
 
+  std::string name() const override { return streaming_diloco_name(config); }
+  OuterStep& outer_step() override { return core; }
+
+  void after_step(int64_t t) override {
+    if (flight >= 0 && t == apply_at) apply();
+    if (const int f = due(t); f >= 0) {
+      start(f);
+      if (config.delay == 0) apply();
+    }
+  }
+
+  void before_save() override { await(); }  // a fragment in flight: its average is saved
+
+  void before_load(comm::StateReader& in) override {
+    if (flight >= 0)
+      in.fail("a fragment of this module is in flight (step " + std::to_string(core.inner) +
+              "): load into a module that has not stepped since construction or a sync landed");
+  }
+
+  void save_rest(comm::StateWriter& out) override {
+    out.value(static_cast<int64_t>(flight));
+    out.value(apply_at);
+    out.vector(values_of(core.delta));  // only the fragment in flight's slice matters
+    if (config.eager) {
+      out.vector(values_of(own));
+      out.vector(values_of(others));
+      out.vector(values_of(provisional));
+    }
+    for (const auto& f : fragments) {
+      out.value(f.syncs);
+      out.value(static_cast<uint8_t>(f.has_average));
+    }
+    for (const auto& f : fragments) f.reduction->save_state(out);
+  }
+
+  std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {
+    struct Saved {
+      int64_t flight = -1, apply_at = 0;
+      std::vector<float> delta, own, others, provisional;
+      std::vector<std::pair<int64_t, bool>> per_fragment;
+    } s;
+    s.flight = in.value<int64_t>();
+    s.apply_at = in.value<int64_t>();
+    if (s.flight < -1 || s.flight >= static_cast<int64_t>(fragments.size()))
+      in.fail("fragment in flight " + std::to_string(s.flight) +
+              ", expected -1 (none) or one of the " + std::to_string(fragments.size()) +
+              " fragments");
+    const auto count = core.flat.count();
+    s.delta = in.vector<float>(count, "Streaming DiLoCo's outer gradient in flight");
+    if (config.eager) {
+      s.own = in.vector<float>(count, "Streaming DiLoCo's own outer gradient");
+      s.others = in.vector<float>(count, "Streaming DiLoCo's others' last average");
+      s.provisional = in.vector<float>(count, "Streaming DiLoCo's provisional global weights");
+    }
+    for (size_t f = 0; f < fragments.size(); ++f) {
+      const auto syncs = in.value<int64_t>();
+      s.per_fragment.emplace_back(syncs, in.value<uint8_t>() != 0);
+    }
+    return [this, s = std::move(s)](comm::StateReader& rest) {
+      // Each reduction checks its own state before changing it; the module's own is read
+      // above, so a refusal leaves it as it was.
+      for (auto& f : fragments) f.reduction->load_state(rest);
+      set_values(core.delta, s.delta);
+      if (config.eager) {
+        set_values(own, s.own);
+        set_values(others, s.others);
+        set_values(provisional, s.provisional);
+      }
+      for (size_t f = 0; f < fragments.size(); ++f) {
+        fragments[f].syncs = s.per_fragment[f].first;
+        fragments[f].has_average = s.per_fragment[f].second;
+      }
+      flight = static_cast<int>(s.flight);
+      apply_at = s.apply_at;
+      arrived = true;
+      traffic = {};
+    };
+  }
+
   Runtime& runtime;
   StreamingDiLoCo config;
   OuterSgd sgd;
@@ -355,104 +434,24 @@ struct StreamingDiLoCoModule::Impl {
 StreamingDiLoCoModule::StreamingDiLoCoModule(Runtime& runtime,
                                              std::shared_ptr<torch::nn::Module> module,
                                              StreamingDiLoCo config)
-    : impl_(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
+    : LocalUpdateModule(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
 
-StreamingDiLoCoModule::~StreamingDiLoCoModule() = default;
-
-void StreamingDiLoCoModule::step(torch::optim::Optimizer& inner) {
-  auto& m = *impl_;
-  const int64_t t = m.core.inner_step(inner);
-  if (m.flight >= 0 && t == m.apply_at) m.apply();
-  if (const int f = m.due(t); f >= 0) {
-    m.start(f);
-    if (m.config.delay == 0) m.apply();
-  }
+StreamingDiLoCoModule::Impl& StreamingDiLoCoModule::impl() const {
+  return static_cast<Impl&>(*algorithm_);
 }
 
 void StreamingDiLoCoModule::finish() {
-  if (impl_->flight >= 0) impl_->apply();
+  if (impl().flight >= 0) impl().apply();
 }
-
-std::string StreamingDiLoCoModule::algorithm_name() const {
-  return streaming_diloco_name(impl_->config);
-}
-
-CommStats StreamingDiLoCoModule::stats() const { return impl_->core.totals; }
-
-int64_t StreamingDiLoCoModule::outer_steps() const { return impl_->core.outer; }
 
 std::vector<std::pair<size_t, size_t>> StreamingDiLoCoModule::fragments() const {
   std::vector<std::pair<size_t, size_t>> out;
-  for (const auto& f : impl_->fragments) out.emplace_back(f.first, f.first + f.count);
+  for (const auto& f : impl().fragments) out.emplace_back(f.first, f.first + f.count);
   return out;
 }
 
 const std::vector<uint64_t>& StreamingDiLoCoModule::sync_bytes_sent() const {
-  return impl_->sync_bytes;
-}
-
-void StreamingDiLoCoModule::save_state(comm::StateWriter& out) const {
-  auto& m = *impl_;
-  m.await();  // a fragment in flight: its average is saved, to be applied at its step
-  std::lock_guard<std::mutex> lock(m.core.flat.mutex());
-  m.core.save(out, streaming_diloco_name(m.config));
-  out.value(static_cast<int64_t>(m.flight));
-  out.value(m.apply_at);
-  out.vector(values_of(m.core.delta));  // only the fragment in flight's slice matters
-  if (m.config.eager) {
-    out.vector(values_of(m.own));
-    out.vector(values_of(m.others));
-    out.vector(values_of(m.provisional));
-  }
-  for (const auto& f : m.fragments) {
-    out.value(f.syncs);
-    out.value(static_cast<uint8_t>(f.has_average));
-  }
-  for (const auto& f : m.fragments) f.reduction->save_state(out);
-}
-
-void StreamingDiLoCoModule::load_state(comm::StateReader& in) {
-  auto& m = *impl_;
-  if (m.flight >= 0)
-    in.fail("a fragment of this module is in flight (step " + std::to_string(m.core.inner) +
-            "): load into a module that has not stepped since construction or a sync landed");
-  const auto saved = m.core.read(in, streaming_diloco_name(m.config));
-  const auto flight = in.value<int64_t>(), apply_at = in.value<int64_t>();
-  if (flight < -1 || flight >= static_cast<int64_t>(m.fragments.size()))
-    in.fail("fragment in flight " + std::to_string(flight) + ", expected -1 (none) or one of the " +
-            std::to_string(m.fragments.size()) + " fragments");
-  const auto count = m.core.flat.count();
-  auto delta = in.vector<float>(count, "Streaming DiLoCo's outer gradient in flight");
-  std::vector<float> own, others, provisional;
-  if (m.config.eager) {
-    own = in.vector<float>(count, "Streaming DiLoCo's own outer gradient");
-    others = in.vector<float>(count, "Streaming DiLoCo's others' last average");
-    provisional = in.vector<float>(count, "Streaming DiLoCo's provisional global weights");
-  }
-  std::vector<std::pair<int64_t, bool>> per_fragment;
-  for (size_t f = 0; f < m.fragments.size(); ++f) {
-    const auto syncs = in.value<int64_t>();
-    per_fragment.emplace_back(syncs, in.value<uint8_t>() != 0);
-  }
-  std::lock_guard<std::mutex> lock(m.core.flat.mutex());
-  // Each reduction checks its own state before changing it; the module's own is read above, so
-  // a refusal leaves it as it was.
-  for (auto& f : m.fragments) f.reduction->load_state(in);
-  m.core.restore(saved);
-  set_values(m.core.delta, delta);
-  if (m.config.eager) {
-    set_values(m.own, own);
-    set_values(m.others, others);
-    set_values(m.provisional, provisional);
-  }
-  for (size_t f = 0; f < m.fragments.size(); ++f) {
-    m.fragments[f].syncs = per_fragment[f].first;
-    m.fragments[f].has_average = per_fragment[f].second;
-  }
-  m.flight = static_cast<int>(flight);
-  m.apply_at = apply_at;
-  m.arrived = true;
-  m.traffic = {};
+  return impl().sync_bytes;
 }
 
 }  // namespace troupe
