@@ -236,16 +236,39 @@ inline std::string algorithm_error(const std::string& text) {
   return "";
 }
 
-/// What parse_job_config throws for a job file "bad.toml" of 2 ranks whose [algorithm] is
-/// `name` with `settings` (TOML lines), or "".
+/// A job file `file` of 2 ranks whose [algorithm] is `name` with `settings` (TOML lines), parsed.
+inline JobConfig job_of(const std::string& name, const std::string& settings,
+                        const std::string& file = "job.toml") {
+  return parse_job_config(
+      "[job]\nworld_size = 2\n[algorithm]\nname = \"" + name + "\"\n" + settings, file);
+}
+
+/// What job_of throws for the job file "bad.toml", or "".
 inline std::string job_error(const std::string& name, const std::string& settings) {
   try {
-    parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"" + name + "\"\n" + settings,
-                     "bad.toml");
+    job_of(name, settings, "bad.toml");
   } catch (const comm::Error& e) {
     return e.what();
   }
   return "";
+}
+
+/// make_data_parallel(config) on 2 thread ranks, each taking two steps of SGD(0.1) on
+/// rank_gradients; then check(runtime, net, module) asserts what the test expects.
+template <class Config>
+void run_two_steps(const Config& c,
+                   const std::function<void(Runtime&, torch::nn::Sequential&, DataParallel&)>& check) {
+  auto errors = run_threads(2, [&](int, Runtime& rt) {
+    auto net = make_net();
+    auto dp = make_data_parallel(rt, net.ptr(), c);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    for (int s = 0; s < 2; ++s) {
+      rank_gradients(net, opt, rt.rank());
+      dp->step(opt);
+    }
+    check(rt, net, *dp);
+  });
+  for (auto& e : errors) CHECK(e.empty());
 }
 
 }  // namespace troupe::test

@@ -18,12 +18,7 @@ using namespace troupe;
 
 namespace {
 
-using test::Batches;
-using test::flat_of;
-using test::load_flat;
-using test::make_inner;
-using test::make_net;
-using test::train_step;
+using namespace troupe::test;
 
 // The simulation: the final weights of every replica.
 std::vector<torch::Tensor> simulate(const torch::Tensor& init, const Batches& b, int world,
@@ -63,6 +58,27 @@ test::RankRuns run_diloco(const torch::Tensor& init, const Batches& b, int world
   return runs;
 }
 
+// DiLoCo at H = 4 on 3 thread ranks for 8 steps, exact and with its outer gradient compressed,
+// from the same start and batches.
+struct Compared {
+  static constexpr int world = 3, steps = 8;
+  torch::Tensor init;
+  test::RankRuns exact, compressed;
+};
+
+Compared compare_to_exact(const comm::Compression& compression) {
+  torch::manual_seed(4);
+  Compared out;
+  out.init = flat_of(*make_net()).clone();
+  DiLoCo c;
+  c.inner_steps = 4;
+  Batches b(Compared::world, Compared::steps);
+  out.exact = run_diloco(out.init, b, Compared::world, Compared::steps, c, false);
+  c.outer_compression = compression;
+  out.compressed = run_diloco(out.init, b, Compared::world, Compared::steps, c, false);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("DiLoCo on 1 to 4 thread ranks follows the single-process simulation") {
@@ -91,44 +107,28 @@ TEST_CASE("DiLoCo on 1 to 4 thread ranks follows the single-process simulation")
 }
 
 TEST_CASE("DiLoCo's outer gradient in fp16 stays near the exact run at about half the bytes") {
-  torch::manual_seed(4);
-  const auto init = flat_of(*make_net()).clone();
-  const int world = 3, steps = 8;
-  DiLoCo c;
-  c.inner_steps = 4;
-  Batches b(world, steps);
-  const auto exact = run_diloco(init, b, world, steps, c, false);
-  c.outer_compression = comm::HalfPrecision{};
-  const auto half = run_diloco(init, b, world, steps, c, false);
-  for (size_t r = 0; r < static_cast<size_t>(world); ++r) {
+  const auto runs = compare_to_exact(comm::HalfPrecision{});
+  const auto &exact = runs.exact, &half = runs.compressed;
+  for (size_t r = 0; r < static_cast<size_t>(Compared::world); ++r) {
     CHECK(torch::allclose(half.weights[r], exact.weights[r], 1e-2, 1e-3));
     const double sent_exact = static_cast<double>(exact.stats[r].bytes_sent);
     const double sent_half = static_cast<double>(half.stats[r].bytes_sent);
     CHECK(sent_exact > 0);
     CHECK(sent_half < 0.6 * sent_exact);
-    CHECK(half.stats[r].steps == steps);
+    CHECK(half.stats[r].steps == Compared::steps);
   }
 }
 
 TEST_CASE("DiLoCo's outer gradient in 4 bits stays near the exact run at a fraction of the bytes") {
-  torch::manual_seed(4);
-  const auto init = flat_of(*make_net()).clone();
-  const int world = 3, steps = 8;
-  DiLoCo c;
-  c.inner_steps = 4;
-  Batches b(world, steps);
-  const auto exact_run = run_diloco(init, b, world, steps, c, false);
-  const auto& exact = exact_run.weights;
-  c.outer_compression = std::get<DiLoCo>(parse_algorithm_argument("diloco:compress=int4:block=16"))
-                            .outer_compression;
-  REQUIRE(std::get<comm::Int4Quantization>(c.outer_compression).block == 16);
-  auto job = parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"diloco\"\n"
-                              "outer_compression = \"int4\"\n",
-                              "diloco.toml");
+  const auto int4_compression =
+      std::get<DiLoCo>(parse_algorithm_argument("diloco:compress=int4:block=16")).outer_compression;
+  REQUIRE(std::get<comm::Int4Quantization>(int4_compression).block == 16);
+  const auto job = test::job_of("diloco", "outer_compression = \"int4\"\n");
   CHECK(std::holds_alternative<comm::Int4Quantization>(std::get<DiLoCo>(job.algorithm).outer_compression));
-  const auto int4_run = run_diloco(init, b, world, steps, c, false);
-  const auto& int4 = int4_run.weights;
-  const double moved = (exact[0] - init).abs().max().item<double>();
+  const auto runs = compare_to_exact(int4_compression);
+  const auto &exact = runs.exact.weights, &int4 = runs.compressed.weights;
+  const int world = Compared::world;
+  const double moved = (exact[0] - runs.init).abs().max().item<double>();
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     const double off = (int4[static_cast<size_t>(r)] - exact[static_cast<size_t>(r)]).abs().max().item<double>();
@@ -137,12 +137,12 @@ TEST_CASE("DiLoCo's outer gradient in 4 bits stays near the exact run at a fract
     CHECK(off > 0);               // the codes did lose something
     CHECK(off < 0.1 * moved);     // but little of the way the weights travelled
     CHECK(torch::equal(int4[static_cast<size_t>(r)], int4[0]));  // every rank decodes the same
-    const double sent_exact = static_cast<double>(exact_run.stats[static_cast<size_t>(r)].bytes_sent);
-    const double sent_int4 = static_cast<double>(int4_run.stats[static_cast<size_t>(r)].bytes_sent);
+    const double sent_exact = static_cast<double>(runs.exact.stats[static_cast<size_t>(r)].bytes_sent);
+    const double sent_int4 = static_cast<double>(runs.compressed.stats[static_cast<size_t>(r)].bytes_sent);
     CHECK(sent_int4 < 0.5 * sent_exact);  // 83 parameters: the blocks' headers weigh
     // Two synchronisations of an alltoall and an allgather of W - 1 slots each; a slot holds the
     // largest chunk, 28 elements: two blocks' {min, max} (16 bytes) and 14 code bytes, in words.
-    CHECK(int4_run.stats[static_cast<size_t>(r)].bytes_sent == 2 * 2 * (world - 1) * 32);
+    CHECK(runs.compressed.stats[static_cast<size_t>(r)].bytes_sent == 2 * 2 * (world - 1) * 32);
   }
 }
 
@@ -199,10 +199,8 @@ TEST_CASE("DiLoCo is named on the command line and in job files, its keys checke
   CHECK(error_of("diloco:foo=1").find("unknown key 'foo' (allowed: h, outer_lr") != std::string::npos);
   CHECK(error_of("diloco:compress=nope").find("nope") != std::string::npos);
 
-  auto job = parse_job_config(
-      "[job]\nworld_size = 2\n[algorithm]\nname = \"diloco\"\ninner_steps = 10\nouter_lr = 0.6\n"
-      "outer_compression = \"topk:ratio=0.1\"\n",
-      "diloco.toml");
+  const auto job = test::job_of(
+      "diloco", "inner_steps = 10\nouter_lr = 0.6\nouter_compression = \"topk:ratio=0.1\"\n");
   auto j = std::get<DiLoCo>(job.algorithm);
   CHECK(j.inner_steps == 10);
   CHECK(j.outer_lr == 0.6);
@@ -215,21 +213,13 @@ TEST_CASE("DiLoCo is named on the command line and in job files, its keys checke
 }
 
 TEST_CASE("make_data_parallel runs DiLoCo") {
-  auto errors = test::run_threads(2, [](int, Runtime& rt) {
-    auto net = make_net();
-    DiLoCo c;
-    c.inner_steps = 2;
-    auto dp = make_data_parallel(rt, net.ptr(), c);
-    CHECK(dp->algorithm_name() == "diloco(h=2, outer_lr=0.7, outer_momentum=0.9, allreduce)");
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < 2; ++s) {
-      test::rank_gradients(net, opt, rt.rank());
-      dp->step(opt);
-    }
+  DiLoCo c;
+  c.inner_steps = 2;
+  test::run_two_steps(c, [](Runtime& rt, torch::nn::Sequential& net, DataParallel& dp) {
+    CHECK(dp.algorithm_name() == "diloco(h=2, outer_lr=0.7, outer_momentum=0.9, allreduce)");
     // After a synchronisation every rank holds the same global weights.
     const auto mine = flat_of(*net);
     CHECK(torch::equal(mine, test::rank0_copy(rt, mine)));
-    CHECK(dp->stats().bytes_sent > 0);
+    CHECK(dp.stats().bytes_sent > 0);
   });
-  for (auto& e : errors) CHECK(e.empty());
 }

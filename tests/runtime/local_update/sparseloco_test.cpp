@@ -22,11 +22,7 @@ using namespace troupe;
 
 namespace {
 
-using test::Batches;
-using test::flat_of;
-using test::load_flat;
-using test::make_net;
-using test::train_step;
+using namespace troupe::test;
 
 constexpr size_t kParameters = 6 * 8 + 8 + 8 * 3 + 3;  // 83
 constexpr uint64_t kSeed = 23;                          // the batches'
@@ -296,10 +292,8 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
   CHECK(error_of("sparseloco:h") ==
         "--algorithm sparseloco:h: 'h' is not key=value (keys: h, outer_lr, ratio, chunk, bits, beta)");
 
-  auto job = parse_job_config(
-      "[job]\nworld_size = 2\n[algorithm]\nname = \"sparseloco\"\ninner_steps = 10\nratio = 0.03\n"
-      "value_bits = 8\nef_decay = 0.5\nchunk = 512\nouter_lr = 0.9\n",
-      "sparseloco.toml");
+  const auto job = test::job_of("sparseloco", "inner_steps = 10\nratio = 0.03\nvalue_bits = 8\n"
+                                              "ef_decay = 0.5\nchunk = 512\nouter_lr = 0.9\n");
   auto j = std::get<SparseLoCo>(job.algorithm);
   CHECK(j.inner_steps == 10);
   CHECK(j.ratio == 0.03);
@@ -322,22 +316,14 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
 }
 
 TEST_CASE("make_data_parallel runs SparseLoCo") {
-  auto errors = test::run_threads(2, [](int, Runtime& rt) {
-    auto net = make_net();
-    SparseLoCo c;
-    c.inner_steps = 2;
-    auto dp = make_data_parallel(rt, net.ptr(), c);
-    CHECK(dp->algorithm_name() ==
+  SparseLoCo c;
+  c.inner_steps = 2;
+  test::run_two_steps(c, [&](Runtime& rt, torch::nn::Sequential& net, DataParallel& dp) {
+    CHECK(dp.algorithm_name() ==
           "sparseloco(h=2, ratio=0.015625, chunk=4096, bits=2, beta=0.95, outer_lr=1)");
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < 2; ++s) {
-      test::rank_gradients(net, opt, rt.rank());
-      dp->step(opt);
-    }
     // After a synchronisation every rank holds the same global weights.
     const auto mine = flat_of(*net);
     CHECK(torch::equal(mine, test::rank0_copy(rt, mine)));
-    CHECK(dp->stats().bytes_sent == sparseloco_message_bytes(c, kParameters));
+    CHECK(dp.stats().bytes_sent == sparseloco_message_bytes(c, kParameters));
   });
-  for (auto& e : errors) CHECK(e.empty());
 }
