@@ -202,6 +202,7 @@ TEST_CASE("SparseLoCo sends k indices, 2-bit values and a pair per chunk at each
         // A ring allgather: W - 1 messages out and in, three times.
         CHECK(s.bytes_sent == 3 * static_cast<size_t>(world - 1) * message);
         CHECK(s.bytes_received == 3 * static_cast<size_t>(world - 1) * message);
+        CHECK(s.peak_sync_bytes_sent == static_cast<size_t>(world - 1) * message);  // one sync
         CHECK(s.steps == steps);
       }
     }
