@@ -14,6 +14,8 @@
 #include <limits>
 #include <optional>
 #include <sstream>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "comm/compression/settings.h"
@@ -35,6 +37,121 @@ const Keys kTrainerKeys = {"program", "model", "epochs", "batch", "lr", "momentu
                            "lr_schedule", "data", "log_every", "seed", "threads"};
 const Keys kLinksKeys = {"all", "ranks"};
 
+/// The fields of S a key may set: integers, numbers, flags, and the outer compression where S has
+/// one (SparseLoCo has none).
+template <class S, class = void>
+struct KeyField {
+  using type = std::variant<int S::*, size_t S::*, double S::*, bool S::*>;
+};
+template <class S>
+struct KeyField<S, std::void_t<decltype(&S::outer_compression)>> {
+  using type = std::variant<int S::*, size_t S::*, double S::*, bool S::*, comm::Compression S::*>;
+};
+
+/// One setting of a local-update algorithm (DiLoCo, Streaming DiLoCo, SparseLoCo), for the job
+/// file and the command line alike: its keys, the field of S it sets, and what it accepts. The
+/// command line takes the job file's key as well as its own shorter one.
+template <class S>
+struct LocalKey {
+  std::string toml;  // the job file's key: "inner_steps"
+  std::string cli;   // the command line's: "h"
+  typename KeyField<S>::type field;
+  // Numbers and integers: the values allowed, and how messages say so ("an integer >= 1"). A
+  // flag is true or false; a compression is what comm::parse_compression reads.
+  std::function<bool(double)> ok;
+  std::string expected;
+
+  bool named(const std::string& key) const { return key == cli || key == toml; }
+};
+
+/// The integers in [min, max] (max: kept to what an int holds).
+std::function<bool(double)> integers(int64_t min, int64_t max = 1000000000) {
+  return [=](double x) {
+    return x >= static_cast<double>(min) && x <= static_cast<double>(max) && x == std::floor(x);
+  };
+}
+
+template <class S>
+LocalKey<S> integer_key(std::string toml, std::string cli, int S::*field, int64_t min) {
+  return {std::move(toml), std::move(cli), field, integers(min),
+          "an integer >= " + std::to_string(min)};
+}
+
+template <class S>
+LocalKey<S> flag_key(std::string key, bool S::*field) {
+  return {key, key, field, nullptr, ""};
+}
+
+// The keys every local-update algorithm shares, and those of the outer SGD (DiLoCo and Streaming
+// DiLoCo), written once.
+template <class S>
+LocalKey<S> inner_steps_key() {
+  return integer_key("inner_steps", "h", &S::inner_steps, 1);
+}
+template <class S>
+LocalKey<S> outer_lr_key() {
+  return {"outer_lr", "outer_lr", &S::outer_lr, [](double x) { return x > 0; }, "a number > 0"};
+}
+template <class S>
+LocalKey<S> outer_momentum_key() {
+  return {"outer_momentum", "outer_momentum", &S::outer_momentum,
+          [](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)"};
+}
+template <class S>
+LocalKey<S> nesterov_key() {
+  return flag_key("nesterov", &S::nesterov);
+}
+template <class S>
+LocalKey<S> outer_compression_key() {
+  return {"outer_compression", "compress", &S::outer_compression, nullptr, ""};
+}
+
+const std::vector<LocalKey<DiLoCo>>& diloco_keys() {
+  static const std::vector<LocalKey<DiLoCo>> keys = {
+      inner_steps_key<DiLoCo>(), outer_lr_key<DiLoCo>(), outer_momentum_key<DiLoCo>(),
+      nesterov_key<DiLoCo>(), outer_compression_key<DiLoCo>()};
+  return keys;
+}
+
+const std::vector<LocalKey<StreamingDiLoCo>>& streaming_diloco_keys() {
+  using S = StreamingDiLoCo;
+  static const std::vector<LocalKey<S>> keys = {
+      inner_steps_key<S>(),
+      integer_key("fragments", "fragments", &S::fragments, 1),
+      integer_key("delay", "delay", &S::delay, 0),
+      {"alpha", "alpha", &S::fragment_update_alpha, [](double x) { return x >= 0 && x <= 1; },
+       "a number in [0, 1]"},
+      outer_lr_key<S>(),
+      outer_momentum_key<S>(),
+      nesterov_key<S>(),
+      outer_compression_key<S>(),
+      flag_key("eager", &S::eager)};
+  return keys;
+}
+
+const std::vector<LocalKey<SparseLoCo>>& sparseloco_keys() {
+  using S = SparseLoCo;
+  static const std::vector<LocalKey<S>> keys = {
+      inner_steps_key<S>(),
+      outer_lr_key<S>(),
+      {"ratio", "ratio", &S::ratio, [](double x) { return x > 0 && x <= 1; },
+       "a number in (0, 1]"},
+      {"chunk", "chunk", &S::chunk, integers(1, 65536), "an integer in [1, 65536]"},
+      {"value_bits", "bits", &S::value_bits,
+       [](double x) { return x == 2 || x == 4 || x == 8 || x == 32; }, "2, 4, 8 or 32"},
+      {"ef_decay", "beta", &S::ef_decay, [](double x) { return x >= 0 && x <= 1; },
+       "a number in [0, 1]"}};
+  return keys;
+}
+
+/// The keys of a table, in the job file's spelling or the command line's.
+template <class S>
+Keys toml_keys(const std::vector<LocalKey<S>>& keys) {
+  Keys out;
+  for (const auto& k : keys) out.push_back(k.toml);
+  return out;
+}
+
 /// The decentralized and asynchronous algorithms, with the settings each takes beside `name`.
 /// The bucket algorithms' names and settings come from comm/compression/settings.h, the table the
 /// command line's --algorithm reads too.
@@ -43,11 +160,9 @@ const std::vector<std::pair<std::string, Keys>> kGossipAlgorithms = {
     {"low_precision_decentralized", {"gamma", "block"}},
     {"async_model_average", {"warmup_steps", "sync_interval_ms"}},
     {"async_gossip", {"min_interval_ms"}},
-    {"diloco", {"inner_steps", "outer_lr", "outer_momentum", "nesterov", "outer_compression"}},
-    {"sparseloco", {"inner_steps", "outer_lr", "ratio", "chunk", "value_bits", "ef_decay"}},
-    {"streaming_diloco",
-     {"inner_steps", "fragments", "delay", "alpha", "outer_lr", "outer_momentum", "nesterov",
-      "outer_compression", "eager"}},
+    {"diloco", toml_keys(diloco_keys())},
+    {"sparseloco", toml_keys(sparseloco_keys())},
+    {"streaming_diloco", toml_keys(streaming_diloco_keys())},
 };
 const char* const kTopologyUsers = "decentralized, low_precision_decentralized and async_gossip";
 
@@ -314,6 +429,33 @@ comm::Compression read_compression(const Section& a, const comm::AlgorithmEntry&
   return c;
 }
 
+/// A local-update algorithm: each key of [algorithm] in `keys` read as its field's type and checked
+/// against its range.
+template <class S>
+S read_local_update(const Section& a, const std::vector<LocalKey<S>>& keys) {
+  S s;
+  for (const auto& k : keys) {
+    const toml::node* node = a.find(k.toml);
+    if (!node) continue;
+    std::visit(Overloaded{
+                   [&](bool S::*field) { a.boolean(k.toml, s.*field); },
+                   [&](double S::*field) { a.number(k.toml, s.*field, k.ok, k.expected); },
+                   [&](comm::Compression S::*field) {
+                     s.*field = a.parsed(k.toml, *node, comm::parse_compression);
+                   },
+                   [&](auto field) {  // an integer
+                     const auto* value = node->as_integer();
+                     if (!value || !k.ok(static_cast<double>(value->get())))
+                       a.fail(k.toml, *node, k.expected);
+                     using T = std::remove_reference_t<decltype(s.*field)>;
+                     s.*field = static_cast<T>(value->get());
+                   },
+               },
+               k.field);
+  }
+  return s;
+}
+
 JobAlgorithm read_algorithm(const Section& a, const std::string& name,
                             const comm::TopologySpec& topology, const std::string& source) {
   const auto in_range = [](double lo_open, double hi_closed) {
@@ -343,45 +485,10 @@ JobAlgorithm read_algorithm(const Section& a, const std::string& name,
     a.integer("sync_interval_ms", m.sync_interval_ms, 1);
     return m;
   }
-  if (name == "diloco") {
-    DiLoCo d;
-    a.integer("inner_steps", d.inner_steps, 1);
-    a.number("outer_lr", d.outer_lr, [](double x) { return x > 0; }, "a number > 0");
-    a.number("outer_momentum", d.outer_momentum, [](double x) { return x >= 0 && x < 1; },
-             "a number in [0, 1)");
-    a.boolean("nesterov", d.nesterov);
-    if (const toml::node* node = a.find("outer_compression"))
-      d.outer_compression = a.parsed("outer_compression", *node, comm::parse_compression);
-    return d;
-  }
-  if (name == "sparseloco") {
-    SparseLoCo s;
-    a.integer("inner_steps", s.inner_steps, 1);
-    a.number("outer_lr", s.outer_lr, [](double x) { return x > 0; }, "a number > 0");
-    a.number("ratio", s.ratio, in_range(0, 1), "a number in (0, 1]");
-    if (a.integer("chunk", s.chunk, 1) && s.chunk > 65536)
-      a.fail("chunk", *a.find("chunk"), "an integer in [1, 65536]");
-    if (a.integer("value_bits", s.value_bits, 0) && s.value_bits != 2 && s.value_bits != 4 &&
-        s.value_bits != 8 && s.value_bits != 32)
-      a.fail("value_bits", *a.find("value_bits"), "2, 4, 8 or 32");
-    a.number("ef_decay", s.ef_decay, [](double x) { return x >= 0 && x <= 1; },
-             "a number in [0, 1]");
-    return s;
-  }
+  if (name == "diloco") return read_local_update(a, diloco_keys());
+  if (name == "sparseloco") return read_local_update(a, sparseloco_keys());
   if (name == "streaming_diloco") {
-    StreamingDiLoCo d;
-    a.integer("inner_steps", d.inner_steps, 1);
-    a.integer("fragments", d.fragments, 1);
-    a.integer("delay", d.delay, 0);
-    a.number("alpha", d.fragment_update_alpha, [](double x) { return x >= 0 && x <= 1; },
-             "a number in [0, 1]");
-    a.number("outer_lr", d.outer_lr, [](double x) { return x > 0; }, "a number > 0");
-    a.number("outer_momentum", d.outer_momentum, [](double x) { return x >= 0 && x < 1; },
-             "a number in [0, 1)");
-    a.boolean("nesterov", d.nesterov);
-    a.boolean("eager", d.eager);
-    if (const toml::node* node = a.find("outer_compression"))
-      d.outer_compression = a.parsed("outer_compression", *node, comm::parse_compression);
+    const auto d = read_local_update(a, streaming_diloco_keys());
     // The keys that bound each other: fragments <= inner_steps, delay <= inner_steps / fragments.
     const std::string h = "inner_steps = " + std::to_string(d.inner_steps);
     if (d.fragments > d.inner_steps) {
@@ -596,11 +703,6 @@ struct SettingText {
       throw Error(where + key + " = '" + value + "', expected " + expected);
     return x;
   }
-  int integer(int64_t min) const {
-    return static_cast<int>(number(
-        [min](double x) { return x >= static_cast<double>(min) && x <= 1e9 && x == std::floor(x); },
-        "an integer >= " + std::to_string(min)));
-  }
   bool flag() const {
     if (value != "0" && value != "1" && value != "true" && value != "false")
       throw Error(where + key + " = '" + value + "', expected 0, 1, true or false");
@@ -608,63 +710,42 @@ struct SettingText {
   }
 };
 
-const char* const kDiLoCoKeys = "h, outer_lr, outer_momentum, nesterov, compress";
-const char* const kStreamingKeys =
-    "h, fragments, delay, alpha, outer_lr, outer_momentum, nesterov, compress, eager";
-const char* const kSparseLoCoKeys = "h, outer_lr, ratio, chunk, bits, beta";
+/// A local-update algorithm from "name:key=value,...": each key in `keys` (either spelling) read as
+/// its field's type and checked against its range.
+template <class S>
+S parse_local_update(const std::string& text, const std::string& head,
+                     const std::vector<LocalKey<S>>& keys) {
+  std::string names;
+  for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k.cli;
+  const std::string where = "--algorithm " + text + ": ";
+  S s;
+  read_settings(text, head, names, [&](const std::string& key, const std::string& value) {
+    const auto k = std::find_if(keys.begin(), keys.end(), [&](const auto& x) { return x.named(key); });
+    if (k == keys.end())
+      throw Error(where + "unknown key '" + key + "' (allowed: " + names + ")");
+    const SettingText v{where, key, value};
+    std::visit(Overloaded{
+                   [&](bool S::*field) { s.*field = v.flag(); },
+                   [&](comm::Compression S::*field) { s.*field = comm::parse_compression(value); },
+                   [&](auto field) {  // a number or an integer
+                     using T = std::remove_reference_t<decltype(s.*field)>;
+                     s.*field = static_cast<T>(v.number(k->ok, k->expected));
+                   },
+               },
+               k->field);
+  });
+  return s;
+}
 
 }  // namespace
 
 JobAlgorithm parse_algorithm_argument(const std::string& text) {
   const std::string head = text.substr(0, text.find(':'));
   const std::string where = "--algorithm " + text + ": ";
-  if (head == "diloco") {
-    DiLoCo d;
-    read_settings(text, head, kDiLoCoKeys, [&](const std::string& key, const std::string& value) {
-      const SettingText v{where, key, value};
-      if (key == "h" || key == "inner_steps") {
-        d.inner_steps = v.integer(1);
-      } else if (key == "outer_lr") {
-        d.outer_lr = v.number([](double x) { return x > 0; }, "a number > 0");
-      } else if (key == "outer_momentum") {
-        d.outer_momentum = v.number([](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)");
-      } else if (key == "nesterov") {
-        d.nesterov = v.flag();
-      } else if (key == "compress") {
-        d.outer_compression = comm::parse_compression(value);
-      } else {
-        throw Error(where + "unknown key '" + key + "' (allowed: " + kDiLoCoKeys + ")");
-      }
-    });
-    return d;
-  }
+  if (head == "diloco") return parse_local_update(text, head, diloco_keys());
+  if (head == "sparseloco") return parse_local_update(text, head, sparseloco_keys());
   if (head == "streaming-diloco" || head == "streaming_diloco") {
-    StreamingDiLoCo d;
-    read_settings(text, head, kStreamingKeys, [&](const std::string& key, const std::string& value) {
-      const SettingText v{where, key, value};
-      if (key == "h" || key == "inner_steps") {
-        d.inner_steps = v.integer(1);
-      } else if (key == "fragments") {
-        d.fragments = v.integer(1);
-      } else if (key == "delay") {
-        d.delay = v.integer(0);
-      } else if (key == "alpha") {
-        d.fragment_update_alpha =
-            v.number([](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]");
-      } else if (key == "outer_lr") {
-        d.outer_lr = v.number([](double x) { return x > 0; }, "a number > 0");
-      } else if (key == "outer_momentum") {
-        d.outer_momentum = v.number([](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)");
-      } else if (key == "nesterov") {
-        d.nesterov = v.flag();
-      } else if (key == "eager") {
-        d.eager = v.flag();
-      } else if (key == "compress") {
-        d.outer_compression = comm::parse_compression(value);
-      } else {
-        throw Error(where + "unknown key '" + key + "' (allowed: " + kStreamingKeys + ")");
-      }
-    });
+    const auto d = parse_local_update(text, head, streaming_diloco_keys());
     const std::string h = "h = " + std::to_string(d.inner_steps);
     if (d.fragments > d.inner_steps)
       throw Error(where + "fragments = " + std::to_string(d.fragments) +
@@ -674,31 +755,6 @@ JobAlgorithm parse_algorithm_argument(const std::string& text) {
       throw Error(where + "delay = " + std::to_string(d.delay) + ", expected an integer in [0, " +
                   std::to_string(most) + "] (h / fragments: one fragment in flight at a time)");
     return d;
-  }
-  if (head == "sparseloco") {
-    SparseLoCo s;
-    read_settings(text, head, kSparseLoCoKeys, [&](const std::string& key, const std::string& value) {
-      const SettingText v{where, key, value};
-      if (key == "h" || key == "inner_steps") {
-        s.inner_steps = v.integer(1);
-      } else if (key == "outer_lr") {
-        s.outer_lr = v.number([](double x) { return x > 0; }, "a number > 0");
-      } else if (key == "ratio") {
-        s.ratio = v.number([](double x) { return x > 0 && x <= 1; }, "a number in (0, 1]");
-      } else if (key == "chunk") {
-        s.chunk = static_cast<size_t>(
-            v.number([](double x) { return x >= 1 && x <= 65536 && x == std::floor(x); },
-                     "an integer in [1, 65536]"));
-      } else if (key == "bits" || key == "value_bits") {
-        s.value_bits = static_cast<int>(v.number(
-            [](double x) { return x == 2 || x == 4 || x == 8 || x == 32; }, "2, 4, 8 or 32"));
-      } else if (key == "beta" || key == "ef_decay") {
-        s.ef_decay = v.number([](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]");
-      } else {
-        throw Error(where + "unknown key '" + key + "' (allowed: " + kSparseLoCoKeys + ")");
-      }
-    });
-    return s;
   }
   return comm::parse_compression(text);
 }

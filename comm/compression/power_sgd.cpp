@@ -60,20 +60,14 @@ class PowerSgdReduction final : public Reduction {
   // The step counter (start_iter) is the module's; the warm-start Qs and the memory are here.
   void save_state(StateWriter& out) const override {
     out.vector(error_);
-    out.value<uint64_t>(matrices_.size());
-    for (const auto& m : matrices_) out.vector(m.qt);
+    save_shared_state(out);
   }
 
   void load_state(StateReader& in) override {
     auto error = in.vector<float>(error_.size(), "the error-feedback memory");
-    const auto count = in.value<uint64_t>();
-    if (count != matrices_.size())
-      in.fail(std::to_string(count) + " compressed matrices, expected " +
-              std::to_string(matrices_.size()));
-    std::vector<std::vector<float>> qs;
-    for (const auto& m : matrices_) qs.push_back(in.vector<float>(m.qt.size(), "a Q matrix"));
+    auto qs = read_qs(in);
     error_ = std::move(error);
-    for (size_t i = 0; i < matrices_.size(); ++i) matrices_[i].qt = std::move(qs[i]);
+    take_qs(std::move(qs));
   }
 
   // The warm-start Qs are the allreduced ones, equal on every rank; the memory is this rank's.
@@ -82,15 +76,7 @@ class PowerSgdReduction final : public Reduction {
     for (const auto& m : matrices_) out.vector(m.qt);
   }
 
-  void load_shared_state(StateReader& in) override {
-    const auto count = in.value<uint64_t>();
-    if (count != matrices_.size())
-      in.fail(std::to_string(count) + " compressed matrices, expected " +
-              std::to_string(matrices_.size()));
-    std::vector<std::vector<float>> qs;
-    for (const auto& m : matrices_) qs.push_back(in.vector<float>(m.qt.size(), "a Q matrix"));
-    for (size_t i = 0; i < matrices_.size(); ++i) matrices_[i].qt = std::move(qs[i]);
-  }
+  void load_shared_state(StateReader& in) override { take_qs(read_qs(in)); }
 
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     auto* data = static_cast<float*>(bucket_.data);
@@ -150,6 +136,21 @@ class PowerSgdReduction final : public Reduction {
     size_t tensor;
     size_t at;  // offset in p_
   };
+
+  // The Qs save_shared_state wrote, checked against this bucket's matrices; nothing changes yet.
+  std::vector<std::vector<float>> read_qs(StateReader& in) const {
+    const auto count = in.value<uint64_t>();
+    if (count != matrices_.size())
+      in.fail(std::to_string(count) + " compressed matrices, expected " +
+              std::to_string(matrices_.size()));
+    std::vector<std::vector<float>> qs;
+    for (const auto& m : matrices_) qs.push_back(in.vector<float>(m.qt.size(), "a Q matrix"));
+    return qs;
+  }
+
+  void take_qs(std::vector<std::vector<float>> qs) {
+    for (size_t i = 0; i < matrices_.size(); ++i) matrices_[i].qt = std::move(qs[i]);
+  }
 
   void expand(const ReduceStep& step, float* data) {
     const float world = static_cast<float>(step.group.world_size);

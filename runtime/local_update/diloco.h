@@ -17,42 +17,28 @@
 /// buffer and broadcasts rank 0's at construction). Buffers (BatchNorm statistics) stay local, as
 /// in the paper and torchft's DiLoCo.
 #include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <string>
 
-#include "runtime/data_parallel.h"
 #include "runtime/local_update/algorithms.h"
+#include "runtime/local_update/local_update_module.h"
 
 namespace troupe {
 
 /// "diloco(h=50, outer_lr=0.7, outer_momentum=0.9, allreduce)".
 std::string diloco_name(const DiLoCo& config);
 
-class DiLoCoModule : public DataParallel {
+/// step() synchronises at every inner_steps-th call. The state holds the outer momentum and the
+/// outer reduction's own (error feedback, PowerSGD's Q) besides local_update_module.h's.
+class DiLoCoModule : public LocalUpdateModule {
  public:
   /// A collective: every rank wraps the same model with the same config. Throws comm::Error
   /// naming a setting out of range (and what was expected), or a parameter that is not float32.
   DiLoCoModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module, DiLoCo config);
-  ~DiLoCoModule() override;
-
-  /// Steps `inner` (its gradients stay local); every inner_steps-th call then synchronises: a
-  /// collective, on every rank at the same step.
-  void step(torch::optim::Optimizer& inner) override;
-  std::string algorithm_name() const override;
-  CommStats stats() const override;
-  /// Synchronisations so far.
-  int64_t outer_steps() const;
-  /// The global weights, the outer momentum, the step counters and the outer reduction's own
-  /// state (error feedback, PowerSGD's Q): a resumed run continues bit-identically
-  /// (runtime/checkpoint.h). The weights themselves are the model's, saved with it.
-  void save_state(comm::StateWriter& out) const override;
-  void load_state(comm::StateReader& in) override;
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace troupe

@@ -11,7 +11,7 @@
 
 #include "comm/collectives/collectives.h"
 #include "comm/state.h"
-#include "runtime/gossip/flat_model.h"
+#include "runtime/local_update/outer_step.h"
 
 namespace troupe {
 
@@ -25,11 +25,8 @@ std::string sparseloco_name(const SparseLoCo& c) {
 namespace {
 
 SparseLoCo checked(SparseLoCo c) {
+  check_outer_settings("SparseLoCo", c.inner_steps, c.outer_lr);
   auto bad = [](const std::string& what) { throw comm::Error("SparseLoCo: " + what); };
-  if (c.inner_steps < 1)
-    bad("inner_steps = " + std::to_string(c.inner_steps) + ", expected >= 1");
-  if (!(c.outer_lr > 0) || !std::isfinite(c.outer_lr))
-    bad("outer_lr = " + comm::number_text(c.outer_lr) + ", expected a finite number > 0");
   if (!(c.ratio > 0 && c.ratio <= 1))
     bad("ratio = " + comm::number_text(c.ratio) + ", expected 0 < ratio <= 1");
   if (c.chunk < 1 || c.chunk > 65536)
@@ -75,23 +72,22 @@ size_t sparseloco_message_bytes(const SparseLoCo& config, size_t count) {
   return Layout(checked(config), count).bytes;
 }
 
-struct SparseLoCoModule::Impl {
+struct SparseLoCoModule::Impl : Algorithm {
   Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, SparseLoCo c)
-      : runtime(rt), config(checked(std::move(c))), flat(rt, m, "SparseLoCo"),
-        layout(config, flat.count()) {
-    flat.pull();
-    global.assign(flat.host(), flat.host() + flat.count());
-    error.assign(flat.count(), 0.0f);
-    sum.assign(flat.count(), 0.0f);
-    order.resize(std::min(config.chunk, flat.count()));
+      : config(checked(std::move(c))),
+        core(rt, std::move(m), "SparseLoCo", /*with_momentum=*/false),
+        layout(config, core.flat.count()) {
+    error.assign(core.flat.count(), 0.0f);
+    sum.assign(core.flat.count(), 0.0f);
+    order.resize(std::min(config.chunk, core.flat.count()));
     mine.assign(layout.bytes, 0);
-    all.assign(layout.bytes * static_cast<size_t>(runtime.world_size()), 0);
+    all.assign(layout.bytes * static_cast<size_t>(rt.world_size()), 0);
   }
 
   // One chunk's top-k of |e| into the message: indices ascending, values coded against the
   // chosen values' {min, max}; the decoded values are taken out of e.
   void encode_chunk(size_t c) {
-    const size_t begin = c * config.chunk, len = std::min(config.chunk, flat.count() - begin);
+    const size_t begin = c * config.chunk, len = std::min(config.chunk, count() - begin);
     const size_t k0 = layout.k_begin[c], k = layout.k_begin[c + 1] - k0;
     float* e = error.data() + begin;
     std::iota(order.begin(), order.begin() + static_cast<long>(len), 0u);
@@ -160,19 +156,21 @@ struct SparseLoCoModule::Impl {
     }
   }
 
+  size_t count() const { return core.flat.count(); }
+
   void synchronise() {
-    std::lock_guard<std::mutex> lock(flat.mutex());
-    flat.reattach();
-    flat.pull();
-    float* local = flat.host();
-    const size_t n = flat.count();
+    std::lock_guard<std::mutex> lock(core.flat.mutex());
+    auto local = core.local();
+    const float* delta = core.take_pseudo_gradient(local).data_ptr<float>();
+    const size_t n = count();
     const auto beta = static_cast<float>(config.ef_decay);
-    for (size_t i = 0; i < n; ++i) error[i] = beta * error[i] + (global[i] - local[i]);
+    for (size_t i = 0; i < n; ++i) error[i] = beta * error[i] + delta[i];
     std::fill(mine.begin(), mine.end(), uint8_t{0});
     for (size_t c = 0; c < layout.chunks; ++c) encode_chunk(c);
 
     const auto start = std::chrono::steady_clock::now();
     comm::Communicator::Traffic traffic;
+    Runtime& runtime = core.runtime;
     const int world = runtime.world_size();
     if (world > 1) {
       const size_t words = layout.bytes / 4;
@@ -187,83 +185,41 @@ struct SparseLoCoModule::Impl {
     } else {
       std::copy(mine.begin(), mine.end(), all.begin());
     }
-    totals.comm_wait_sec +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    totals.bytes_sent += traffic.sent;
-    totals.bytes_received += traffic.received;
-    totals.last_step_bytes_sent = traffic.sent;
+    core.count_wait(start);
+    core.count_sync(traffic);
 
     // Summed in fp32 in rank order, so that every rank computes the same global weights.
     std::fill(sum.begin(), sum.end(), 0.0f);
     for (int r = 0; r < world; ++r) decode_add(all.data() + layout.bytes * static_cast<size_t>(r));
     const auto factor = static_cast<float>(config.outer_lr / world);
-    for (size_t i = 0; i < n; ++i) {
-      global[i] -= factor * sum[i];
-      local[i] = global[i];
-    }
-    flat.push();
-    ++outer;
+    float* global = core.global.data_ptr<float>();
+    for (size_t i = 0; i < n; ++i) global[i] -= factor * sum[i];
+    core.continue_from_global(local);
   }
 
-  Runtime& runtime;
+  std::string name() const override { return sparseloco_name(config); }
+  OuterStep& outer_step() override { return core; }
+  void after_step(int64_t t) override {
+    if (t % config.inner_steps == 0) synchronise();
+  }
+  void save_rest(comm::StateWriter& out) override { out.vector(error); }
+  std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {
+    auto saved = in.vector<float>(error.size(), "SparseLoCo's error-feedback memory");
+    return [this, saved = std::move(saved)](comm::StateReader&) mutable {
+      error = std::move(saved);
+    };
+  }
+
   SparseLoCo config;
-  gossip::FlatModel flat;
+  OuterStep core;
   Layout layout;
-  std::vector<float> global, error, sum;  // flat, in host memory
+  std::vector<float> error, sum;          // flat, in host memory
   std::vector<uint32_t> order;            // a chunk's coordinates, for the top-k
   std::vector<uint8_t> mine, all;         // this rank's message; every rank's, in rank order
-  int64_t inner = 0, outer = 0;
-  CommStats totals;
 };
 
 SparseLoCoModule::SparseLoCoModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                    SparseLoCo config)
-    : impl_(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
-
-SparseLoCoModule::~SparseLoCoModule() = default;
-
-void SparseLoCoModule::step(torch::optim::Optimizer& inner) {
-  {
-    std::lock_guard<std::mutex> lock(impl_->flat.mutex());
-    inner.step();
-  }
-  ++impl_->totals.steps;
-  impl_->totals.last_step_bytes_sent = 0;
-  if (++impl_->inner % impl_->config.inner_steps == 0) impl_->synchronise();
-}
-
-std::string SparseLoCoModule::algorithm_name() const { return sparseloco_name(impl_->config); }
-
-CommStats SparseLoCoModule::stats() const { return impl_->totals; }
-
-int64_t SparseLoCoModule::outer_steps() const { return impl_->outer; }
-
-void SparseLoCoModule::save_state(comm::StateWriter& out) const {
-  auto& m = *impl_;
-  std::lock_guard<std::mutex> lock(m.flat.mutex());
-  out.string(sparseloco_name(m.config));
-  out.value(m.inner);
-  out.value(m.outer);
-  out.value(m.totals.steps);
-  out.vector(m.global);
-  out.vector(m.error);
-}
-
-void SparseLoCoModule::load_state(comm::StateReader& in) {
-  auto& m = *impl_;
-  const auto saved = in.string();
-  if (saved != sparseloco_name(m.config))
-    in.fail("saved under " + saved + ", this module runs " + sparseloco_name(m.config));
-  const auto inner = in.value<int64_t>(), outer = in.value<int64_t>();
-  const auto steps = in.value<uint64_t>();
-  auto global = in.vector<float>(m.global.size(), "SparseLoCo's global weights");
-  auto error = in.vector<float>(m.error.size(), "SparseLoCo's error-feedback memory");
-  std::lock_guard<std::mutex> lock(m.flat.mutex());
-  m.global = std::move(global);
-  m.error = std::move(error);
-  m.inner = inner;
-  m.outer = outer;
-  m.totals.steps = steps;
-}
+    : LocalUpdateModule(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
 
 }  // namespace troupe

@@ -17,13 +17,12 @@
 /// Parameters are float32 on the CPU or one CUDA device (runtime/gossip/flat_model.h), rank 0's
 /// broadcast at construction; buffers stay local, as in DiLoCo (diloco.h).
 #include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <string>
 
-#include "runtime/data_parallel.h"
 #include "runtime/local_update/algorithms.h"
+#include "runtime/local_update/local_update_module.h"
 
 namespace troupe {
 
@@ -35,28 +34,16 @@ std::string sparseloco_name(const SparseLoCo& config);
 /// whole 32-bit words. A ring allgather sends (world - 1) of them per rank.
 size_t sparseloco_message_bytes(const SparseLoCo& config, size_t count);
 
-class SparseLoCoModule : public DataParallel {
+/// step() synchronises at every inner_steps-th call. The state holds the error-feedback memory
+/// besides local_update_module.h's.
+class SparseLoCoModule : public LocalUpdateModule {
  public:
   /// A collective: every rank wraps the same model with the same config. Throws comm::Error
   /// naming a setting out of range (and what was expected), or a parameter that is not float32.
   SparseLoCoModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module, SparseLoCo config);
-  ~SparseLoCoModule() override;
-
-  /// Steps `inner` (its gradients stay local); every inner_steps-th call then synchronises: a
-  /// collective, on every rank at the same step.
-  void step(torch::optim::Optimizer& inner) override;
-  std::string algorithm_name() const override;
-  CommStats stats() const override;
-  /// Synchronisations so far.
-  int64_t outer_steps() const;
-  /// The global weights, the error-feedback memory and the step counters: a resumed run
-  /// continues bit-identically. The weights themselves are the model's, saved with it.
-  void save_state(comm::StateWriter& out) const override;
-  void load_state(comm::StateReader& in) override;
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace troupe

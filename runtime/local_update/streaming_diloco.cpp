@@ -16,7 +16,7 @@
 #include "comm/compression/reduction.h"
 #include "comm/state.h"
 #include "comm/tags.h"
-#include "runtime/gossip/flat_model.h"
+#include "runtime/local_update/outer_step.h"
 #include "runtime/module_id.h"
 #include "runtime/runtime_internal.h"
 
@@ -68,9 +68,8 @@ std::vector<std::pair<size_t, size_t>> streaming_fragments(const std::vector<siz
 namespace {
 
 StreamingDiLoCo checked(StreamingDiLoCo c) {
+  check_outer_settings("Streaming DiLoCo", c.inner_steps, c.outer_lr, c.outer_momentum);
   auto bad = [](const std::string& what) { throw comm::Error("Streaming DiLoCo: " + what); };
-  if (c.inner_steps < 1)
-    bad("inner_steps = " + std::to_string(c.inner_steps) + ", expected >= 1");
   if (c.fragments < 1 || c.fragments > c.inner_steps)
     bad("fragments = " + std::to_string(c.fragments) + ", expected 1 <= it <= inner_steps (" +
         std::to_string(c.inner_steps) + "): each fragment needs its own sync step");
@@ -79,12 +78,8 @@ StreamingDiLoCo checked(StreamingDiLoCo c) {
     bad("delay = " + std::to_string(c.delay) + ", expected 0 <= it <= inner_steps / fragments (" +
         std::to_string(most) + "): one fragment in flight at a time");
   if (!(c.fragment_update_alpha >= 0 && c.fragment_update_alpha <= 1))
-    bad("fragment_update_alpha = " + std::to_string(c.fragment_update_alpha) +
+    bad("fragment_update_alpha = " + comm::number_text(c.fragment_update_alpha) +
         ", expected 0 <= it <= 1");
-  if (!(c.outer_lr > 0) || !std::isfinite(c.outer_lr))
-    bad("outer_lr = " + std::to_string(c.outer_lr) + ", expected a finite number > 0");
-  if (!(c.outer_momentum >= 0 && c.outer_momentum < 1))
-    bad("outer_momentum = " + std::to_string(c.outer_momentum) + ", expected 0 <= it < 1");
   return c;
 }
 
@@ -149,7 +144,7 @@ class Courier {
 
 }  // namespace
 
-struct StreamingDiLoCoModule::Impl {
+struct StreamingDiLoCoModule::Impl : Algorithm {
   struct Fragment {
     size_t first = 0, count = 0;
     comm::BucketBuffer bucket;  // over delta's slice
@@ -160,13 +155,13 @@ struct StreamingDiLoCoModule::Impl {
   };
 
   Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, StreamingDiLoCo c)
-      : runtime(rt), config(checked(std::move(c))), id(rt), flat(rt, m, "Streaming DiLoCo") {
-    const auto count = static_cast<int64_t>(flat.count());
+      : runtime(rt),
+        config(checked(std::move(c))),
+        sgd{config.outer_lr, config.outer_momentum, config.nesterov},
+        id(rt),
+        core(rt, m, "Streaming DiLoCo", /*with_momentum=*/true) {
+    const auto count = static_cast<int64_t>(core.flat.count());
     auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
-    flat.pull();
-    global = torch::from_blob(flat.host(), {count}, f32).clone();
-    momentum = torch::zeros({count}, f32);
-    delta = torch::zeros({count}, f32);
     if (config.eager) {
       own = torch::zeros({count}, f32);
       others = torch::zeros({count}, f32);
@@ -188,7 +183,7 @@ struct StreamingDiLoCoModule::Impl {
       frag.count = cuts[f].second - cuts[f].first;
       frag.offset = static_cast<int>(static_cast<int64_t>(f + 1) * H / P % H);
       frag.bucket.index = static_cast<int>(f);
-      frag.bucket.data = delta.data_ptr<float>() + frag.first;
+      frag.bucket.data = core.delta.data_ptr<float>() + frag.first;
       frag.bucket.count = frag.count;
       frag.bucket.type = comm::DataType::float32;
       // The pieces of the tensors in this fragment, each whole rows of its tensor.
@@ -223,34 +218,17 @@ struct StreamingDiLoCoModule::Impl {
 
   ~Impl() { runtime.remove_failure_listener(listener); }
 
-  torch::Tensor slice(torch::Tensor& t, const Fragment& f) {
+  static torch::Tensor slice(const torch::Tensor& t, const Fragment& f) {
     return t.narrow(0, static_cast<int64_t>(f.first), static_cast<int64_t>(f.count));
-  }
-  torch::Tensor local_slice(const Fragment& f) {
-    return torch::from_blob(flat.host() + f.first, {static_cast<int64_t>(f.count)},
-                            torch::kFloat32);
-  }
-
-  // The outer SGD step of fragment f's global copy by the averaged outer gradient d, as
-  // torch.optim.SGD: buf = mu buf + d; Nesterov steps by d + mu buf, else by buf.
-  void outer_step(torch::Tensor g, torch::Tensor m, const torch::Tensor& d) {
-    m.mul_(config.outer_momentum).add_(d);
-    if (config.nesterov)
-      g.sub_(d.add(m, config.outer_momentum), config.outer_lr);
-    else
-      g.sub_(m, config.outer_lr);
   }
 
   // After inner step `inner`: fragment f's outer gradient is computed and its reduction posted.
   void start(int f) {
     auto& frag = fragments[static_cast<size_t>(f)];
-    auto d = slice(delta, frag), g = slice(global, frag);
     {
-      std::lock_guard<std::mutex> lock(flat.mutex());
-      flat.reattach();
-      flat.pull();
-      auto local = local_slice(frag);
-      torch::sub_out(d, g, local);
+      std::lock_guard<std::mutex> lock(core.flat.mutex());
+      auto local = core.local();
+      auto d = core.take_pseudo_gradient(local, frag.first, frag.count);
       if (config.eager) {
         // The provisional outer step: this rank's fresh outer gradient stands in for the others'
         // that are still on the way (1/W own + (W-1)/W the others' last average); the local
@@ -259,18 +237,15 @@ struct StreamingDiLoCoModule::Impl {
         mine.copy_(d);
         const double w = runtime.world_size();
         auto proxy = frag.has_average ? d.div(w).add_(slice(others, frag), (w - 1) / w) : d.clone();
-        auto m = slice(momentum, frag).mul(config.outer_momentum).add_(proxy);
-        p.copy_(g);
-        if (config.nesterov)
-          p.sub_(proxy.add(m, config.outer_momentum), config.outer_lr);
-        else
-          p.sub_(m, config.outer_lr);
-        local.copy_(p);
-        flat.push();
+        auto m = slice(core.momentum, frag).clone();
+        p.copy_(slice(core.global, frag));
+        sgd.step(p, m, proxy);  // on copies: the global fragment and its momentum stay
+        slice(local, frag).copy_(p);
+        core.flat.push();
       }
     }
     flight = f;
-    apply_at = inner + config.delay;
+    apply_at = core.inner + config.delay;
     arrived = false;
     const auto step = static_cast<uint32_t>(frag.syncs++);
     if (runtime.world_size() == 1) {
@@ -285,12 +260,7 @@ struct StreamingDiLoCoModule::Impl {
                               " refused: " + broken,
                           broken_peer);
     }
-    comm::ReduceStep rs;
-    rs.group = comm::Group{runtime.rank(), runtime.world_size()};
-    rs.step = step;
-    rs.scale = 1.0 / runtime.world_size();
-    rs.collectives = runtime.comm().options();
-    auto built = frag.reduction->stages(rs);
+    auto built = frag.reduction->stages(core.reduce_step(step));
     if (built.size() > static_cast<size_t>(comm::tags::kMaxStages))
       throw comm::Error("Streaming DiLoCo: " + frag.reduction->name() + " has " +
                         std::to_string(built.size()) + " stages, expected at most " +
@@ -320,8 +290,7 @@ struct StreamingDiLoCoModule::Impl {
                      "Streaming DiLoCo's reduction of fragment " + std::to_string(flight) +
                          " (sync " + std::to_string(fragments[static_cast<size_t>(flight)].syncs - 1) +
                          ")");
-    totals.comm_wait_sec +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    core.count_wait(t0);
     if (!status.ok()) throw comm::Error(status.message(), status.peer());
     arrived = true;
   }
@@ -330,22 +299,18 @@ struct StreamingDiLoCoModule::Impl {
   void apply() {
     await();
     auto& frag = fragments[static_cast<size_t>(flight)];
-    auto d = slice(delta, frag), g = slice(global, frag);
-    totals.bytes_sent += traffic.sent;
-    totals.bytes_received += traffic.received;
-    totals.last_step_bytes_sent = traffic.sent;
-    totals.peak_sync_bytes_sent = std::max<uint64_t>(totals.peak_sync_bytes_sent, traffic.sent);
+    auto d = slice(core.delta, frag), g = slice(core.global, frag);
+    core.count_sync(traffic);
     sync_bytes.push_back(traffic.sent);
-    std::lock_guard<std::mutex> lock(flat.mutex());
-    flat.reattach();
-    flat.pull();
-    auto local = local_slice(frag);
-    outer_step(g, slice(momentum, frag), d);
+    std::lock_guard<std::mutex> lock(core.flat.mutex());
+    auto local = slice(core.local(), frag);
+    const double w = runtime.world_size();
+    if (config.eager && w > 1)  // the others' average, taken before the outer step spends d
+      slice(others, frag).copy_(d.mul(w).sub_(slice(own, frag)).div_(w - 1));
+    sgd.step(g, slice(core.momentum, frag), d);
     if (config.eager) {
       // The provisional step is replaced by the real one; the delay's local progress is kept.
       local.add_(g).sub_(slice(provisional, frag));
-      const double w = runtime.world_size();
-      if (w > 1) slice(others, frag).copy_(d.mul(w).sub_(slice(own, frag)).div_(w - 1));
       frag.has_average = true;
     }
     const double alpha = config.fragment_update_alpha;
@@ -353,9 +318,9 @@ struct StreamingDiLoCoModule::Impl {
       local.copy_(g);
     else
       local.mul_(alpha).add_(g, 1 - alpha);
-    flat.push();
+    core.flat.push();
     flight = -1;
-    ++outer;
+    ++core.outer;
   }
 
   // The fragment whose turn it is after inner step t, or -1.
@@ -366,20 +331,97 @@ struct StreamingDiLoCoModule::Impl {
     return -1;
   }
 
+  std::string name() const override { return streaming_diloco_name(config); }
+  OuterStep& outer_step() override { return core; }
+
+  void after_step(int64_t t) override {
+    if (flight >= 0 && t == apply_at) apply();
+    if (const int f = due(t); f >= 0) {
+      start(f);
+      if (config.delay == 0) apply();
+    }
+  }
+
+  void before_save() override { await(); }  // a fragment in flight: its average is saved
+
+  void before_load(comm::StateReader& in) override {
+    if (flight >= 0)
+      in.fail("a fragment of this module is in flight (step " + std::to_string(core.inner) +
+              "): load into a module that has not stepped since construction or a sync landed");
+  }
+
+  void save_rest(comm::StateWriter& out) override {
+    out.value(static_cast<int64_t>(flight));
+    out.value(apply_at);
+    out.vector(values_of(core.delta));  // only the fragment in flight's slice matters
+    if (config.eager) {
+      out.vector(values_of(own));
+      out.vector(values_of(others));
+      out.vector(values_of(provisional));
+    }
+    for (const auto& f : fragments) {
+      out.value(f.syncs);
+      out.value(static_cast<uint8_t>(f.has_average));
+    }
+    for (const auto& f : fragments) f.reduction->save_state(out);
+  }
+
+  std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {
+    struct Saved {
+      int64_t flight = -1, apply_at = 0;
+      std::vector<float> delta, own, others, provisional;
+      std::vector<std::pair<int64_t, bool>> per_fragment;
+    } s;
+    s.flight = in.value<int64_t>();
+    s.apply_at = in.value<int64_t>();
+    if (s.flight < -1 || s.flight >= static_cast<int64_t>(fragments.size()))
+      in.fail("fragment in flight " + std::to_string(s.flight) +
+              ", expected -1 (none) or one of the " + std::to_string(fragments.size()) +
+              " fragments");
+    const auto count = core.flat.count();
+    s.delta = in.vector<float>(count, "Streaming DiLoCo's outer gradient in flight");
+    if (config.eager) {
+      s.own = in.vector<float>(count, "Streaming DiLoCo's own outer gradient");
+      s.others = in.vector<float>(count, "Streaming DiLoCo's others' last average");
+      s.provisional = in.vector<float>(count, "Streaming DiLoCo's provisional global weights");
+    }
+    for (size_t f = 0; f < fragments.size(); ++f) {
+      const auto syncs = in.value<int64_t>();
+      s.per_fragment.emplace_back(syncs, in.value<uint8_t>() != 0);
+    }
+    return [this, s = std::move(s)](comm::StateReader& rest) {
+      // Each reduction checks its own state before changing it; the module's own is read
+      // above, so a refusal leaves it as it was.
+      for (auto& f : fragments) f.reduction->load_state(rest);
+      set_values(core.delta, s.delta);
+      if (config.eager) {
+        set_values(own, s.own);
+        set_values(others, s.others);
+        set_values(provisional, s.provisional);
+      }
+      for (size_t f = 0; f < fragments.size(); ++f) {
+        fragments[f].syncs = s.per_fragment[f].first;
+        fragments[f].has_average = s.per_fragment[f].second;
+      }
+      flight = static_cast<int>(s.flight);
+      apply_at = s.apply_at;
+      arrived = true;
+      traffic = {};
+    };
+  }
+
   Runtime& runtime;
   StreamingDiLoCo config;
+  OuterSgd sgd;
   ModuleId id;  // before the courier and driver that send under its keys
-  gossip::FlatModel flat;
-  torch::Tensor global, momentum, delta;  // flat float32, in host memory
-  torch::Tensor own, others, provisional; // eager updates only
+  OuterStep core;
+  torch::Tensor own, others, provisional;  // eager updates only; flat float32, in host memory
   std::vector<Fragment> fragments;
-  int64_t inner = 0, outer = 0;
   int flight = -1;        // the fragment in flight
   int64_t apply_at = 0;   // ... applied after this inner step
   bool arrived = false;   // ... whose average is in delta
   comm::Communicator::Traffic traffic;  // ... and what its reduction sent
   std::chrono::milliseconds timeout{60000};
-  CommStats totals;
   std::vector<uint64_t> sync_bytes;
   std::mutex broken_mutex;
   std::string broken;
@@ -392,137 +434,24 @@ struct StreamingDiLoCoModule::Impl {
 StreamingDiLoCoModule::StreamingDiLoCoModule(Runtime& runtime,
                                              std::shared_ptr<torch::nn::Module> module,
                                              StreamingDiLoCo config)
-    : impl_(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
+    : LocalUpdateModule(std::make_unique<Impl>(runtime, std::move(module), std::move(config))) {}
 
-StreamingDiLoCoModule::~StreamingDiLoCoModule() = default;
-
-void StreamingDiLoCoModule::step(torch::optim::Optimizer& inner) {
-  auto& m = *impl_;
-  {
-    std::lock_guard<std::mutex> lock(m.flat.mutex());
-    inner.step();
-  }
-  ++m.totals.steps;
-  m.totals.last_step_bytes_sent = 0;
-  ++m.inner;
-  if (m.flight >= 0 && m.inner == m.apply_at) m.apply();
-  if (const int f = m.due(m.inner); f >= 0) {
-    m.start(f);
-    if (m.config.delay == 0) m.apply();
-  }
+StreamingDiLoCoModule::Impl& StreamingDiLoCoModule::impl() const {
+  return static_cast<Impl&>(*algorithm_);
 }
 
 void StreamingDiLoCoModule::finish() {
-  if (impl_->flight >= 0) impl_->apply();
+  if (impl().flight >= 0) impl().apply();
 }
-
-std::string StreamingDiLoCoModule::algorithm_name() const {
-  return streaming_diloco_name(impl_->config);
-}
-
-CommStats StreamingDiLoCoModule::stats() const { return impl_->totals; }
-
-int64_t StreamingDiLoCoModule::outer_steps() const { return impl_->outer; }
 
 std::vector<std::pair<size_t, size_t>> StreamingDiLoCoModule::fragments() const {
   std::vector<std::pair<size_t, size_t>> out;
-  for (const auto& f : impl_->fragments) out.emplace_back(f.first, f.first + f.count);
+  for (const auto& f : impl().fragments) out.emplace_back(f.first, f.first + f.count);
   return out;
 }
 
 const std::vector<uint64_t>& StreamingDiLoCoModule::sync_bytes_sent() const {
-  return impl_->sync_bytes;
-}
-
-namespace {
-
-std::vector<float> values_of(const torch::Tensor& t) {
-  const auto* p = t.data_ptr<float>();
-  return std::vector<float>(p, p + t.numel());
-}
-
-}  // namespace
-
-void StreamingDiLoCoModule::save_state(comm::StateWriter& out) const {
-  auto& m = *impl_;
-  m.await();  // a fragment in flight: its average is saved, to be applied at its step
-  std::lock_guard<std::mutex> lock(m.flat.mutex());
-  out.string(streaming_diloco_name(m.config));
-  out.value(m.inner);
-  out.value(m.outer);
-  out.value(m.totals.steps);
-  out.value(static_cast<int64_t>(m.flight));
-  out.value(m.apply_at);
-  out.vector(values_of(m.global));
-  out.vector(values_of(m.momentum));
-  out.vector(values_of(m.delta));  // only the fragment in flight's slice matters
-  if (m.config.eager) {
-    out.vector(values_of(m.own));
-    out.vector(values_of(m.others));
-    out.vector(values_of(m.provisional));
-  }
-  for (const auto& f : m.fragments) {
-    out.value(f.syncs);
-    out.value(static_cast<uint8_t>(f.has_average));
-  }
-  for (const auto& f : m.fragments) f.reduction->save_state(out);
-}
-
-void StreamingDiLoCoModule::load_state(comm::StateReader& in) {
-  auto& m = *impl_;
-  if (m.flight >= 0)
-    in.fail("a fragment of this module is in flight (step " + std::to_string(m.inner) +
-            "): load into a module that has not stepped since construction or a sync landed");
-  const auto saved = in.string();
-  if (saved != streaming_diloco_name(m.config))
-    in.fail("saved under " + saved + ", this module runs " + streaming_diloco_name(m.config));
-  const auto inner = in.value<int64_t>(), outer = in.value<int64_t>();
-  const auto steps = in.value<uint64_t>();
-  const auto flight = in.value<int64_t>(), apply_at = in.value<int64_t>();
-  if (flight < -1 || flight >= static_cast<int64_t>(m.fragments.size()))
-    in.fail("fragment in flight " + std::to_string(flight) + ", expected -1 (none) or one of the " +
-            std::to_string(m.fragments.size()) + " fragments");
-  const auto count = static_cast<size_t>(m.global.numel());
-  auto global = in.vector<float>(count, "Streaming DiLoCo's global weights");
-  auto momentum = in.vector<float>(count, "Streaming DiLoCo's outer momentum");
-  auto delta = in.vector<float>(count, "Streaming DiLoCo's outer gradient in flight");
-  std::vector<float> own, others, provisional;
-  if (m.config.eager) {
-    own = in.vector<float>(count, "Streaming DiLoCo's own outer gradient");
-    others = in.vector<float>(count, "Streaming DiLoCo's others' last average");
-    provisional = in.vector<float>(count, "Streaming DiLoCo's provisional global weights");
-  }
-  std::vector<std::pair<int64_t, bool>> per_fragment;
-  for (size_t f = 0; f < m.fragments.size(); ++f) {
-    const auto syncs = in.value<int64_t>();
-    per_fragment.emplace_back(syncs, in.value<uint8_t>() != 0);
-  }
-  std::lock_guard<std::mutex> lock(m.flat.mutex());
-  // Each reduction checks its own state before changing it; the module's own is read above, so
-  // a refusal leaves it as it was.
-  for (auto& f : m.fragments) f.reduction->load_state(in);
-  auto put = [](torch::Tensor& t, const std::vector<float>& v) {
-    std::copy(v.begin(), v.end(), t.data_ptr<float>());
-  };
-  put(m.global, global);
-  put(m.momentum, momentum);
-  put(m.delta, delta);
-  if (m.config.eager) {
-    put(m.own, own);
-    put(m.others, others);
-    put(m.provisional, provisional);
-  }
-  for (size_t f = 0; f < m.fragments.size(); ++f) {
-    m.fragments[f].syncs = per_fragment[f].first;
-    m.fragments[f].has_average = per_fragment[f].second;
-  }
-  m.inner = inner;
-  m.outer = outer;
-  m.totals.steps = steps;
-  m.flight = static_cast<int>(flight);
-  m.apply_at = apply_at;
-  m.arrived = true;
-  m.traffic = {};
+  return impl().sync_bytes;
 }
 
 }  // namespace troupe

@@ -21,14 +21,13 @@
 /// Nesterov SGD and merges: local = alpha local + (1 - alpha) global. docs/algorithms.md gives the
 /// rule, eager updates included, and where it departs from the paper.
 #include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "runtime/data_parallel.h"
 #include "runtime/local_update/algorithms.h"
+#include "runtime/local_update/local_update_module.h"
 
 namespace troupe {
 
@@ -43,40 +42,29 @@ std::vector<std::pair<size_t, size_t>> streaming_fragments(const std::vector<siz
                                                            const std::vector<size_t>& cols,
                                                            int fragments);
 
-class StreamingDiLoCoModule : public DataParallel {
+/// step() applies the fragment whose delay ends there and starts the reduction of the fragment
+/// whose turn it is. stats(): peak_sync_bytes_sent is the most one fragment's sync sent,
+/// last_step_bytes_sent what the fragment applied in this step sent. The state holds the outer
+/// momentum, eager updates' memory, each fragment's reduction state, and a fragment in flight
+/// (whose reduction is waited for first: its averaged outer gradient is saved and applied at its
+/// step after a load) besides local_update_module.h's. Every rank saves at the same step.
+class StreamingDiLoCoModule : public LocalUpdateModule {
  public:
   /// A collective: every rank wraps the same model with the same config. Throws comm::Error
   /// naming a setting out of range (and what was expected), or a parameter that is not float32.
   StreamingDiLoCoModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                         StreamingDiLoCo config);
-  ~StreamingDiLoCoModule() override;
 
-  /// Steps `inner` (its gradients stay local); then applies the fragment whose delay ends here
-  /// and starts the reduction of the fragment whose turn it is: collectives, every rank calls
-  /// step() the same number of times.
-  void step(torch::optim::Optimizer& inner) override;
   /// Waits for the fragment in flight and applies it now. Idempotent.
   void finish() override;
-  std::string algorithm_name() const override;
-  /// peak_sync_bytes_sent: the most one fragment's sync sent; last_step_bytes_sent: what the
-  /// fragment applied in this step sent.
-  CommStats stats() const override;
-  /// Fragment synchronisations applied so far (all fragments together).
-  int64_t outer_steps() const;
   /// The [first, last) element of each fragment in the flat parameter vector.
   std::vector<std::pair<size_t, size_t>> fragments() const;
   /// Bytes this rank sent for each fragment sync applied so far, in order.
   const std::vector<uint64_t>& sync_bytes_sent() const;
-  /// The global weights, outer momentum, step counters, eager updates' memory, each fragment's
-  /// reduction state, and a fragment in flight (whose reduction is waited for first: its averaged
-  /// outer gradient is saved and applied at its step after a load): a resumed run continues
-  /// bit-identically. Every rank saves at the same step.
-  void save_state(comm::StateWriter& out) const override;
-  void load_state(comm::StateReader& in) override;
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  Impl& impl() const;
 };
 
 }  // namespace troupe

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/collectives/collectives.h"
+#include "tests/support/one_name_ranks.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;
@@ -52,15 +53,8 @@ TEST_CASE("a Runtime's collectives take the chunk of its real hosts, not of its 
     CAPTURE(c.one_machine);
     CAPTURE(c.asked);
     const int world = 4;
-    auto fabric = std::make_shared<comm::InprocFabric>(world);
-    const int port = pick_free_port();
-    std::vector<RuntimeOptions> options;
-    for (int r = 0; r < world; ++r) {
-      options.push_back(test::thread_rank(r, world, port, fabric));
-      options.back().host = "one-name";
-      options.back().machine = c.one_machine || r < 2 ? "machine-0" : "machine-1";
-      options.back().collectives.chunk_bytes = c.asked;
-    }
+    auto options = test::one_name_ranks(world, !c.one_machine);
+    for (auto& o : options) o.collectives.chunk_bytes = c.asked;
     std::mutex mutex;
     std::vector<size_t> chunks(world);
     std::vector<std::vector<float>> sums(world);

@@ -14,6 +14,7 @@
 
 #include "runtime/distributed_module.h"
 #include "runtime/host_identity.h"
+#include "tests/support/one_name_ranks.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;
@@ -89,14 +90,7 @@ TEST_CASE("thread ranks under one host name on two machines form two hosts and k
   for (bool one_machine : {true, false}) {
     CAPTURE(one_machine);
     const int world = 4;
-    auto fabric = std::make_shared<comm::InprocFabric>(world);
-    const int port = pick_free_port();
-    std::vector<RuntimeOptions> options;
-    for (int r = 0; r < world; ++r) {
-      options.push_back(test::thread_rank(r, world, port, fabric));
-      options.back().host = "one-name";
-      options.back().machine = one_machine || r < 2 ? "machine-0" : "machine-1";
-    }
+    const auto options = test::one_name_ranks(world, !one_machine);
     std::mutex mutex;
     std::vector<std::vector<int>> hosts(world);
     std::vector<std::vector<std::string>> paths(world);

@@ -18,13 +18,7 @@ using namespace troupe;
 
 namespace {
 
-using test::Batch;
-using test::Batches;
-using test::flat_of;
-using test::load_flat;
-using test::make_inner;
-using test::make_net;
-using test::train_step;
+using namespace troupe::test;
 
 // The simulation: the final weights of every replica.
 std::vector<torch::Tensor> simulate(const torch::Tensor& init, const Batches& b, int world,
@@ -56,26 +50,32 @@ std::vector<torch::Tensor> simulate(const torch::Tensor& init, const Batches& b,
   return out;
 }
 
-// The same on `world` thread ranks; the final weights of each rank and its stats.
-std::vector<torch::Tensor> run_diloco(const torch::Tensor& init, const Batches& b, int world,
-                                      int steps, const DiLoCo& c, bool adamw,
-                                      std::vector<CommStats>* stats = nullptr) {
-  std::vector<torch::Tensor> out(static_cast<size_t>(world));
-  if (stats) stats->assign(static_cast<size_t>(world), {});
-  auto errors = test::run_threads(world, [&](int rank, Runtime& rt) {
-    auto net = make_net();
-    load_flat(*net, init);
-    DiLoCoModule dp(rt, net.ptr(), c);
-    auto opt = make_inner(*net, adamw);
-    for (int s = 0; s < steps; ++s) {
-      train_step(net, *opt, b.data[static_cast<size_t>(rank)][static_cast<size_t>(s)]);
-      dp.step(*opt);
-    }
-    CHECK(dp.outer_steps() == steps / c.inner_steps);
-    out[static_cast<size_t>(rank)] = flat_of(*net).clone();
-    if (stats) (*stats)[static_cast<size_t>(rank)] = dp.stats();
-  });
-  for (auto& e : errors) REQUIRE(e.empty());
+// The same on `world` thread ranks, every rank having synchronised steps / H times.
+test::RankRuns run_diloco(const torch::Tensor& init, const Batches& b, int world, int steps,
+                          const DiLoCo& c, bool adamw) {
+  auto runs = test::run_on_ranks<DiLoCoModule>(init, b, world, steps, c, test::inner_of(adamw));
+  for (auto n : runs.outer_steps) CHECK(n == steps / c.inner_steps);
+  return runs;
+}
+
+// DiLoCo at H = 4 on 3 thread ranks for 8 steps, exact and with its outer gradient compressed,
+// from the same start and batches.
+struct Compared {
+  static constexpr int world = 3, steps = 8;
+  torch::Tensor init;
+  test::RankRuns exact, compressed;
+};
+
+Compared compare_to_exact(const comm::Compression& compression) {
+  torch::manual_seed(4);
+  Compared out;
+  out.init = flat_of(*make_net()).clone();
+  DiLoCo c;
+  c.inner_steps = 4;
+  Batches b(Compared::world, Compared::steps);
+  out.exact = run_diloco(out.init, b, Compared::world, Compared::steps, c, false);
+  c.outer_compression = compression;
+  out.compressed = run_diloco(out.init, b, Compared::world, Compared::steps, c, false);
   return out;
 }
 
@@ -96,7 +96,7 @@ TEST_CASE("DiLoCo on 1 to 4 thread ranks follows the single-process simulation")
         c.nesterov = nesterov;
         Batches b(world, steps);
         auto want = simulate(init, b, world, steps, c, adamw);
-        auto got = run_diloco(init, b, world, steps, c, adamw);
+        auto got = run_diloco(init, b, world, steps, c, adamw).weights;
         for (int r = 0; r < world; ++r) {
           CAPTURE(r);
           CHECK(torch::allclose(got[static_cast<size_t>(r)], want[static_cast<size_t>(r)], 1e-5, 1e-6));
@@ -107,44 +107,28 @@ TEST_CASE("DiLoCo on 1 to 4 thread ranks follows the single-process simulation")
 }
 
 TEST_CASE("DiLoCo's outer gradient in fp16 stays near the exact run at about half the bytes") {
-  torch::manual_seed(4);
-  const auto init = flat_of(*make_net()).clone();
-  const int world = 3, steps = 8;
-  DiLoCo c;
-  c.inner_steps = 4;
-  Batches b(world, steps);
-  std::vector<CommStats> exact_stats, half_stats;
-  auto exact = run_diloco(init, b, world, steps, c, false, &exact_stats);
-  c.outer_compression = comm::HalfPrecision{};
-  auto half = run_diloco(init, b, world, steps, c, false, &half_stats);
-  for (int r = 0; r < world; ++r) {
-    CHECK(torch::allclose(half[static_cast<size_t>(r)], exact[static_cast<size_t>(r)], 1e-2, 1e-3));
-    const double sent_exact = static_cast<double>(exact_stats[static_cast<size_t>(r)].bytes_sent);
-    const double sent_half = static_cast<double>(half_stats[static_cast<size_t>(r)].bytes_sent);
+  const auto runs = compare_to_exact(comm::HalfPrecision{});
+  const auto &exact = runs.exact, &half = runs.compressed;
+  for (size_t r = 0; r < static_cast<size_t>(Compared::world); ++r) {
+    CHECK(torch::allclose(half.weights[r], exact.weights[r], 1e-2, 1e-3));
+    const double sent_exact = static_cast<double>(exact.stats[r].bytes_sent);
+    const double sent_half = static_cast<double>(half.stats[r].bytes_sent);
     CHECK(sent_exact > 0);
     CHECK(sent_half < 0.6 * sent_exact);
-    CHECK(half_stats[static_cast<size_t>(r)].steps == steps);
+    CHECK(half.stats[r].steps == Compared::steps);
   }
 }
 
 TEST_CASE("DiLoCo's outer gradient in 4 bits stays near the exact run at a fraction of the bytes") {
-  torch::manual_seed(4);
-  const auto init = flat_of(*make_net()).clone();
-  const int world = 3, steps = 8;
-  DiLoCo c;
-  c.inner_steps = 4;
-  Batches b(world, steps);
-  std::vector<CommStats> exact_stats, int4_stats;
-  auto exact = run_diloco(init, b, world, steps, c, false, &exact_stats);
-  c.outer_compression = std::get<DiLoCo>(parse_algorithm_argument("diloco:compress=int4:block=16"))
-                            .outer_compression;
-  REQUIRE(std::get<comm::Int4Quantization>(c.outer_compression).block == 16);
-  auto job = parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"diloco\"\n"
-                              "outer_compression = \"int4\"\n",
-                              "diloco.toml");
+  const auto int4_compression =
+      std::get<DiLoCo>(parse_algorithm_argument("diloco:compress=int4:block=16")).outer_compression;
+  REQUIRE(std::get<comm::Int4Quantization>(int4_compression).block == 16);
+  const auto job = test::job_of("diloco", "outer_compression = \"int4\"\n");
   CHECK(std::holds_alternative<comm::Int4Quantization>(std::get<DiLoCo>(job.algorithm).outer_compression));
-  auto int4 = run_diloco(init, b, world, steps, c, false, &int4_stats);
-  const double moved = (exact[0] - init).abs().max().item<double>();
+  const auto runs = compare_to_exact(int4_compression);
+  const auto &exact = runs.exact.weights, &int4 = runs.compressed.weights;
+  const int world = Compared::world;
+  const double moved = (exact[0] - runs.init).abs().max().item<double>();
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     const double off = (int4[static_cast<size_t>(r)] - exact[static_cast<size_t>(r)]).abs().max().item<double>();
@@ -153,26 +137,19 @@ TEST_CASE("DiLoCo's outer gradient in 4 bits stays near the exact run at a fract
     CHECK(off > 0);               // the codes did lose something
     CHECK(off < 0.1 * moved);     // but little of the way the weights travelled
     CHECK(torch::equal(int4[static_cast<size_t>(r)], int4[0]));  // every rank decodes the same
-    const double sent_exact = static_cast<double>(exact_stats[static_cast<size_t>(r)].bytes_sent);
-    const double sent_int4 = static_cast<double>(int4_stats[static_cast<size_t>(r)].bytes_sent);
+    const double sent_exact = static_cast<double>(runs.exact.stats[static_cast<size_t>(r)].bytes_sent);
+    const double sent_int4 = static_cast<double>(runs.compressed.stats[static_cast<size_t>(r)].bytes_sent);
     CHECK(sent_int4 < 0.5 * sent_exact);  // 83 parameters: the blocks' headers weigh
     // Two synchronisations of an alltoall and an allgather of W - 1 slots each; a slot holds the
     // largest chunk, 28 elements: two blocks' {min, max} (16 bytes) and 14 code bytes, in words.
-    CHECK(int4_stats[static_cast<size_t>(r)].bytes_sent == 2 * 2 * (world - 1) * 32);
+    CHECK(runs.compressed.stats[static_cast<size_t>(r)].bytes_sent == 2 * 2 * (world - 1) * 32);
   }
 }
 
 TEST_CASE("DiLoCo refuses settings out of range, naming them") {
   auto errors = test::run_threads(1, [](int, Runtime& rt) {
     auto net = make_net();
-    auto error_of = [&](DiLoCo c) -> std::string {
-      try {
-        DiLoCoModule dp(rt, net.ptr(), c);
-      } catch (const comm::Error& e) {
-        return e.what();
-      }
-      return "";
-    };
+    auto error_of = [&](const DiLoCo& c) { return test::settings_error<DiLoCoModule>(rt, net, c); };
     DiLoCo c;
     c.inner_steps = 0;
     CHECK(error_of(c).find("inner_steps = 0, expected >= 1") != std::string::npos);
@@ -198,50 +175,7 @@ TEST_CASE("DiLoCo resumed from its saved state continues bit-identically, error 
   topk.ratio = 0.25;  // error feedback on: its residual is state that must survive
   c.outer_compression = topk;
   Batches b(world, steps);
-  auto sgd = [](torch::nn::Module& m) {  // stateless inner optimizer: the state is DiLoCo's
-    return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05));
-  };
-  std::vector<torch::Tensor> straight(world), resumed(world), dropped(world);
-  for (int mode = 0; mode < 3; ++mode) {  // 0: straight through; 1: resumed; 2: resumed, state lost
-    auto errors = test::run_threads(world, [&](int rank, Runtime& rt) {
-      const auto& data = b.data[static_cast<size_t>(rank)];
-      auto net = make_net();
-      load_flat(*net, init);
-      auto dp = std::make_unique<DiLoCoModule>(rt, net.ptr(), c);
-      auto opt = sgd(*net);
-      int s = 0;
-      for (; s < (mode == 0 ? steps : stop); ++s) {
-        train_step(net, *opt, data[static_cast<size_t>(s)]);
-        dp->step(*opt);
-      }
-      if (mode > 0) {
-        std::string state;
-        comm::StateWriter out(state);
-        dp->save_state(out);
-        const auto weights = flat_of(*net).clone();
-        dp.reset();
-        net = make_net();  // fresh weights, fresh module: only what was saved carries over
-        dp = std::make_unique<DiLoCoModule>(rt, net.ptr(), c);
-        opt = sgd(*net);
-        load_flat(*net, weights);
-        if (mode == 1) {
-          comm::StateReader in(state, "DiLoCo state");
-          dp->load_state(in);
-        }
-        for (; s < steps; ++s) {
-          train_step(net, *opt, data[static_cast<size_t>(s)]);
-          dp->step(*opt);
-        }
-      }
-      auto& out = mode == 0 ? straight : mode == 1 ? resumed : dropped;
-      out[static_cast<size_t>(rank)] = flat_of(*net).clone();
-    });
-    for (auto& e : errors) REQUIRE(e.empty());
-  }
-  for (int r = 0; r < world; ++r) {
-    CHECK(torch::equal(resumed[static_cast<size_t>(r)], straight[static_cast<size_t>(r)]));
-    CHECK(!torch::equal(dropped[static_cast<size_t>(r)], straight[static_cast<size_t>(r)]));
-  }
+  test::check_resume<DiLoCoModule>(init, b, world, steps, stop, c);  // the inner SGD is stateless
 }
 
 TEST_CASE("DiLoCo is named on the command line and in job files, its keys checked") {
@@ -256,14 +190,7 @@ TEST_CASE("DiLoCo is named on the command line and in job files, its keys checke
   CHECK(defaults.inner_steps == 50);
   CHECK(std::holds_alternative<comm::GradientAllReduce>(defaults.outer_compression));
   CHECK(std::holds_alternative<comm::Compression>(parse_algorithm_argument("topk:ratio=0.1")));
-  auto error_of = [](const std::string& text) -> std::string {
-    try {
-      parse_algorithm_argument(text);
-    } catch (const comm::Error& e) {
-      return e.what();
-    }
-    return "";
-  };
+  const auto error_of = test::algorithm_error;
   CHECK(error_of("diloco:h=0").find("h = '0', expected an integer >= 1") != std::string::npos);
   CHECK(error_of("diloco:h=2.5").find("h = '2.5', expected an integer >= 1") != std::string::npos);
   CHECK(error_of("diloco:outer_momentum=1").find("expected a number in [0, 1)") != std::string::npos);
@@ -272,46 +199,27 @@ TEST_CASE("DiLoCo is named on the command line and in job files, its keys checke
   CHECK(error_of("diloco:foo=1").find("unknown key 'foo' (allowed: h, outer_lr") != std::string::npos);
   CHECK(error_of("diloco:compress=nope").find("nope") != std::string::npos);
 
-  auto job = parse_job_config(
-      "[job]\nworld_size = 2\n[algorithm]\nname = \"diloco\"\ninner_steps = 10\nouter_lr = 0.6\n"
-      "outer_compression = \"topk:ratio=0.1\"\n",
-      "diloco.toml");
+  const auto job = test::job_of(
+      "diloco", "inner_steps = 10\nouter_lr = 0.6\nouter_compression = \"topk:ratio=0.1\"\n");
   auto j = std::get<DiLoCo>(job.algorithm);
   CHECK(j.inner_steps == 10);
   CHECK(j.outer_lr == 0.6);
   CHECK(std::get<comm::Sparsification>(j.outer_compression).ratio == 0.1);
   CHECK(job_algorithm_name(job.algorithm) == "diloco");
   CHECK(!tolerates_dead_ranks(job.algorithm));
-  try {
-    parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"diloco\"\ninner_step = 10\n",
-                     "bad.toml");
-    FAIL("a misspelt key was taken");
-  } catch (const comm::Error& e) {
-    CHECK(std::string(e.what()).find("inner_step") != std::string::npos);
-    CHECK(std::string(e.what()).find("inner_steps") != std::string::npos);  // the allowed keys
-  }
+  const auto misspelt = test::job_error("diloco", "inner_step = 10\n");
+  CHECK(misspelt.find("inner_step") != std::string::npos);
+  CHECK(misspelt.find("inner_steps") != std::string::npos);  // the allowed keys
 }
 
 TEST_CASE("make_data_parallel runs DiLoCo") {
-  auto errors = test::run_threads(2, [](int, Runtime& rt) {
-    auto net = make_net();
-    DiLoCo c;
-    c.inner_steps = 2;
-    auto dp = make_data_parallel(rt, net.ptr(), c);
-    CHECK(dp->algorithm_name() == "diloco(h=2, outer_lr=0.7, outer_momentum=0.9, allreduce)");
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < 2; ++s) {
-      opt.zero_grad();
-      torch::mse_loss(net->forward(torch::ones({2, 6}) * (rt.rank() + 1)), torch::zeros({2, 3}))
-          .backward();
-      dp->step(opt);
-    }
+  DiLoCo c;
+  c.inner_steps = 2;
+  test::run_two_steps(c, [](Runtime& rt, torch::nn::Sequential& net, DataParallel& dp) {
+    CHECK(dp.algorithm_name() == "diloco(h=2, outer_lr=0.7, outer_momentum=0.9, allreduce)");
     // After a synchronisation every rank holds the same global weights.
-    auto mine = flat_of(*net).clone(), theirs = mine.clone();
-    rt.comm().broadcast(theirs.data_ptr<float>(), static_cast<size_t>(theirs.numel()),
-                        comm::DataType::float32, 0);
-    CHECK(torch::equal(mine, theirs));
-    CHECK(dp->stats().bytes_sent > 0);
+    const auto mine = flat_of(*net);
+    CHECK(torch::equal(mine, test::rank0_copy(rt, mine)));
+    CHECK(dp.stats().bytes_sent > 0);
   });
-  for (auto& e : errors) CHECK(e.empty());
 }

@@ -15,65 +15,27 @@
 #include "runtime/job_config.h"
 #include "runtime/local_update/diloco.h"
 #include "runtime/local_update/sparseloco.h"
+#include "tests/support/local_update.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;
-using Vec = std::vector<float>;
 
 namespace {
 
-torch::nn::Sequential make_net() {
-  return torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
-}
+using namespace troupe::test;
 
 constexpr size_t kParameters = 6 * 8 + 8 + 8 * 3 + 3;  // 83
-
-Vec flat_of(torch::nn::Module& m) {
-  Vec out;
-  for (auto& p : m.parameters()) {
-    auto t = p.detach().reshape({-1}).contiguous();
-    out.insert(out.end(), t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
-  }
-  return out;
-}
-
-void load_flat(torch::nn::Module& m, const Vec& flat) {
-  torch::NoGradGuard no_grad;
-  size_t at = 0;
-  for (auto& p : m.parameters()) {
-    auto values = torch::from_blob(const_cast<float*>(flat.data() + at), {p.numel()}, torch::kFloat32);
-    p.copy_(values.view(p.sizes()));
-    at += static_cast<size_t>(p.numel());
-  }
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_inner(torch::nn::Module& m) {
-  return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05));
-}
-
-struct Batches {
-  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> data;  // data[rank][step]
-  Batches(int world, int steps) {
-    torch::manual_seed(23);
-    data.resize(static_cast<size_t>(world));
-    for (auto& rank : data)
-      for (int s = 0; s < steps; ++s) rank.emplace_back(torch::randn({4, 6}), torch::randn({4, 3}));
-  }
-};
-
-void train_step(torch::nn::Sequential& net, torch::optim::Optimizer& opt,
-                const std::pair<torch::Tensor, torch::Tensor>& batch) {
-  opt.zero_grad();
-  torch::mse_loss(net->forward(batch.first), batch.second).backward();
-  opt.step();
-}
+constexpr uint64_t kSeed = 23;                          // the batches'
 
 // What one replica sends of its memory e (and takes out of it), per chunk: the k largest |e|,
 // as min-max codes of `bits` bits rounded to nearest (or as they are at 32 bits).
-Vec compress(Vec& e, const SparseLoCo& c) {
-  Vec sent(e.size(), 0.0f);
-  for (size_t begin = 0; begin < e.size(); begin += c.chunk) {
-    const size_t len = std::min(c.chunk, e.size() - begin);
+torch::Tensor compress(torch::Tensor& memory, const SparseLoCo& c) {
+  auto sent_tensor = torch::zeros_like(memory);
+  float* e = memory.data_ptr<float>();
+  float* sent = sent_tensor.data_ptr<float>();
+  const auto n = static_cast<size_t>(memory.numel());
+  for (size_t begin = 0; begin < n; begin += c.chunk) {
+    const size_t len = std::min(c.chunk, n - begin);
     const size_t k = std::clamp<size_t>(static_cast<size_t>(std::llround(c.ratio * len)), 1, len);
     std::vector<size_t> idx(len);
     for (size_t i = 0; i < len; ++i) idx[i] = begin + i;
@@ -95,75 +57,60 @@ Vec compress(Vec& e, const SparseLoCo& c) {
       e[i] -= value;
     }
   }
-  return sent;
+  return sent_tensor;
 }
 
 // The simulation: the final weights of every replica.
-std::vector<Vec> simulate(const Vec& init, const Batches& b, int world, int steps,
-                          const SparseLoCo& c) {
+std::vector<torch::Tensor> simulate(const torch::Tensor& init, const Batches& b, int world,
+                                    int steps, const SparseLoCo& c) {
   std::vector<torch::nn::Sequential> nets;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
+  std::vector<torch::Tensor> error;
   for (int r = 0; r < world; ++r) {
     nets.push_back(make_net());
     load_flat(*nets.back(), init);
-    opts.push_back(make_inner(*nets.back()));
+    opts.push_back(test::make_plain_sgd(*nets.back()));
+    error.push_back(torch::zeros_like(init));
   }
-  Vec global = init;
-  std::vector<Vec> error(static_cast<size_t>(world), Vec(init.size(), 0.0f));
+  auto global_tensor = init.clone();
+  float* global = global_tensor.data_ptr<float>();
+  const auto n = static_cast<size_t>(init.numel());
   for (int s = 0; s < steps; ++s) {
-    for (size_t r = 0; r < nets.size(); ++r)
-      train_step(nets[r], *opts[r], b.data[r][static_cast<size_t>(s)]);
-    if ((s + 1) % c.inner_steps != 0) continue;
-    Vec sum(init.size(), 0.0f);
     for (size_t r = 0; r < nets.size(); ++r) {
-      const Vec local = flat_of(*nets[r]);
-      auto& e = error[r];
-      for (size_t i = 0; i < e.size(); ++i)
+      train_step(nets[r], *opts[r], b.at(static_cast<int>(r), s));
+      opts[r]->step();
+    }
+    if ((s + 1) % c.inner_steps != 0) continue;
+    std::vector<float> sum(n, 0.0f);
+    for (size_t r = 0; r < nets.size(); ++r) {
+      const auto local_tensor = flat_of(*nets[r]);
+      const float* local = local_tensor.data_ptr<float>();
+      float* e = error[r].data_ptr<float>();
+      for (size_t i = 0; i < n; ++i)
         e[i] = static_cast<float>(c.ef_decay) * e[i] + (global[i] - local[i]);
-      const Vec sent = compress(e, c);
-      for (size_t i = 0; i < e.size(); ++i) sum[i] += sent[i];
+      const auto sent_tensor = compress(error[r], c);
+      const float* sent = sent_tensor.data_ptr<float>();
+      for (size_t i = 0; i < n; ++i) sum[i] += sent[i];
     }
     const auto factor = static_cast<float>(c.outer_lr / world);
-    for (size_t i = 0; i < global.size(); ++i) global[i] -= factor * sum[i];
-    for (auto& n : nets) load_flat(*n, global);
+    for (size_t i = 0; i < n; ++i) global[i] -= factor * sum[i];
+    for (auto& net : nets) load_flat(*net, global_tensor);
   }
-  std::vector<Vec> out;
-  for (auto& n : nets) out.push_back(flat_of(*n));
+  std::vector<torch::Tensor> out;
+  for (auto& net : nets) out.push_back(flat_of(*net));
   return out;
 }
 
-struct Outcome {
-  std::vector<Vec> weights;
-  std::vector<CommStats> stats;
-};
-
-Outcome run_sparseloco(const Vec& init, const Batches& b, int world, int steps, const SparseLoCo& c) {
-  Outcome out;
-  out.weights.resize(static_cast<size_t>(world));
-  out.stats.resize(static_cast<size_t>(world));
-  auto errors = test::run_threads(world, [&](int rank, Runtime& rt) {
-    auto net = make_net();
-    load_flat(*net, init);
-    SparseLoCoModule dp(rt, net.ptr(), c);
-    auto opt = make_inner(*net);
-    for (int s = 0; s < steps; ++s) {
-      opt->zero_grad();
-      const auto& batch = b.data[static_cast<size_t>(rank)][static_cast<size_t>(s)];
-      torch::mse_loss(net->forward(batch.first), batch.second).backward();
-      dp.step(*opt);
-    }
-    CHECK(dp.outer_steps() == steps / c.inner_steps);
-    out.weights[static_cast<size_t>(rank)] = flat_of(*net);
-    out.stats[static_cast<size_t>(rank)] = dp.stats();
-  });
-  for (auto& e : errors) REQUIRE(e.empty());
-  return out;
+// The same on `world` thread ranks, every rank having synchronised steps / H times.
+test::RankRuns run_sparseloco(const torch::Tensor& init, const Batches& b, int world, int steps,
+                              const SparseLoCo& c) {
+  auto runs = test::run_on_ranks<SparseLoCoModule>(init, b, world, steps, c, test::make_plain_sgd);
+  for (auto n : runs.outer_steps) CHECK(n == steps / c.inner_steps);
+  return runs;
 }
 
-double max_difference(const Vec& a, const Vec& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-  return worst;
+double max_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
 }
 
 SparseLoCo small_config() {
@@ -192,8 +139,8 @@ size_t message_bytes(const SparseLoCo& c, size_t count) {
 
 TEST_CASE("SparseLoCo on 1 to 4 thread ranks follows the single-process simulation") {
   torch::manual_seed(8);
-  const Vec init = flat_of(*make_net());
-  REQUIRE(init.size() == kParameters);
+  const auto init = flat_of(*make_net());
+  REQUIRE(static_cast<size_t>(init.numel()) == kParameters);
   const int steps = 10;  // three synchronisations at H = 3, then one local step
   for (int bits : {2, 4, 32})
     for (int world = 1; world <= 4; ++world) {
@@ -201,7 +148,7 @@ TEST_CASE("SparseLoCo on 1 to 4 thread ranks follows the single-process simulati
       CAPTURE(world);
       SparseLoCo c = small_config();
       c.value_bits = bits;
-      Batches b(world, steps);
+      Batches b(world, steps, kSeed);
       const auto want = simulate(init, b, world, steps, c);
       const auto got = run_sparseloco(init, b, world, steps, c);
       for (int r = 0; r < world; ++r) {
@@ -218,9 +165,9 @@ TEST_CASE("SparseLoCo on 1 to 4 thread ranks follows the single-process simulati
 
 TEST_CASE("SparseLoCo sending everything without decay is DiLoCo without momentum") {
   torch::manual_seed(9);
-  const Vec init = flat_of(*make_net());
+  const auto init = flat_of(*make_net());
   const int world = 3, steps = 6;
-  Batches b(world, steps);
+  Batches b(world, steps, kSeed);
   SparseLoCo s = small_config();
   s.ratio = 1;
   s.value_bits = 32;
@@ -230,27 +177,14 @@ TEST_CASE("SparseLoCo sending everything without decay is DiLoCo without momentu
   d.outer_lr = s.outer_lr;
   d.outer_momentum = 0;
   const auto sparse = run_sparseloco(init, b, world, steps, s).weights;
-  std::vector<Vec> diloco(world);
-  auto errors = test::run_threads(world, [&](int rank, Runtime& rt) {
-    auto net = make_net();
-    load_flat(*net, init);
-    DiLoCoModule dp(rt, net.ptr(), d);
-    auto opt = make_inner(*net);
-    for (int step = 0; step < steps; ++step) {
-      opt->zero_grad();
-      const auto& batch = b.data[static_cast<size_t>(rank)][static_cast<size_t>(step)];
-      torch::mse_loss(net->forward(batch.first), batch.second).backward();
-      dp.step(*opt);
-    }
-    diloco[static_cast<size_t>(rank)] = flat_of(*net);
-  });
-  for (auto& e : errors) REQUIRE(e.empty());
+  const auto diloco =
+      test::run_on_ranks<DiLoCoModule>(init, b, world, steps, d, test::make_plain_sgd).weights;
   for (int r = 0; r < world; ++r) CHECK(max_difference(sparse[static_cast<size_t>(r)], diloco[static_cast<size_t>(r)]) < 1e-6);
 }
 
 TEST_CASE("SparseLoCo sends k indices, 2-bit values and a pair per chunk at each synchronisation") {
   torch::manual_seed(10);
-  const Vec init = flat_of(*make_net());
+  const auto init = flat_of(*make_net());
   const int steps = 9;
   for (int bits : {2, 8, 32})
     for (int world : {2, 4}) {
@@ -258,7 +192,7 @@ TEST_CASE("SparseLoCo sends k indices, 2-bit values and a pair per chunk at each
       CAPTURE(world);
       SparseLoCo c = small_config();
       c.value_bits = bits;
-      Batches b(world, steps);
+      Batches b(world, steps, kSeed);
       const auto got = run_sparseloco(init, b, world, steps, c);
       // 21 values: 8 + 8 + 5.
       const size_t message = message_bytes(c, kParameters);
@@ -268,6 +202,7 @@ TEST_CASE("SparseLoCo sends k indices, 2-bit values and a pair per chunk at each
         // A ring allgather: W - 1 messages out and in, three times.
         CHECK(s.bytes_sent == 3 * static_cast<size_t>(world - 1) * message);
         CHECK(s.bytes_received == 3 * static_cast<size_t>(world - 1) * message);
+        CHECK(s.peak_sync_bytes_sent == static_cast<size_t>(world - 1) * message);  // one sync
         CHECK(s.steps == steps);
       }
     }
@@ -280,70 +215,19 @@ TEST_CASE("SparseLoCo sends k indices, 2-bit values and a pair per chunk at each
 
 TEST_CASE("SparseLoCo resumed from its saved state continues bit-identically, error memory included") {
   torch::manual_seed(11);
-  const Vec init = flat_of(*make_net());
+  const auto init = flat_of(*make_net());
   const int world = 2, steps = 10, stop = 5;  // stopped between two synchronisations
   const SparseLoCo c = small_config();
-  Batches b(world, steps);
-  std::vector<Vec> straight(world), resumed(world), dropped(world);
-  for (int mode = 0; mode < 3; ++mode) {  // 0: straight through; 1: resumed; 2: state lost
-    auto errors = test::run_threads(world, [&](int rank, Runtime& rt) {
-      const auto& data = b.data[static_cast<size_t>(rank)];
-      auto net = make_net();
-      load_flat(*net, init);
-      auto dp = std::make_unique<SparseLoCoModule>(rt, net.ptr(), c);
-      auto opt = make_inner(*net);
-      auto one_step = [&](int s) {
-        opt->zero_grad();
-        torch::mse_loss(net->forward(data[static_cast<size_t>(s)].first),
-                        data[static_cast<size_t>(s)].second)
-            .backward();
-        dp->step(*opt);
-      };
-      int s = 0;
-      for (; s < (mode == 0 ? steps : stop); ++s) one_step(s);
-      if (mode > 0) {
-        std::string state;
-        comm::StateWriter out(state);
-        dp->save_state(out);
-        const Vec weights = flat_of(*net);
-        dp.reset();
-        net = make_net();  // fresh weights, fresh module: only what was saved carries over
-        dp = std::make_unique<SparseLoCoModule>(rt, net.ptr(), c);
-        opt = make_inner(*net);
-        load_flat(*net, weights);
-        if (mode == 1) {
-          comm::StateReader in(state, "SparseLoCo state");
-          dp->load_state(in);
-        }
-        for (; s < steps; ++s) one_step(s);
-      }
-      auto& out = mode == 0 ? straight : mode == 1 ? resumed : dropped;
-      out[static_cast<size_t>(rank)] = flat_of(*net);
-    });
-    for (auto& e : errors) REQUIRE(e.empty());
-  }
-  for (int r = 0; r < world; ++r) {
-    CHECK(resumed[static_cast<size_t>(r)] == straight[static_cast<size_t>(r)]);
-    CHECK(dropped[static_cast<size_t>(r)] != straight[static_cast<size_t>(r)]);
-  }
+  Batches b(world, steps, kSeed);
+  test::check_resume<SparseLoCoModule>(init, b, world, steps, stop, c);
   // A state saved under other settings is refused, naming both.
   auto errors = test::run_threads(1, [&](int, Runtime& rt) {
     auto net = make_net();
-    SparseLoCoModule saver(rt, net.ptr(), c);
-    std::string state;
-    comm::StateWriter out(state);
-    saver.save_state(out);
     SparseLoCo other = c;
     other.value_bits = 4;
-    SparseLoCoModule loader(rt, net.ptr(), other);
-    comm::StateReader in(state, "SparseLoCo state");
-    try {
-      loader.load_state(in);
-      FAIL("a state of other settings was taken");
-    } catch (const comm::Error& e) {
-      CHECK(std::string(e.what()).find("bits=2") != std::string::npos);
-      CHECK(std::string(e.what()).find("bits=4") != std::string::npos);
-    }
+    const auto refused = test::load_error<SparseLoCoModule>(rt, net, c, other);
+    CHECK(refused.find("bits=2") != std::string::npos);
+    CHECK(refused.find("bits=4") != std::string::npos);
   });
   for (auto& e : errors) CHECK(e.empty());
 }
@@ -351,13 +235,8 @@ TEST_CASE("SparseLoCo resumed from its saved state continues bit-identically, er
 TEST_CASE("SparseLoCo refuses settings out of range, naming them") {
   auto errors = test::run_threads(1, [](int, Runtime& rt) {
     auto net = make_net();
-    auto error_of = [&](const SparseLoCo& c) -> std::string {
-      try {
-        SparseLoCoModule dp(rt, net.ptr(), c);
-      } catch (const comm::Error& e) {
-        return e.what();
-      }
-      return "";
+    auto error_of = [&](const SparseLoCo& c) {
+      return test::settings_error<SparseLoCoModule>(rt, net, c);
     };
     SparseLoCo c;
     c.inner_steps = 0;
@@ -396,14 +275,7 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
   const auto defaults = std::get<SparseLoCo>(parse_algorithm_argument("sparseloco"));
   CHECK(defaults.inner_steps == 50);
   CHECK(defaults.value_bits == 2);
-  auto error_of = [](const std::string& text) -> std::string {
-    try {
-      parse_algorithm_argument(text);
-    } catch (const comm::Error& e) {
-      return e.what();
-    }
-    return "";
-  };
+  const auto error_of = test::algorithm_error;
   CHECK(error_of("sparseloco:h=0") == "--algorithm sparseloco:h=0: h = '0', expected an integer >= 1");
   CHECK(error_of("sparseloco:bits=3") == "--algorithm sparseloco:bits=3: bits = '3', expected 2, 4, 8 or 32");
   CHECK(error_of("sparseloco:ratio=0") ==
@@ -421,10 +293,8 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
   CHECK(error_of("sparseloco:h") ==
         "--algorithm sparseloco:h: 'h' is not key=value (keys: h, outer_lr, ratio, chunk, bits, beta)");
 
-  auto job = parse_job_config(
-      "[job]\nworld_size = 2\n[algorithm]\nname = \"sparseloco\"\ninner_steps = 10\nratio = 0.03\n"
-      "value_bits = 8\nef_decay = 0.5\nchunk = 512\nouter_lr = 0.9\n",
-      "sparseloco.toml");
+  const auto job = test::job_of("sparseloco", "inner_steps = 10\nratio = 0.03\nvalue_bits = 8\n"
+                                              "ef_decay = 0.5\nchunk = 512\nouter_lr = 0.9\n");
   auto j = std::get<SparseLoCo>(job.algorithm);
   CHECK(j.inner_steps == 10);
   CHECK(j.ratio == 0.03);
@@ -434,14 +304,8 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
   CHECK(j.outer_lr == 0.9);
   CHECK(job_algorithm_name(job.algorithm) == "sparseloco");
   CHECK(!tolerates_dead_ranks(job.algorithm));
-  auto job_error = [](const std::string& algorithm) -> std::string {
-    try {
-      parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"sparseloco\"\n" + algorithm,
-                       "bad.toml");
-    } catch (const comm::Error& e) {
-      return e.what();
-    }
-    return "";
+  auto job_error = [](const std::string& settings) {
+    return test::job_error("sparseloco", settings);
   };
   CHECK(job_error("value_bits = 3\n") == "bad.toml: algorithm.value_bits = 3: expected 2, 4, 8 or 32");
   CHECK(job_error("chunk = 70000\n") == "bad.toml: algorithm.chunk = 70000: expected an integer in [1, 65536]");
@@ -453,26 +317,14 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
 }
 
 TEST_CASE("make_data_parallel runs SparseLoCo") {
-  auto errors = test::run_threads(2, [](int, Runtime& rt) {
-    auto net = make_net();
-    SparseLoCo c;
-    c.inner_steps = 2;
-    auto dp = make_data_parallel(rt, net.ptr(), c);
-    CHECK(dp->algorithm_name() ==
+  SparseLoCo c;
+  c.inner_steps = 2;
+  test::run_two_steps(c, [&](Runtime& rt, torch::nn::Sequential& net, DataParallel& dp) {
+    CHECK(dp.algorithm_name() ==
           "sparseloco(h=2, ratio=0.015625, chunk=4096, bits=2, beta=0.95, outer_lr=1)");
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < 2; ++s) {
-      opt.zero_grad();
-      torch::mse_loss(net->forward(torch::ones({2, 6}) * (rt.rank() + 1)), torch::zeros({2, 3}))
-          .backward();
-      dp->step(opt);
-    }
     // After a synchronisation every rank holds the same global weights.
-    auto mine = torch::from_blob(flat_of(*net).data(), {static_cast<int64_t>(kParameters)}).clone();
-    auto theirs = mine.clone();
-    rt.comm().broadcast(theirs.data_ptr<float>(), kParameters, comm::DataType::float32, 0);
-    CHECK(torch::equal(mine, theirs));
-    CHECK(dp->stats().bytes_sent == sparseloco_message_bytes(c, kParameters));
+    const auto mine = flat_of(*net);
+    CHECK(torch::equal(mine, test::rank0_copy(rt, mine)));
+    CHECK(dp.stats().bytes_sent == sparseloco_message_bytes(c, kParameters));
   });
-  for (auto& e : errors) CHECK(e.empty());
 }

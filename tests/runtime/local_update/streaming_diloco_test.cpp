@@ -23,13 +23,7 @@ using namespace troupe;
 
 namespace {
 
-using test::Batch;
-using test::Batches;
-using test::flat_of;
-using test::load_flat;
-using test::make_inner;
-using test::make_net;
-using test::train_step;
+using namespace troupe::test;
 
 using Cuts = std::vector<std::pair<size_t, size_t>>;
 
@@ -127,9 +121,9 @@ Simulated simulate(const torch::Tensor& init, const Batches& b, int world, int s
 struct Run {
   std::vector<torch::Tensor> weights;
   std::vector<CommStats> stats;
-  std::vector<std::vector<uint64_t>> sync_bytes;
-  int64_t outer_steps = 0;
-  Cuts cuts;
+  std::vector<std::vector<uint64_t>> sync_bytes;  // Streaming DiLoCo's: each rank's, per sync
+  int64_t outer_steps = 0;                        // rank 0's
+  Cuts cuts;                                      // Streaming DiLoCo's fragments
 };
 
 // The same on `world` thread ranks.
@@ -137,27 +131,18 @@ template <class Module = StreamingDiLoCoModule, class Config = StreamingDiLoCo>
 Run run_module(const torch::Tensor& init, const Batches& b, int world, int steps,
                const Config& c, bool adamw, int width = 8) {
   Run out;
-  out.weights.resize(static_cast<size_t>(world));
-  out.stats.resize(static_cast<size_t>(world));
   out.sync_bytes.resize(static_cast<size_t>(world));
-  auto errors = test::run_threads(world, [&](int rank, Runtime& rt) {
-    auto net = make_net(width);
-    if (init.defined()) load_flat(*net, init);
-    Module dp(rt, net.ptr(), c);
-    auto opt = make_inner(*net, adamw);
-    for (int s = 0; s < steps; ++s) {
-      train_step(net, *opt, b.at(rank, s));
-      dp.step(*opt);
-    }
-    out.weights[static_cast<size_t>(rank)] = flat_of(*net).clone();
-    out.stats[static_cast<size_t>(rank)] = dp.stats();
-    if constexpr (std::is_same_v<Module, StreamingDiLoCoModule>) {
+  std::function<void(int, Module&)> after;
+  if constexpr (std::is_same_v<Module, StreamingDiLoCoModule>)
+    after = [&](int rank, Module& dp) {
       out.sync_bytes[static_cast<size_t>(rank)] = dp.sync_bytes_sent();
       if (rank == 0) out.cuts = dp.fragments();
-    }
-    if (rank == 0) out.outer_steps = dp.outer_steps();
-  });
-  for (auto& e : errors) REQUIRE(e.empty());
+    };
+  auto runs = test::run_on_ranks<Module>(init, b, world, steps, c, test::inner_of(adamw), width,
+                                         after);
+  out.weights = std::move(runs.weights);
+  out.stats = std::move(runs.stats);
+  out.outer_steps = runs.outer_steps[0];
   return out;
 }
 
@@ -340,9 +325,7 @@ TEST_CASE("a fragment's reduction travels while the trainer takes the delay's st
     StreamingDiLoCoModule dp(rt, net.ptr(), c);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
     auto one = [&] {
-      opt.zero_grad();
-      torch::mse_loss(net->forward(torch::ones({2, 6}) * (rank + 1)), torch::zeros({2, 3}))
-          .backward();
+      test::rank_gradients(net, opt, rank);
       dp.step(opt);
     };
     one();  // step 1
@@ -379,62 +362,15 @@ TEST_CASE("Streaming DiLoCo resumed from a state saved with a fragment in flight
       c.outer_compression = comm::HalfPrecision{};
     }
     CAPTURE(streaming_diloco_name(c));
-    auto sgd = [](torch::nn::Module& m) {
-      return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05));
-    };
-    std::vector<torch::Tensor> straight(world), resumed(world), dropped(world);
-    for (int mode = 0; mode < 3; ++mode) {  // 0: straight; 1: resumed; 2: resumed, state lost
-      auto errors = test::run_threads(world, [&](int rank, Runtime& rt) {
-        auto net = make_net();
-        load_flat(*net, init);
-        auto dp = std::make_unique<StreamingDiLoCoModule>(rt, net.ptr(), c);
-        auto opt = sgd(*net);
-        int s = 0;
-        for (; s < (mode == 0 ? steps : stop); ++s) {
-          train_step(net, *opt, b.at(rank, s));
-          dp->step(*opt);
-        }
-        if (mode > 0) {
-          std::string state;
-          comm::StateWriter out(state);
-          dp->save_state(out);
-          const auto weights = flat_of(*net).clone();
-          dp.reset();
-          net = make_net();
-          dp = std::make_unique<StreamingDiLoCoModule>(rt, net.ptr(), c);
-          opt = sgd(*net);
-          load_flat(*net, weights);
-          if (mode == 1) {
-            comm::StateReader in(state, "Streaming DiLoCo state");
-            dp->load_state(in);
-          }
-          for (; s < steps; ++s) {
-            train_step(net, *opt, b.at(rank, s));
-            dp->step(*opt);
-          }
-        }
-        auto& out = mode == 0 ? straight : mode == 1 ? resumed : dropped;
-        out[static_cast<size_t>(rank)] = flat_of(*net).clone();
-      });
-      for (auto& e : errors) REQUIRE(e.empty());
-    }
-    for (int r = 0; r < world; ++r) {
-      CHECK(torch::equal(resumed[static_cast<size_t>(r)], straight[static_cast<size_t>(r)]));
-      CHECK(!torch::equal(dropped[static_cast<size_t>(r)], straight[static_cast<size_t>(r)]));
-    }
+    test::check_resume<StreamingDiLoCoModule>(init, b, world, steps, stop, c);
   }
 }
 
 TEST_CASE("Streaming DiLoCo refuses settings out of range and a state of other settings") {
   auto errors = test::run_threads(1, [](int, Runtime& rt) {
     auto net = make_net();
-    auto error_of = [&](StreamingDiLoCo c) -> std::string {
-      try {
-        StreamingDiLoCoModule dp(rt, net.ptr(), c);
-      } catch (const comm::Error& e) {
-        return e.what();
-      }
-      return "";
+    auto error_of = [&](const StreamingDiLoCo& c) {
+      return test::settings_error<StreamingDiLoCoModule>(rt, net, c);
     };
     auto with = [](auto change) {
       StreamingDiLoCo c;
@@ -473,20 +409,11 @@ TEST_CASE("Streaming DiLoCo refuses settings out of range and a state of other s
     StreamingDiLoCo c;
     c.inner_steps = 4;
     c.fragments = 2;
-    StreamingDiLoCoModule saver(rt, net.ptr(), c);
-    std::string state;
-    comm::StateWriter out(state);
-    saver.save_state(out);
-    c.delay = 2;
-    StreamingDiLoCoModule loader(rt, net.ptr(), c);
-    comm::StateReader in(state, "the state");
-    try {
-      loader.load_state(in);
-      FAIL("a state of other settings was taken");
-    } catch (const comm::Error& e) {
-      CHECK(std::string(e.what()).find("delay=1") != std::string::npos);
-      CHECK(std::string(e.what()).find("delay=2") != std::string::npos);
-    }
+    StreamingDiLoCo other = c;
+    other.delay = 2;
+    const auto refused = test::load_error<StreamingDiLoCoModule>(rt, net, c, other);
+    CHECK(refused.find("delay=1") != std::string::npos);
+    CHECK(refused.find("delay=2") != std::string::npos);
   });
   for (auto& e : errors) CHECK(e.empty());
 }
@@ -506,14 +433,7 @@ TEST_CASE("Streaming DiLoCo is named on the command line and in job files, its k
   CHECK(t.outer_momentum == 0.8);
   CHECK(!t.nesterov);
   CHECK(std::holds_alternative<StreamingDiLoCo>(parse_algorithm_argument("streaming-diloco")));
-  auto error_of = [](const std::string& text) -> std::string {
-    try {
-      parse_algorithm_argument(text);
-    } catch (const comm::Error& e) {
-      return e.what();
-    }
-    return "";
-  };
+  const auto error_of = test::algorithm_error;
   CHECK(error_of("streaming-diloco:fragments=0").find("fragments = '0', expected an integer >= 1") !=
         std::string::npos);
   CHECK(error_of("streaming-diloco:h=3,fragments=4")
@@ -533,10 +453,9 @@ TEST_CASE("Streaming DiLoCo is named on the command line and in job files, its k
   CHECK(error_of("streaming-diloco:compress=int3").find("int3") != std::string::npos);
   CHECK(error_of("streaming-diloco:h").find("'h' is not key=value") != std::string::npos);
 
-  auto job = parse_job_config(
-      "[job]\nworld_size = 2\n[algorithm]\nname = \"streaming_diloco\"\ninner_steps = 30\n"
-      "fragments = 3\ndelay = 2\nalpha = 0\neager = true\nouter_compression = \"bytegrad\"\n",
-      "streaming.toml");
+  const auto job = test::job_of("streaming_diloco",
+                                "inner_steps = 30\nfragments = 3\ndelay = 2\nalpha = 0\n"
+                                "eager = true\nouter_compression = \"bytegrad\"\n");
   auto j = std::get<StreamingDiLoCo>(job.algorithm);
   CHECK(j.inner_steps == 30);
   CHECK(j.fragments == 3);
@@ -546,15 +465,8 @@ TEST_CASE("Streaming DiLoCo is named on the command line and in job files, its k
   CHECK(std::holds_alternative<comm::ByteGrad>(j.outer_compression));
   CHECK(job_algorithm_name(job.algorithm) == "streaming_diloco");
   CHECK(!tolerates_dead_ranks(job.algorithm));
-  auto job_error = [](const std::string& algorithm) -> std::string {
-    try {
-      parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"streaming_diloco\"\n" +
-                           algorithm,
-                       "bad.toml");
-    } catch (const comm::Error& e) {
-      return e.what();
-    }
-    return "";
+  auto job_error = [](const std::string& settings) {
+    return test::job_error("streaming_diloco", settings);
   };
   CHECK(job_error("fragment = 2\n").find("unknown key algorithm.fragment") != std::string::npos);
   CHECK(job_error("delay = 30\n").find("algorithm.delay = 30: expected an integer in [0, "
@@ -567,43 +479,30 @@ TEST_CASE("Streaming DiLoCo is named on the command line and in job files, its k
 }
 
 TEST_CASE("make_data_parallel runs Streaming DiLoCo") {
-  auto errors = test::run_threads(2, [](int, Runtime& rt) {
-    auto net = make_net();
-    StreamingDiLoCo c;
-    c.inner_steps = 2;
-    c.fragments = 2;
-    c.delay = 0;
-    c.fragment_update_alpha = 0;
-    c.outer_compression = comm::ByteGrad{};
-    auto dp = make_data_parallel(rt, net.ptr(), c);
-    CHECK(dp->algorithm_name() ==
+  StreamingDiLoCo c;
+  c.inner_steps = 2;
+  c.fragments = 2;
+  c.delay = 0;
+  c.fragment_update_alpha = 0;
+  c.outer_compression = comm::ByteGrad{};
+  test::run_two_steps(c, [](Runtime& rt, torch::nn::Sequential& net, DataParallel& dp) {
+    CHECK(dp.algorithm_name() ==
           "streaming_diloco(h=2, fragments=2, delay=0, alpha=0, outer_lr=0.7, "
           "outer_momentum=0.9, bytegrad)");
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-    for (int s = 0; s < 2; ++s) {
-      opt.zero_grad();
-      torch::mse_loss(net->forward(torch::ones({2, 6}) * (rt.rank() + 1)), torch::zeros({2, 3}))
-          .backward();
-      dp->step(opt);
-    }
     // Fragment 1 synced after step 2, alpha 0: every rank holds its global copy. Fragment 0,
     // synced after step 1, has taken a local step since, on each rank's own batch.
-    auto* streaming = dynamic_cast<StreamingDiLoCoModule*>(dp.get());
+    auto* streaming = dynamic_cast<StreamingDiLoCoModule*>(&dp);
     REQUIRE(streaming);
     const auto cuts = streaming->fragments();
     REQUIRE(cuts.size() == 2);
-    auto mine = flat_of(*net).clone(), theirs = mine.clone();
-    rt.comm().broadcast(theirs.data_ptr<float>(), static_cast<size_t>(theirs.numel()),
-                        comm::DataType::float32, 0);
+    const auto mine = flat_of(*net), theirs = test::rank0_copy(rt, mine);
     auto part = [&](const torch::Tensor& t, size_t f) {
       return t.narrow(0, static_cast<int64_t>(cuts[f].first),
                       static_cast<int64_t>(cuts[f].second - cuts[f].first));
     };
     CHECK(torch::equal(part(mine, 1), part(theirs, 1)));
     if (rt.rank() == 1) CHECK(!torch::equal(part(mine, 0), part(theirs, 0)));
-    CHECK(dp->stats().bytes_sent > 0);
-    CHECK(dp->stats().peak_sync_bytes_sent > 0);
+    CHECK(dp.stats().bytes_sent > 0);
+    CHECK(dp.stats().peak_sync_bytes_sent > 0);
   });
-  for (auto& e : errors) CHECK(e.empty());
 }
-

@@ -1,0 +1,60 @@
+#pragma once
+/// LocalUpdateModule: the DataParallel of the local-update algorithms, DiLoCoModule (diloco.h),
+/// StreamingDiLoCoModule (streaming_diloco.h) and SparseLoCoModule (sparseloco.h). Every rank
+/// steps its own inner optimizer, whose gradients stay local, and on the algorithm's schedule
+/// takes part in an outer step: step() is a collective, called the same number of times on every
+/// rank. The saved state holds the global weights, the outer optimizer's state, the step counters
+/// and the algorithm's own (error feedback, fragments in flight): a resumed run continues
+/// bit-identically (runtime/checkpoint.h). The weights themselves are the model's, saved with it.
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "runtime/data_parallel.h"
+
+namespace troupe {
+
+struct OuterStep;
+
+class LocalUpdateModule : public DataParallel {
+ public:
+  ~LocalUpdateModule() override;
+
+  /// Steps `inner`, then takes the part of a synchronisation the schedule puts after this step.
+  void step(torch::optim::Optimizer& inner) override;
+  std::string algorithm_name() const override;
+  CommStats stats() const override;
+  /// Synchronisations so far (Streaming DiLoCo: fragment syncs applied, all fragments together).
+  int64_t outer_steps() const;
+  void save_state(comm::StateWriter& out) const override;
+  void load_state(comm::StateReader& in) override;
+
+ protected:
+  /// What an algorithm adds to the outer step they share (runtime/local_update/outer_step.h).
+  struct Algorithm {
+    virtual ~Algorithm() = default;
+    /// The algorithm with its settings, "diloco(h=50, ...)"; a state saved under another name is
+    /// refused.
+    virtual std::string name() const = 0;
+    virtual OuterStep& outer_step() = 0;
+    /// After inner step t (counted from 1): the synchronisation the schedule puts here, if any.
+    virtual void after_step(int64_t t) = 0;
+    /// Before a save: what is in flight lands in the state. Before a load: a refusal when this
+    /// module cannot take one now.
+    virtual void before_save() {}
+    virtual void before_load(comm::StateReader& in) { (void)in; }
+    /// The state beyond OuterStep's, written under the model's lock.
+    virtual void save_rest(comm::StateWriter& out) = 0;
+    /// Reads and checks that state; returns what applies it, under the model's lock, after it has
+    /// read the state of the algorithm's reductions (each checked before anything changes).
+    virtual std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) = 0;
+  };
+
+  explicit LocalUpdateModule(std::unique_ptr<Algorithm> algorithm);
+  std::unique_ptr<Algorithm> algorithm_;
+};
+
+}  // namespace troupe
