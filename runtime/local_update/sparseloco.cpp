@@ -192,6 +192,7 @@ struct SparseLoCoModule::Impl {
     totals.bytes_sent += traffic.sent;
     totals.bytes_received += traffic.received;
     totals.last_step_bytes_sent = traffic.sent;
+    totals.peak_sync_bytes_sent = std::max<uint64_t>(totals.peak_sync_bytes_sent, traffic.sent);
 
     // Summed in fp32 in rank order, so that every rank computes the same global weights.
     std::fill(sum.begin(), sum.end(), 0.0f);
