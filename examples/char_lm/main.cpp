@@ -37,6 +37,8 @@ struct Settings {
   double lr = 3e-3;
   double momentum = 0.9;       // sgd
   double weight_decay = 0.01;  // adamw
+  int64_t warmup = 0;          // steps of linear warm-up from lr / warmup to lr
+  std::string lr_schedule = "constant";  // or cosine: decays to 0 at the last step after warm-up
   int64_t log_every = 50;
   int64_t eval_every = 200;
   int64_t eval_windows = 256;
@@ -69,6 +71,16 @@ double bits_per_char(const std::function<torch::Tensor(const torch::Tensor&)>& f
                 .item<double>();
   }
   return nats / static_cast<double>(targets.numel()) / std::log(2.0);
+}
+
+// The learning rate of step `step` (1-based): linear warm-up over s.warmup steps, then constant
+// or a cosine decay to 0 at s.steps. Every rank and every algorithm applies the same schedule to
+// its (inner) optimizer, so the runs compare at equal learning rates.
+double scheduled_lr(const Settings& s, int64_t step) {
+  if (step <= s.warmup) return s.lr * static_cast<double>(step) / static_cast<double>(s.warmup);
+  if (s.lr_schedule != "cosine") return s.lr;
+  const double done = static_cast<double>(step - s.warmup) / static_cast<double>(s.steps - s.warmup);
+  return s.lr * 0.5 * (1 + std::cos(M_PI * done));
 }
 
 void train(Runtime& rt, const Settings& s) {
@@ -104,11 +116,11 @@ void train(Runtime& rt, const Settings& s) {
   if (rank == 0) {
     int64_t params = 0;
     for (auto& p : module->parameters()) params += p.numel();
-    say("char_lm: %s (%lld parameters), %s, %s, %d rank(s), batch %lld x %lld characters per "
+    say("char_lm: %s (%lld parameters), %s lr %g (%s, warm-up %lld steps), %s, %d rank(s), batch %lld x %lld characters per "
         "rank, %lld training / %lld evaluation characters, vocabulary %lld, unigram bits per "
         "char %.4f",
-        s.model.c_str(), static_cast<long long>(params), s.optimizer.c_str(),
-        dp->algorithm_name().c_str(), world, static_cast<long long>(s.batch),
+        s.model.c_str(), static_cast<long long>(params), s.optimizer.c_str(), s.lr,
+        s.lr_schedule.c_str(), static_cast<long long>(s.warmup), dp->algorithm_name().c_str(), world, static_cast<long long>(s.batch),
         static_cast<long long>(length), static_cast<long long>(corpus.train.numel()),
         static_cast<long long>(corpus.eval.numel()), static_cast<long long>(corpus.vocab()),
         unigram);
@@ -121,6 +133,10 @@ void train(Runtime& rt, const Settings& s) {
   torch::Tensor x, y;
   for (int64_t step = 1; step <= s.steps; ++step) {
     sampler.next(s.batch, x, y);
+    if (s.warmup > 0 || s.lr_schedule != "constant") {
+      const double lr = scheduled_lr(s, step);
+      for (auto& group : opt->param_groups()) group.options().set_lr(lr);
+    }
     opt->zero_grad();
     auto logp = forward(x);
     auto loss = torch::nll_loss(logp.reshape({-1, logp.size(-1)}), y.reshape({-1}));
@@ -178,6 +194,11 @@ int main(int argc, char** argv) {
   app.add_option("--steps", s.steps, "Training steps")->check(cli::integer_in(1, max_int));
   app.add_option("--batch", s.batch, "Windows per rank and step")->check(cli::integer_in(1, max_int));
   app.add_option("--lr", s.lr, "Learning rate")->check(cli::number_above(0));
+  app.add_option("--warmup", s.warmup, "Steps of linear learning-rate warm-up")
+      ->check(cli::integer_in(0, max_int));
+  app.add_option("--lr-schedule", s.lr_schedule,
+                 "constant, or cosine: after the warm-up, decay to 0 at the last step")
+      ->check(CLI::IsMember({"constant", "cosine"}));
   app.add_option("--momentum", s.momentum, "SGD momentum")->check(cli::number_in(0, 1, true));
   app.add_option("--weight-decay", s.weight_decay, "AdamW weight decay")
       ->check(cli::number_in(0, 1, true));
@@ -197,6 +218,10 @@ int main(int argc, char** argv) {
                  "sparseloco:h=50,ratio=0.015625,bits=2");
   app.add_option("--job", job_file, "A job file (troupe run's TOML): its algorithm and links only");
   CLI11_PARSE(app, argc, argv);
+  if (s.warmup >= s.steps) {
+    std::cerr << "char_lm: --warmup " << s.warmup << " must be below --steps " << s.steps << "\n";
+    return 1;
+  }
   try {
     RuntimeOptions o;
     if (!job_file.empty()) {
