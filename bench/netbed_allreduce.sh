@@ -20,23 +20,15 @@ set -euo pipefail
 
 script=netbed_allreduce
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/bench/common.sh"
+source "$root/bench/netbed_common.sh"  # and bench/common.sh
+export NETBED_NAME=${NETBED_NAME:-ba}
 results="${1:-$root/build/bench/netbed}"
 troupe="${TROUPE_BIN:-$root/build/bin/troupe}"
-python=/usr/bin/python3
-hosts=${HOSTS:-4}
 size=${SIZE:-64MiB}
-rates=(${RATES:-1gbit 100mbit})
-rounds=${ROUNDS:-1}
 IFS=';' read -r -a configs <<<"${TROUPE_ARGS:-}"
 [ ${#configs[@]} -gt 0 ] || configs=("")
-export NETBED_NAME=${NETBED_NAME:-ba}
-
-need_positive_int HOSTS "$hosts"
-need_positive_int ROUNDS "$rounds"
+netbed_settings "1gbit 100mbit"
 need_troupe "$troupe"
-need_torch "$python"
-"$root/scripts/netbed" check >/dev/null
 
 mkdir -p "$results"
 table="$results/netbed_allreduce.md"
@@ -45,15 +37,11 @@ table="$results/netbed_allreduce.md"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >"$table"
 
-sent_mb() {  # the MB (1e6) each host sent over its link, as "a/b/c/d"
-  awk '{printf "%s%.0f", (NR > 1 ? "/" : ""), $6 / 1e6}' "$1"
-}
-
 for rate in "${rates[@]}"; do
   for ((round = 1; round <= rounds; round++)); do
     echo "== $(date -u +%H:%M:%S) $hosts hosts, links $rate, round $round: gloo" >&2
     gloo_logs="$results/gloo_${rate}_r$round"
-    "$root/scripts/netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 --logs "$gloo_logs" -- \
+    "$netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 --logs "$gloo_logs" -- \
       "$python" "$root/bench/allreduce_gloo.py" --from-env eth0 --bytes "$size" --iters 3 --json
     gloo_json=$(grep '^{' "$gloo_logs/rank0.log" | tail -1)
     for c in "${!configs[@]}"; do
@@ -61,7 +49,7 @@ for rate in "${rates[@]}"; do
       echo "== $(date -u +%H:%M:%S) $hosts hosts, links $rate, round $round: troupe ${args:-(defaults)}" >&2
       troupe_logs="$results/troupe_${rate}_r${round}_c$c"
       # shellcheck disable=SC2086  # the options are words
-      "$root/scripts/netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 --logs "$troupe_logs" -- \
+      "$netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 --logs "$troupe_logs" -- \
         "$troupe" bench allreduce --as-rank --world "$hosts" --transport ucx --bytes "$size" --json $args
       troupe_json=$(grep '^{' "$troupe_logs/rank0.log" | tail -1)
       "$python" - "$rate" "$hosts" "$size" "$round" "${args:-defaults}" "$troupe_json" "$gloo_json" \

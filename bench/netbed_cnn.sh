@@ -30,13 +30,9 @@ set -euo pipefail
 
 script=netbed_cnn
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/bench/common.sh"
+source "$root/bench/netbed_common.sh"  # and bench/common.sh
 results="${1:-$root/build/bench/netbed_cnn}"
 bin="${BUILD_BIN:-$root/build/bin}"
-python=/usr/bin/python3
-hosts=${HOSTS:-4}
-rates=(${RATES:-100mbit 10mbit})
-rounds=${ROUNDS:-1}
 epochs=${EPOCHS:-1}
 algorithms=(${ALGORITHMS:-allreduce powersgd:rank=2 topk:ratio=0.01 bytegrad})
 hooks=(${HOOKS:-none powersgd})
@@ -44,16 +40,11 @@ timeout=${TIMEOUT:-1800}
 straggler=${STRAGGLER:-}
 alone=${ALONE:-1}
 export NETBED_NAME=${NETBED_NAME:-bc}
-netbed="$root/scripts/netbed"
-
-need_positive_int HOSTS "$hosts"
-need_positive_int ROUNDS "$rounds"
+netbed_settings "100mbit 10mbit"
 need_positive_int EPOCHS "$epochs"
 [[ -x "$bin/fashion_mnist" ]] || die "'$bin/fashion_mnist' not found: build the target fashion_mnist (or set BUILD_BIN)"
-need_torch "$python"
 [ -z "$straggler" ] || [[ "$straggler" =~ ^[0-9]+$ && "$straggler" -lt "$hosts" ]] ||
   die "STRAGGLER '$straggler': expected a host number below HOSTS=$hosts"
-"$netbed" check >/dev/null
 
 # "100mbit" -> "10mbit": a tenth of a rate, in the unit tc takes.
 tenth() {
@@ -86,10 +77,6 @@ job_file() {  # job_file NAME EPOCHS FILE
     esac
     printf '[trainer]\nmodel = "cnn"\nepochs = %d\nlr = 0.05\nmomentum = 0.9\nlog_every = 100000\nthreads = 1\n' "$2"
   } >"$3"
-}
-
-sent_mb() {  # what each host sent over its link during the run, as "a/b/c/d" (MB, 1e6)
-  awk '{printf "%s%.1f", (NR > 1 ? "/" : ""), $6 / 1e6}' "$1/bytes" 2>/dev/null || echo "?"
 }
 
 port=29600
@@ -126,7 +113,7 @@ run_one() {  # run_one RATE ROUND LABEL [netbed run options] -- PROG ARGS...: on
     by_epoch="$acc @ $time"; wait=""; share=""
   fi
   [ -n "$acc" ] || { acc="failed (status $status, $logs)"; time="-"; by_epoch="-"; }
-  echo "| $rate${straggler:+, host $straggler $(tenth "$rate")} | $round | $label | $time | $acc | $by_epoch | ${wait:--} | ${share:--} | $(sent_mb "$logs") | $load |" |
+  echo "| $rate${straggler:+, host $straggler $(tenth "$rate")} | $round | $label | $time | $acc | $by_epoch | ${wait:--} | ${share:--} | $(sent_mb "$logs/bytes" 1) | $load |" |
     tee -a "$table" >&2
   printf '%s\t%s\t%s\t%s\n' "$rate" "$label" "$time" "$acc" >>"$summary"
 }
@@ -150,7 +137,7 @@ run_alone() {  # run_alone RATE ROUND
   acc=$(sed -nE 's/.*accuracy ([0-9.]+)%.*/\1/p' "$logs/rank0.log" | tail -1)
   local shown="$acc (host 0's model)"
   [ -n "$time" ] || { time="-"; acc=""; shown="failed (status $status, $logs)"; }
-  echo "| $rate | $round | $label | $time | $shown | - | - | 100% | $(sent_mb "$logs") | $load |" |
+  echo "| $rate | $round | $label | $time | $shown | - | - | 100% | $(sent_mb "$logs/bytes" 1) | $load |" |
     tee -a "$table" >&2
   printf '%s\t%s\t%s\t%s\n' "$rate" "alone" "$time" "$acc" >>"$summary"
 }

@@ -31,16 +31,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int kRankBits = 64 - kTagBits;
 constexpr int kMaxWorldSize = 1 << kRankBits;
 constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
-// The thread polls until nothing has happened for kSpin: a reply or the caller's next operation
-// usually comes within it, and past it polling would only steal a core from compute (a receive may
-// be posted long before its peer sends). It then sleeps in epoll. With operations in flight the
-// sleep is short: UCX 1.13 does not signal every event on its fd (measured here: with a 100 ms
-// timeout, a fraction of a percent of shared-memory ping-pongs waited for it), so a short timeout
-// bounds such a stall.
 constexpr const char* kSingleHostTls = "posix,sysv,self";
-constexpr auto kSpin = std::chrono::microseconds(500);
-constexpr int kBusyWaitMs = 1;
-constexpr int kIdleWaitMs = 100;
+constexpr auto kIdleWait = std::chrono::milliseconds(100);
 constexpr auto kConnectDeadline = std::chrono::seconds(30);
 const char* const kShutDown = "transport shut down";
 
@@ -85,6 +77,7 @@ struct Command {
 struct UcxTransport::Impl {
   const int rank_;
   const int world_size_;
+  const UcxTransport::Progress progress_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
@@ -112,8 +105,9 @@ struct UcxTransport::Impl {
   bool shutting_down_ = false;
   bool destroying_ = false;
 
-  Impl(int rank, int world_size)
-      : rank_(rank), world_size_(world_size), eps_(world_size), paths_(world_size),
+  Impl(int rank, int world_size, UcxTransport::Progress progress)
+      : rank_(rank), world_size_(world_size), progress_(progress), eps_(world_size),
+        paths_(world_size),
         dead_(world_size),
         pending_(world_size) {}
 
@@ -227,7 +221,7 @@ struct UcxTransport::Impl {
       }
       if (ucp_worker_progress(worker_) != 0) last_event = Clock::now();
       if (!completed_.empty()) process_completions();
-      if (Clock::now() - last_event < kSpin) {
+      if (Clock::now() - last_event < progress_.spin) {
         // On few cores the thread that waits for our completions may share this core: let it run.
         sched_yield();
         continue;
@@ -242,8 +236,7 @@ struct UcxTransport::Impl {
         sleeping_ = true;
       }
       epoll_event events[2];
-      int woken = ::epoll_wait(epoll_fd_, events, 2,
-                               status == UCS_OK && !in_flight ? kIdleWaitMs : kBusyWaitMs);
+      int woken = wait_events(events, 2, status == UCS_OK && !in_flight ? kIdleWait : progress_.busy_wait);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         sleeping_ = false;
@@ -259,6 +252,20 @@ struct UcxTransport::Impl {
       if (woken > 0) last_event = Clock::now();
     }
     shut_down();
+  }
+
+  // epoll_wait for at most `timeout`, to the microsecond where the kernel has epoll_pwait2 (5.11).
+  int wait_events(epoll_event* events, int max, std::chrono::microseconds timeout) {
+    timespec ts{static_cast<time_t>(timeout.count() / 1000000),
+                static_cast<long>(timeout.count() % 1000000 * 1000)};
+    static std::atomic<bool> no_pwait2{false};
+    if (!no_pwait2.load(std::memory_order_relaxed)) {
+      int woken = ::epoll_pwait2(epoll_fd_, events, max, &ts, nullptr);
+      if (woken >= 0 || errno != ENOSYS) return woken;
+      no_pwait2.store(true, std::memory_order_relaxed);
+    }
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(timeout);
+    return ::epoll_wait(epoll_fd_, events, max, static_cast<int>(ms.count()));
   }
 
   // Runs queued commands; returns true when the transport is stopping.
@@ -524,8 +531,23 @@ UcxTransport::UcxTransport(int rank, int world_size, bool single_host) {
     throw Error("UcxTransport: rank " + std::to_string(rank) + " must be in [0, " +
                 std::to_string(world_size) + ")");
   }
-  impl_ = std::make_unique<Impl>(rank, world_size);
+  impl_ = std::make_unique<Impl>(rank, world_size, progress_for(single_host));
   impl_->start(single_host);
+}
+
+UcxTransport::Progress UcxTransport::progress_for(bool single_host) {
+  // One host: a reply or the caller's next operation usually comes within 0.5 ms, and past it
+  // polling would only steal a core from compute. Across hosts (tcp): every message wakes the
+  // thread anyway, and a thread that polls is a CPU hog to the scheduler, so on a busy machine it
+  // waits behind every other runnable thread when its next event comes; sleeping at once, it is
+  // woken ahead of them. UCX 1.13 does not signal every event on its fd (with a 100 ms timeout, a
+  // fraction of a percent of shared-memory ping-pongs waited for it; over tcp a 10 ms timeout
+  // halved a 1 Gbit/s allreduce), so with operations in flight the sleep is short, shorter across
+  // hosts, where the thread no longer polls. A 64 MiB ring allreduce over 4 hosts at 1 Gbit/s under
+  // load 15-27 ran at a median 0.6 of gloo's speed polling, 0.8 not polling with 1 ms sleeps and
+  // 0.97 with 0.25 ms sleeps (docs/benchmarks.md, "the progress thread across hosts").
+  if (single_host) return Progress{std::chrono::microseconds(500), std::chrono::milliseconds(1)};
+  return Progress{std::chrono::microseconds(0), std::chrono::microseconds(250)};
 }
 
 UcxTransport::~UcxTransport() = default;
