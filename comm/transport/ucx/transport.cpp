@@ -236,7 +236,8 @@ struct UcxTransport::Impl {
         sleeping_ = true;
       }
       epoll_event events[2];
-      int woken = wait_events(events, 2, status == UCS_OK && !in_flight ? kIdleWait : progress_.busy_wait);
+      int woken =
+          wait_events(events, 2, status == UCS_OK && !in_flight ? kIdleWait : progress_.busy_wait);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         sleeping_ = false;
@@ -544,8 +545,10 @@ UcxTransport::Progress UcxTransport::progress_for(bool single_host) {
   // fraction of a percent of shared-memory ping-pongs waited for it; over tcp a 10 ms timeout
   // halved a 1 Gbit/s allreduce), so with operations in flight the sleep is short, shorter across
   // hosts, where the thread no longer polls. A 64 MiB ring allreduce over 4 hosts at 1 Gbit/s under
-  // load 15-27 ran at a median 0.6 of gloo's speed polling, 0.8 not polling with 1 ms sleeps and
-  // 0.97 with 0.25 ms sleeps (docs/benchmarks.md, "the progress thread across hosts").
+  // load 13-34 ran at a median 0.59 of gloo's speed polling, 0.81 not polling with 1 ms sleeps, and
+  // 0.96-0.97 in two rounds with 0.25 ms sleeps; recorded runs at load 13-18 gave 0.76 and 0.91
+  // (docs/benchmarks.md, "the progress thread across hosts"). At a light load the two are within
+  // one run's noise.
   if (single_host) return Progress{std::chrono::microseconds(500), std::chrono::milliseconds(1)};
   return Progress{std::chrono::microseconds(0), std::chrono::microseconds(250)};
 }
