@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/one_rank.h"
 #include "examples/fashion_mnist/models.h"
 #include "runtime/checkpoint.h"
 #include "runtime/distributed_module.h"
-#include "runtime/launch.h"
 #include "runtime/runtime.h"
 
 using namespace troupe;
@@ -83,17 +83,7 @@ int main(int argc, char** argv) {
   const int repeats = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
   torch::set_num_threads(1);
   torch::manual_seed(1);
-  RuntimeOptions o;
-  RankInfo info;
-  info.rank = 0;
-  info.world_size = 1;
-  info.master_port = pick_free_port();
-  info.source = "explicit";
-  o.rank_info = info;
-  o.transport = "inproc";
-  o.fabric = std::make_shared<comm::InprocFabric>(1);
-  o.scheduler_threads = 1;
-  Runtime rt(o);
+  Runtime rt(bench::one_rank_options());
   std::printf("checkpoint of one rank in %s, median of %d (write: file + fsync + rename; read: "
               "read + SHA-256 + checks + apply)\n\n",
               dir.c_str(), repeats);

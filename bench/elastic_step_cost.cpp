@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
+#include "bench/one_rank.h"
 #include "examples/fashion_mnist/models.h"
 #include "runtime/distributed_module.h"
 #include "runtime/elastic.h"
-#include "runtime/launch.h"
 #include "runtime/runtime.h"
 
 using namespace troupe;
@@ -109,17 +109,7 @@ int main(int argc, char** argv) {
   const std::string only = argc > 3 ? argv[3] : "";
   torch::set_num_threads(1);
   torch::manual_seed(1);
-  RuntimeOptions o;
-  RankInfo info;
-  info.rank = 0;
-  info.world_size = 1;
-  info.master_port = pick_free_port();
-  info.source = "explicit";
-  o.rank_info = info;
-  o.transport = "inproc";
-  o.fabric = std::make_shared<comm::InprocFabric>(1);
-  o.scheduler_threads = 1;
-  Runtime rt(o);
+  Runtime rt(bench::one_rank_options());
   comm::Sparsification topk;
   topk.ratio = 0.01;
   topk.momentum = 0.9;  // error feedback and momentum correction: twice the parameters of state
