@@ -62,6 +62,16 @@ void join(MembershipServer& server, const std::vector<FakeRank>& ranks, int slot
   server.on_readable(slot);
 }
 
+// Slot `slot`'s next message is an assignment with these fields (generation, rank, world size,
+// source, step).
+void expect_assign(const std::vector<FakeRank>& ranks, int slot,
+                   const std::vector<std::string>& fields) {
+  CAPTURE(slot);
+  auto [type, f] = ranks[static_cast<size_t>(slot)].receive();
+  CHECK(type == Message::assign);
+  CHECK(f == fields);
+}
+
 }  // namespace
 
 TEST_CASE("a first generation numbers its members by launch slot and heals from the lowest") {
@@ -145,11 +155,8 @@ TEST_CASE("the membership service forms a world, and re-forms it when a rank die
   }
   join(server, ranks, 2, 12);  // slot 2 completed one more step than slot 0
   join(server, ranks, 0, 11);
-  auto [type0, f0] = ranks[0].receive();
-  auto [type2, f2] = ranks[2].receive();
-  CHECK(type0 == Message::assign);
-  CHECK(f0 == std::vector<std::string>{"2", "0", "2", "1", "12"});
-  CHECK(f2 == std::vector<std::string>{"2", "1", "2", "1", "12"});
+  expect_assign(ranks, 0, {"2", "0", "2", "1", "12"});
+  expect_assign(ranks, 2, {"2", "1", "2", "1", "12"});
   CHECK(!server.stopped());
   ::close(ranks[0].fd);
   ::close(ranks[2].fd);
@@ -183,12 +190,8 @@ TEST_CASE("a spare waits at its join without opening a generation, then takes a 
   CHECK(ranks[0].receive().first == Message::reform);
   CHECK(ranks[2].idle());  // a joined spare needs no notice
   join(server, ranks, 0, 7);
-  auto [type0, f0] = ranks[0].receive();
-  auto [type2, f2] = ranks[2].receive();
-  CHECK(type0 == Message::assign);
-  CHECK(f0 == std::vector<std::string>{"2", "0", "2", "0", "7"});
-  CHECK(type2 == Message::assign);
-  CHECK(f2 == std::vector<std::string>{"2", "1", "2", "0", "7"});
+  expect_assign(ranks, 0, {"2", "0", "2", "0", "7"});
+  expect_assign(ranks, 2, {"2", "1", "2", "0", "7"});
   CHECK(!server.standby(2));
   CHECK(log.str().find("spare slot 2 joins generation 2") != std::string::npos);
   for (int s : {0, 2}) {
@@ -218,22 +221,19 @@ TEST_CASE("a spare that is ready while the world is short of its ranks opens a g
   server.on_exit(1, "was killed by signal 9 (Killed)");
   CHECK(ranks[0].receive().first == Message::reform);
   join(server, ranks, 0, 5);
-  auto [type, f] = ranks[0].receive();
-  CHECK(f == std::vector<std::string>{"2", "0", "1", "0", "5"});
+  expect_assign(ranks, 0, {"2", "0", "1", "0", "5"});
   ranks[0].send(Message::address, {"2", "a"});
   server.on_readable(0);
   CHECK(ranks[0].receive().first == Message::table);
   // The spare, ready later, opens generation 3 at once and joins slot 0 there.
   ranks.push_back({server.attach(2, true)});
   join(server, ranks, 2, -1);
-  std::tie(type, f) = ranks[0].receive();
+  auto [type, f] = ranks[0].receive();
   CHECK(type == Message::reform);
   CHECK(f.at(0) == "3");
   join(server, ranks, 0, 6);
-  std::tie(type, f) = ranks[0].receive();
-  CHECK(f == std::vector<std::string>{"3", "0", "2", "0", "6"});
-  std::tie(type, f) = ranks[2].receive();
-  CHECK(f == std::vector<std::string>{"3", "1", "2", "0", "6"});
+  expect_assign(ranks, 0, {"3", "0", "2", "0", "6"});
+  expect_assign(ranks, 2, {"3", "1", "2", "0", "6"});
   ::close(ranks[0].fd);
   ::close(ranks[2].fd);
 }
