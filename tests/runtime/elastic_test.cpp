@@ -46,6 +46,11 @@ struct FakeRank {
     char byte;
     return ::recv(fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK) < 0;
   }
+  /// The rank's end of its socket closes, as when its process dies.
+  void close() {
+    ::close(fd);
+    fd = -1;
+  }
 };
 
 std::vector<FakeRank> attach_all(MembershipServer& server, int n) {
@@ -71,6 +76,19 @@ void expect_assign(const std::vector<FakeRank>& ranks, int slot,
   CHECK(type == Message::assign);
   CHECK(f == fields);
 }
+
+// A service for launch slots 0 and 1 as members; slot 2 joins as a spare once attach_spare()
+// attaches it. The ranks' sockets still open close at the end.
+struct TwoMembersAndSpare {
+  std::ostringstream log;
+  MembershipServer server{3, 1, std::chrono::seconds(30), log, /*members=*/2};
+  std::vector<FakeRank> ranks{{server.attach(0)}, {server.attach(1)}};
+  void attach_spare() { ranks.push_back({server.attach(2, true)}); }
+  ~TwoMembersAndSpare() {
+    for (auto& r : ranks)
+      if (r.fd >= 0) r.close();
+  }
+};
 
 }  // namespace
 
@@ -162,10 +180,9 @@ TEST_CASE("the membership service forms a world, and re-forms it when a rank die
   ::close(ranks[2].fd);
 }
 
-TEST_CASE("a spare waits at its join without opening a generation, then takes a dead rank's place") {
-  std::ostringstream log;
-  MembershipServer server(3, 1, std::chrono::seconds(30), log, /*members=*/2);
-  std::vector<FakeRank> ranks = {{server.attach(0)}, {server.attach(1)}, {server.attach(2, true)}};
+TEST_CASE_FIXTURE(TwoMembersAndSpare,
+                  "a spare waits at its join without opening a generation, then takes a dead rank's place") {
+  attach_spare();
   CHECK(server.standby(2));
   CHECK(!server.standby(0));
   join(server, ranks, 2, -1);  // the spare is ready first: nothing forms for it
@@ -185,7 +202,7 @@ TEST_CASE("a spare waits at its join without opening a generation, then takes a 
   CHECK(server.generations() == 1);
 
   // Slot 1 dies: generation 2 takes the spare at once, beside the survivor, from its step.
-  ::close(ranks[1].fd);
+  ranks[1].close();
   server.on_exit(1, "was killed by signal 9 (Killed)");
   CHECK(ranks[0].receive().first == Message::reform);
   CHECK(ranks[2].idle());  // a joined spare needs no notice
@@ -200,14 +217,10 @@ TEST_CASE("a spare waits at its join without opening a generation, then takes a 
   }
   CHECK(ranks[0].receive().first == Message::table);
   CHECK(server.generations() == 2);
-  ::close(ranks[0].fd);
-  ::close(ranks[2].fd);
 }
 
-TEST_CASE("a spare that is ready while the world is short of its ranks opens a generation") {
-  std::ostringstream log;
-  MembershipServer server(3, 1, std::chrono::seconds(30), log, /*members=*/2);
-  std::vector<FakeRank> ranks = {{server.attach(0)}, {server.attach(1)}};
+TEST_CASE_FIXTURE(TwoMembersAndSpare,
+                  "a spare that is ready while the world is short of its ranks opens a generation") {
   join(server, ranks, 0, -1);
   join(server, ranks, 1, -1);
   for (int s = 0; s < 2; ++s) {
@@ -217,7 +230,7 @@ TEST_CASE("a spare that is ready while the world is short of its ranks opens a g
   }
   CHECK(ranks[0].receive().first == Message::table);
   // Slot 1 dies with no spare ready: slot 0 goes on alone in generation 2.
-  ::close(ranks[1].fd);
+  ranks[1].close();
   server.on_exit(1, "was killed by signal 9 (Killed)");
   CHECK(ranks[0].receive().first == Message::reform);
   join(server, ranks, 0, 5);
@@ -226,7 +239,7 @@ TEST_CASE("a spare that is ready while the world is short of its ranks opens a g
   server.on_readable(0);
   CHECK(ranks[0].receive().first == Message::table);
   // The spare, ready later, opens generation 3 at once and joins slot 0 there.
-  ranks.push_back({server.attach(2, true)});
+  attach_spare();
   join(server, ranks, 2, -1);
   auto [type, f] = ranks[0].receive();
   CHECK(type == Message::reform);
@@ -234,14 +247,11 @@ TEST_CASE("a spare that is ready while the world is short of its ranks opens a g
   join(server, ranks, 0, 6);
   expect_assign(ranks, 0, {"3", "0", "2", "0", "6"});
   expect_assign(ranks, 2, {"3", "1", "2", "0", "6"});
-  ::close(ranks[0].fd);
-  ::close(ranks[2].fd);
 }
 
-TEST_CASE("a spare is not taken while the generation has all its members") {
-  std::ostringstream log;
-  MembershipServer server(3, 1, std::chrono::seconds(30), log, /*members=*/2);
-  std::vector<FakeRank> ranks = {{server.attach(0)}, {server.attach(1)}, {server.attach(2, true)}};
+TEST_CASE_FIXTURE(TwoMembersAndSpare,
+                  "a spare is not taken while the generation has all its members") {
+  attach_spare();
   join(server, ranks, 2, -1);
   join(server, ranks, 0, -1);
   join(server, ranks, 1, -1);
