@@ -77,6 +77,17 @@ void expect_assign(const std::vector<FakeRank>& ranks, int slot,
   CHECK(f == fields);
 }
 
+// Slots 0..members-1 are assigned generation 1 (ranks by slot, healed from slot 0 at step 0) and
+// answer with their addresses "address<slot>".
+void expect_first_generation(MembershipServer& server, const std::vector<FakeRank>& ranks,
+                             int members) {
+  for (int s = 0; s < members; ++s) {
+    expect_assign(ranks, s, {"1", std::to_string(s), std::to_string(members), "0", "0"});
+    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "address" + std::to_string(s)});
+    server.on_readable(s);
+  }
+}
+
 // A service for launch slots 0 and 1 as members; slot 2 joins as a spare once attach_spare()
 // attaches it. The ranks' sockets still open close at the end.
 struct TwoMembersAndSpare {
@@ -147,13 +158,7 @@ TEST_CASE("the membership service forms a world, and re-forms it when a rank die
   join(server, ranks, 1, -1);
   CHECK(ranks[0].idle());  // slot 2 lives and has not joined: the generation waits
   join(server, ranks, 2, -1);
-  for (int s = 0; s < 3; ++s) {
-    auto [type, f] = ranks[static_cast<size_t>(s)].receive();
-    CHECK(type == Message::assign);
-    CHECK(f == std::vector<std::string>{"1", std::to_string(s), "3", "0", "0"});
-    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "address" + std::to_string(s)});
-    server.on_readable(s);
-  }
+  expect_first_generation(server, ranks, 3);
   for (int s = 0; s < 3; ++s) {
     auto [type, f] = ranks[static_cast<size_t>(s)].receive();
     CHECK(type == Message::table);
@@ -189,13 +194,7 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
   CHECK(ranks[0].idle());
   join(server, ranks, 0, -1);
   join(server, ranks, 1, -1);
-  for (int s = 0; s < 2; ++s) {
-    auto [type, f] = ranks[static_cast<size_t>(s)].receive();
-    CHECK(type == Message::assign);
-    CHECK(f == std::vector<std::string>{"1", std::to_string(s), "2", "0", "0"});
-    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "address" + std::to_string(s)});
-    server.on_readable(s);
-  }
+  expect_first_generation(server, ranks, 2);
   for (int s = 0; s < 2; ++s) CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
   CHECK(ranks[2].idle());  // not a member of generation 1, still waiting
   CHECK(server.standby(2));
