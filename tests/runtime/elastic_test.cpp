@@ -222,11 +222,7 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
                   "a spare that is ready while the world is short of its ranks opens a generation") {
   join(server, ranks, 0, -1);
   join(server, ranks, 1, -1);
-  for (int s = 0; s < 2; ++s) {
-    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::assign);
-    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "a"});
-    server.on_readable(s);
-  }
+  expect_first_generation(server, ranks, 2);
   CHECK(ranks[0].receive().first == Message::table);
   // Slot 1 dies with no spare ready: slot 0 goes on alone in generation 2.
   ranks[1].close();
@@ -254,11 +250,7 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
   join(server, ranks, 2, -1);
   join(server, ranks, 0, -1);
   join(server, ranks, 1, -1);
-  for (int s = 0; s < 2; ++s) {
-    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::assign);
-    ranks[static_cast<size_t>(s)].send(Message::address, {"1", "a"});
-    server.on_readable(s);
-  }
+  expect_first_generation(server, ranks, 2);
   // Both members ask for a new generation (an error of their own, no death): no place is free.
   join(server, ranks, 0, 3);
   join(server, ranks, 1, 3);
