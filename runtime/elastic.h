@@ -41,6 +41,9 @@
 /// algorithm state each step into buffers kept from step to step (twice its bytes, no allocation:
 /// 29-66 us for the example's models with error feedback, docs/benchmarks.md; nothing for
 /// allreduce).
+///
+/// ElasticTrainer runs the bucket algorithms (Algorithm: allreduce, fp16, ..., PowerSGD) only; the
+/// local-update (runtime/local_update), gossip and asynchronous modules do not re-form yet.
 #include <chrono>
 #include <cstdint>
 #include <functional>

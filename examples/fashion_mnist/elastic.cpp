@@ -10,6 +10,7 @@
 
 #include "examples/fashion_mnist/dataset.h"
 #include "examples/fashion_mnist/models.h"
+#include "runtime/checkpoint.h"
 #include "runtime/elastic.h"
 
 namespace troupe::examples {
@@ -24,8 +25,11 @@ long long unix_ms() {
 
 }  // namespace
 
-ElasticData load_elastic_data(const std::string& dir) {
-  return {load_fashion_mnist(dir, "train"), load_fashion_mnist(dir, "test")};
+ElasticData load_elastic_data(const std::string& dir, int64_t subset) {
+  ElasticData data{load_fashion_mnist(dir, "train"), load_fashion_mnist(dir, "test")};
+  if (subset > 0 && subset < size(data.train))
+    data.train = {data.train.images.narrow(0, 0, subset), data.train.labels.narrow(0, 0, subset)};
+  return data;
 }
 
 void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) {
@@ -45,11 +49,19 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
   }
   torch::optim::SGD opt(module->parameters(),
                         torch::optim::SGDOptions(run.lr).momentum(run.momentum));
-  ElasticTrainer trainer(rt, module, opt);
+  ElasticTrainer trainer(rt, module, opt, run.algorithm, run.ddp);
   // The global batch is fixed by the first world; a restarted rank learns it from the launch.
   const int64_t first_world = rt.rank_info().source == "default" ? 1 : rt.rank_info().world_size;
   ElasticSampler sampler(size(train), run.batch * std::max<int64_t>(first_world, 1), run.seed);
   const int64_t steps = run.epochs * sampler.steps_per_epoch();
+  if (rt.rank() == 0) {
+    std::printf("fashion_mnist: %s, %s, elastic, %d rank(s), %lld training images, global batch "
+                "%lld\n",
+                run.model.c_str(), trainer.module().algorithm_name().c_str(), rt.world_size(),
+                static_cast<long long>(size(train)),
+                static_cast<long long>(run.batch * std::max<int64_t>(first_world, 1)));
+    std::fflush(stdout);
+  }
   auto start = std::chrono::steady_clock::now();
   // A restarted rank, and every rank after a change of the world, says when it completes its
   // first step (bench/elastic_goodput.sh times recoveries from these lines).
@@ -95,6 +107,13 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
       std::fflush(stdout);
     }
   }
+  // Every member says it, so that the replicas' checksums can be compared.
+  std::printf("launch slot %d finished: %lld steps of %s, %d rank(s) in generation %d, "
+              "parameter checksum %s\n",
+              rt.slot(), static_cast<long long>(trainer.steps()),
+              trainer.module().algorithm_name().c_str(), rt.world_size(), rt.generation().number,
+              parameter_checksum(*module).c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace troupe::examples

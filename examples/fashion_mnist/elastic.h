@@ -6,6 +6,7 @@
 #include <string>
 
 #include "examples/fashion_mnist/dataset.h"
+#include "runtime/distributed_module.h"
 #include "runtime/runtime.h"
 
 namespace troupe::examples {
@@ -20,6 +21,9 @@ struct ElasticRun {
   double momentum = 0.9;
   int64_t log_every = 50;
   uint64_t seed = 1;
+  /// A bucket algorithm (allreduce, fp16, ..., powersgd): what ElasticTrainer runs.
+  Algorithm algorithm = comm::GradientAllReduce{};
+  DdpOptions ddp;
 };
 
 /// The training and test sets. Loaded before the Runtime joins the job, so that a hot spare
@@ -27,7 +31,8 @@ struct ElasticRun {
 struct ElasticData {
   FashionMnist train, test;
 };
-ElasticData load_elastic_data(const std::string& dir);
+/// `subset` > 0: only the first `subset` training images (--subset).
+ElasticData load_elastic_data(const std::string& dir, int64_t subset = 0);
 
 /// Trains and, at each epoch's end, prints rank 0's test accuracy. Returns when the run is done.
 void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data);

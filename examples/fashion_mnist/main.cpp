@@ -4,7 +4,8 @@
 //   build/bin/troupe run examples/configs/gossip_ring8.toml   (runs fashion_mnist --job FILE)
 //   ... fashion_mnist --checkpoint ckpt --checkpoint-every 500, later ... --resume ckpt
 //   TROUPE_FAULT=kill:rank=2,step=300 build/bin/troupe launch --elastic --min-ranks 2 -n 4 --
-//       build/bin/fashion_mnist --epochs 2     (a rank dies mid-epoch; the others go on)
+//       build/bin/fashion_mnist --epochs 2     (a rank dies mid-epoch; the others go on; with
+//       --algorithm, any bucket algorithm: allreduce, fp16, ..., topk, powersgd)
 // With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <CLI/CLI.hpp>
@@ -53,7 +54,14 @@ struct Settings {
   // Benchmarks: resume without the algorithm's state (error feedback, step counter), as a trainer
   // that checkpoints only model and optimizer would (docs/benchmarks.md: the loss spike).
   bool drop_algorithm_state = false;
+  // The deadline of each collective. Long enough for rank 0's end-of-epoch evaluation on a loaded
+  // machine, while the other ranks wait in the next step's reduction.
+  double collective_timeout_sec = 60;
 };
+
+std::chrono::milliseconds collective_timeout(const Settings& s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(s.collective_timeout_sec * 1000)));
+}
 
 std::mutex print_mutex;
 
@@ -263,6 +271,17 @@ void check_momentum_once(const Settings& s) {
                              s.trainer.momentum));
 }
 
+// Elastic training (troupe launch --elastic) runs through an ElasticTrainer, which re-forms a
+// DistributedModule: the bucket algorithms only.
+Algorithm elastic_algorithm(const JobAlgorithm& algorithm) {
+  if (const auto* bucket = std::get_if<comm::Compression>(&algorithm)) return *bucket;
+  throw comm::Error("algorithm " + job_algorithm_name(algorithm) +
+                    ": elastic training (troupe launch --elastic) runs the bucket algorithms only "
+                    "(allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, "
+                    "blockk, powersgd); run " + job_algorithm_name(algorithm) +
+                    " without --elastic");
+}
+
 // Every rank as a thread of this process, over the in-process transport.
 int run_threads(const Settings& s, int world, const comm::LinkEmulation& links) {
   auto fabric = std::make_shared<comm::InprocFabric>(world);
@@ -284,6 +303,7 @@ int run_threads(const Settings& s, int world, const comm::LinkEmulation& links) 
         o.fabric = fabric;
         o.scheduler_threads = 1;
         o.links = links;
+        o.collective_timeout = collective_timeout(s);
         Runtime rt(o);
         train_or_fail(rt, s);
         return std::string();
@@ -339,6 +359,11 @@ int main(int argc, char** argv) {
       ->group("");
   app.add_option("--die-step", s.die_step, "Testing: the step at which --die-rank exits")
       ->group("");
+  app.add_option("--collective-timeout", s.collective_timeout_sec,
+                 "Seconds each collective waits for the other ranks before the job fails (default "
+                 "60; raise it when rank 0's end-of-epoch evaluation is slow)")
+      ->check(cli::number_above(0))
+      ->check(cli::number_in(0, 1e9));
   app.add_option("--subset", s.subset, "Train on the first N training images only (0: all)")
       ->check(cli::integer_in(0, max_int));
   app.add_option("--checkpoint", s.checkpoint_dir,
@@ -380,15 +405,25 @@ int main(int argc, char** argv) {
     if (s.ranks_as_threads) return run_threads(s, world, links);
     RuntimeOptions o;
     if (links_from_job) o.links = links;
-    // An elastic rank loads its data before it joins the job: a hot spare waits with it loaded.
+    o.collective_timeout = collective_timeout(s);
+    // An elastic rank checks its algorithm and loads its data before it joins the job: a hot
+    // spare waits with it loaded.
+    const bool elastic = std::getenv("TROUPE_ELASTIC_FD") != nullptr;
+    std::optional<Algorithm> elastic_bucket;
     std::optional<examples::ElasticData> elastic_data;
-    if (std::getenv("TROUPE_ELASTIC_FD")) elastic_data = examples::load_elastic_data(t.data);
+    if (elastic) {
+      elastic_bucket = elastic_algorithm(s.algorithm);
+      elastic_data = examples::load_elastic_data(t.data, s.subset);
+    }
     Runtime rt(o);
     if (rt.elastic()) {
-      // troupe launch --elastic: allreduce through an ElasticTrainer (examples/fashion_mnist/elastic.h).
+      // troupe launch --elastic: the bucket algorithm through an ElasticTrainer
+      // (examples/fashion_mnist/elastic.h).
       examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
                                t.seed};
-      if (!elastic_data) elastic_data = examples::load_elastic_data(t.data);
+      run.algorithm = elastic_bucket ? *elastic_bucket : elastic_algorithm(s.algorithm);
+      run.ddp = s.ddp;
+      if (!elastic_data) elastic_data = examples::load_elastic_data(t.data, s.subset);
       examples::train_elastic(rt, run, *elastic_data);
       return 0;
     }
