@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/codecs/minmax8.h"
+#include "comm/codecs/minmax.h"
 #include "comm/gossip/topology.h"
 #include "runtime/gossip/decentralized.h"
 #include "tests/support/thread_ranks.h"
@@ -183,10 +183,10 @@ inline std::vector<torch::Tensor> choco_reference(const LowPrecisionDecentralize
     for (int r = 0; r < world; ++r) {
       auto& hr = hat[static_cast<size_t>(r)];
       torch::Tensor diff = (x[static_cast<size_t>(r)] - hr).contiguous();
-      std::vector<uint8_t> code(comm::minmax8_bytes(n, block));
-      comm::minmax8_encode(diff.data_ptr<float>(), n, block, code.data());
+      std::vector<uint8_t> code(comm::minmax_bytes(comm::MinMaxBits::eight, n, block));
+      comm::minmax_encode(comm::MinMaxBits::eight, diff.data_ptr<float>(), n, block, code.data());
       std::vector<float> q(n);
-      comm::minmax8_decode(code.data(), n, block, q.data());
+      comm::minmax_decode(comm::MinMaxBits::eight, code.data(), n, block, q.data());
       hr = hr + torch::from_blob(q.data(), {static_cast<int64_t>(n)}).clone();
     }
     std::vector<torch::Tensor> next;
