@@ -3,7 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/atoms.h"
-#include "comm/codecs/minmax8.h"
+#include "comm/codecs/minmax.h"
 #include "comm/tags.h"
 
 namespace troupe::actors {
@@ -69,9 +69,9 @@ void end_round(PeerLink* self) {
     if (st.edge.payload == EdgePayload::weights) {
       result.values = reinterpret_cast<const float*>(st.inbox->data());
     } else {
-      comm::minmax8_decode_add(reinterpret_cast<const uint8_t*>(st.inbox->data()),
-                               st.edge.public_copy.size(), st.edge.block,
-                               st.edge.public_copy.data());
+      comm::minmax_decode_add(
+          comm::MinMaxBits::eight, reinterpret_cast<const uint8_t*>(st.inbox->data()),
+          st.edge.public_copy.size(), st.edge.block, st.edge.public_copy.data());
       result.values = st.edge.public_copy.data();
     }
   }
@@ -91,7 +91,8 @@ std::string refusal(const PeerLinkState& st, const EdgeRound& r) {
            " already; rounds go in increasing order";
   if (r.send && r.bytes > 0 && !r.data) return what + ": no buffer to send";
   if (r.receive && st.edge.payload == EdgePayload::minmax8_difference) {
-    const size_t expected = comm::minmax8_bytes(st.edge.public_copy.size(), st.edge.block);
+    const size_t expected =
+        comm::minmax_bytes(comm::MinMaxBits::eight, st.edge.public_copy.size(), st.edge.block);
     if (r.bytes != expected)
       return what + ": " + std::to_string(r.bytes) + " bytes, but an 8-bit difference of " +
              std::to_string(st.edge.public_copy.size()) + " values in blocks of " +

@@ -37,7 +37,7 @@ namespace troupe::actors {
 enum class EdgePayload {
   /// The neighbour's weights (D-PSGD): kept in the link's buffer as they came.
   weights,
-  /// An 8-bit min-max difference (Choco-SGD, comm/codecs/minmax8.h): added to the link's public
+  /// An 8-bit min-max difference (Choco-SGD, comm/codecs/minmax.h): added to the link's public
   /// copy of the neighbour's weights, x_hat_j += decode(q_j).
   minmax8_difference,
   /// A stream of messages of message_bytes each way (AD-PSGD): posted and received one by one,

@@ -19,8 +19,11 @@
 # suffix @N trains it N epochs instead of EPOCHS (e.g. diloco:h=50@2), for time to an accuracy.
 # Each row gives per epoch the accuracy and the cumulative training time, and rank 0's
 # communication wait (the time its step() waited for the network) and compute share
-# (1 - wait / time). At the end: the fastest troupe run within 1 point of torch DDP without a hook
-# (or the fastest, without one), and its epoch time over compute alone's.
+# (1 - wait / time). At the end: the fastest troupe run per epoch within 1 point of torch DDP
+# without a hook (or the fastest, without one), and its time per epoch over compute alone's; then
+# each troupe run's time to troupe allreduce's final accuracy (read from its per-epoch lines), how
+# many times faster than allreduce's that is, and its compute utilisation (compute alone's time
+# for the same epochs over that time).
 # Both sides: CNN 1x28x28 -> conv16 -> conv32 -> 128 -> 10, batch 64 per rank, SGD lr 0.05
 # momentum 0.9, one intra-op thread per rank, each rank on its own quarter of the training set.
 # Epoch time: rank 0's training loop (first batch to last step); accuracy: rank 0's model on
@@ -58,7 +61,8 @@ tenth() {
 
 mkdir -p "$results"
 table="$results/netbed_cnn.md"
-summary="$results/netbed_cnn.tsv"  # rate, label, epoch time, accuracy: for the ratios at the end
+# rate, label, time, accuracy, epochs, by epoch ("acc @ cumulative s, ..."): for the ratios at the end
+summary="$results/netbed_cnn.tsv"
 : >"$summary"
 {
   echo "| link | round | run | epoch time (s) | test accuracy (%) | by epoch: accuracy % @ cumulative s | rank 0 comm wait (s) | compute share | MB sent per host | load (1 min) |"
@@ -80,8 +84,8 @@ job_file() {  # job_file NAME EPOCHS FILE
 }
 
 port=29600
-run_one() {  # run_one RATE ROUND LABEL [netbed run options] -- PROG ARGS...: one job on the bed
-  local rate=$1 round=$2 label=$3; shift 3
+run_one() {  # run_one RATE ROUND LABEL EPOCHS [netbed run options] -- PROG ARGS...: one job on the bed
+  local rate=$1 round=$2 label=$3 run_epochs=$4; shift 4
   local -a options=()
   while [ "$1" != "--" ]; do options+=("$1"); shift; done
   shift
@@ -115,7 +119,7 @@ run_one() {  # run_one RATE ROUND LABEL [netbed run options] -- PROG ARGS...: on
   [ -n "$acc" ] || { acc="failed (status $status, $logs)"; time="-"; by_epoch="-"; }
   echo "| $rate${straggler:+, host $straggler $(tenth "$rate")} | $round | $label | $time | $acc | $by_epoch | ${wait:--} | ${share:--} | $(sent_mb "$logs/bytes" 1) | $load |" |
     tee -a "$table" >&2
-  printf '%s\t%s\t%s\t%s\n' "$rate" "$label" "$time" "$acc" >>"$summary"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$rate" "$label" "$time" "$acc" "$run_epochs" "$by_epoch" >>"$summary"
 }
 
 # Compute alone: every host trains its quarter of the images by itself (world 1, no
@@ -139,26 +143,53 @@ run_alone() {  # run_alone RATE ROUND
   [ -n "$time" ] || { time="-"; acc=""; shown="failed (status $status, $logs)"; }
   echo "| $rate | $round | $label | $time | $shown | - | - | 100% | $(sent_mb "$logs/bytes" 1) | $load |" |
     tee -a "$table" >&2
-  printf '%s\t%s\t%s\t%s\n' "$rate" "alone" "$time" "$acc" >>"$summary"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$rate" "alone" "$time" "$acc" "$epochs" "-" >>"$summary"
 }
 
-# troupe's best run at RATE (fastest within 1 point of torch DDP without a hook, when there is one)
-# against compute alone: a line of the report.
+# troupe's best run at RATE (fastest per epoch within 1 point of torch DDP without a hook, when
+# there is one) against compute alone, per epoch; then every troupe run's time to troupe
+# allreduce's final accuracy (the first epoch whose accuracy reaches it), how many times faster
+# than allreduce that is, and its compute utilisation: compute alone's time for those epochs over
+# the run's time to them. Lines of the report.
 ratios() {  # ratios RATE
   awk -F'\t' -v rate="$1" '
     $1 != rate || $3 == "-" {next}
-    $2 == "alone" {alone = (alone == "" || $3 < alone) ? $3 : alone; next}
+    $2 == "alone" {e = $3 / $5; alone = (alone == "" || e < alone) ? e : alone; next}
     $2 == "torch DDP none" {ddp = (ddp == "" || $4 > ddp) ? $4 : ddp; next}
-    $2 ~ /^troupe/ {n++; label[n] = $2; time[n] = $3; acc[n] = $4}
+    $2 == "troupe allreduce" {if (target == "" || $4 > target) {target = $4; target_time = $3}}
+    $2 ~ /^troupe/ {n++; label[n] = $2; time[n] = $3; acc[n] = $4; epochs[n] = $5; by[n] = $6}
     END {
       best = 0
       for (i = 1; i <= n; i++)
-        if ((ddp == "" || acc[i] >= ddp - 1) && (best == 0 || time[i] < time[best])) best = i
-      if (best == 0) {print "links " rate ": no troupe run within 1 point of torch DDP (" ddp "%)"; exit}
-      line = sprintf("links %s: troupe best %s, %.1f s at %s%%", rate, label[best], time[best], acc[best])
-      if (ddp != "") line = line sprintf(" (torch DDP none %s%%)", ddp)
-      if (alone != "") line = line sprintf("; compute alone %.1f s; best / alone = %.2f", alone, time[best] / alone)
-      print line
+        if ((ddp == "" || acc[i] >= ddp - 1) &&
+            (best == 0 || time[i] / epochs[i] < time[best] / epochs[best])) best = i
+      if (best == 0) print "links " rate ": no troupe run within 1 point of torch DDP (" ddp "%)"
+      else {
+        line = sprintf("links %s: troupe best %s, %.1f s per epoch at %s%%", rate, label[best],
+                       time[best] / epochs[best], acc[best])
+        if (ddp != "") line = line sprintf(" (torch DDP none %s%%)", ddp)
+        if (alone != "")
+          line = line sprintf("; compute alone %.1f s per epoch; best / alone = %.2f", alone,
+                              time[best] / epochs[best] / alone)
+        print line
+      }
+      if (target == "") exit
+      for (i = 1; i <= n; i++) {
+        k = split(by[i], pairs, ", ")
+        reached = 0
+        for (j = 1; j <= k && !reached; j++) {
+          split(pairs[j], p, " @ ")
+          if (p[1] + 0 >= target + 0) {
+            reached = 1
+            line = sprintf("links %s: %s reaches allreduce'"'"'s %s%% after epoch %d at %.1f s: %.2fx allreduce'"'"'s %.1f s",
+                           rate, label[i], target, j, p[2], target_time / p[2], target_time)
+            if (alone != "") line = line sprintf("; utilisation %.0f%% (compute alone %.1f s for %d epochs)",
+                                                 100 * j * alone / p[2], j * alone, j)
+            print line
+          }
+        }
+        if (!reached) printf "links %s: %s does not reach allreduce'"'"'s %s%% (%s%% after %d epochs)\n", rate, label[i], target, acc[i], epochs[i]
+      }
     }' "$summary"
 }
 
@@ -183,16 +214,17 @@ for rate in "${rates[@]}"; do
         case "$algo" in
           dpsgd|adpsgd|async_average)
             job_file "$algo" "$algo_epochs" "$results/$algo.toml"
-            run_one "$rate" "$round" "$label" -- "$bin/fashion_mnist" --job "$results/$algo.toml" ;;
+            run_one "$rate" "$round" "$label" "$algo_epochs" -- "$bin/fashion_mnist" --job "$results/$algo.toml" ;;
           *)
             own_momentum=""
-            case "$algo" in *momentum=*) own_momentum="--momentum 0" ;; esac
-            run_one "$rate" "$round" "$label" -- "$bin/fashion_mnist" --model cnn \
+            # a compressor's own momentum (topk:...,momentum=0.9) replaces SGD's; outer_momentum does not
+            case "$algo" in *[:,]momentum=*) own_momentum="--momentum 0" ;; esac
+            run_one "$rate" "$round" "$label" "$algo_epochs" -- "$bin/fashion_mnist" --model cnn \
               --epochs "$algo_epochs" --lr 0.05 --log-every 100000 --algorithm "$algo" $own_momentum ;;
         esac
       fi
       if [ $i -lt ${#hooks[@]} ]; then
-        run_one "$rate" "$round" "torch DDP ${hooks[$i]}" -- "$python" "$root/bench/fashion_mnist_torch.py" \
+        run_one "$rate" "$round" "torch DDP ${hooks[$i]}" "$epochs" -- "$python" "$root/bench/fashion_mnist_torch.py" \
           --from-env eth0 --model cnn --epochs "$epochs" --lr 0.05 --hook "${hooks[$i]}"
       fi
       i=$((i + 1))

@@ -1,7 +1,7 @@
 #pragma once
-/// Gradient codec kernels on the GPU: the CUDA twins of comm/codecs/ (half.h, minmax8.h, sign.h,
-/// sparse.h), the element-wise error-feedback updates of comm/compression/, and flattening a
-/// bucket's tensors into one buffer.
+/// Gradient codec kernels on the GPU: the CUDA twins of comm/codecs/ (half.h, minmax.h at 8 bits,
+/// sign.h, sparse.h), the element-wise error-feedback updates of comm/compression/, and
+/// flattening a bucket's tensors into one buffer.
 ///
 /// Each encoding is byte-identical to its CPU twin's, so a GPU rank and a CPU rank can exchange
 /// messages; decoded values are bit-identical too (NaN payloads of sums aside). Where a kernel
@@ -29,15 +29,15 @@ void encode_bfloat16(const float* src, size_t n, float scale, uint16_t* dst, voi
 /// dst[i] = float(src[i]) * scale for i < n.
 void decode_bfloat16(const uint16_t* src, size_t n, float scale, float* dst, void* stream);
 
-// ---- 8-bit min-max blocks (comm/codecs/minmax8.h) --------------------------------------------
+// ---- 8-bit min-max blocks (comm/codecs/minmax.h) ---------------------------------------------
 
-/// Bytes of the encoding of n elements in blocks of `block`: comm::minmax8_bytes.
+/// Bytes of the encoding of n elements in blocks of `block`: comm::minmax_bytes at 8 bits.
 inline size_t minmax8_bytes(size_t n, size_t block) {
   return (n + block - 1) / block * 2 * sizeof(float) + n;
 }
 /// Encodes src[0, n) into out (minmax8_bytes(n, block) bytes, any alignment): every block's
 /// {min, max} as float32, then one code byte per element. The header's zeros carry the sign the
-/// CPU's reduction order gives them, so the bytes match comm::minmax8_encode exactly. Non-finite
+/// CPU's reduction order gives them, so the bytes match comm::minmax_encode's exactly. Non-finite
 /// inputs are not supported (as on the CPU).
 void minmax8_encode(const float* src, size_t n, size_t block, uint8_t* out, void* stream);
 /// dst[i] = decoded element i.

@@ -1,8 +1,8 @@
 #pragma once
-// What the min-max codecs (minmax8.cpp, minmax4.cpp) share: the layout (every block's {min, max}
-// float32 pair first, then the codes), the vectorised block range, the rounding of a value to its
-// code, and the block loops with their baseline and AVX2 builds. Internal: included only by the
-// codecs' .cpp files, which are compiled at -O3 (comm/CMakeLists.txt) so that the loops vectorise.
+// What the min-max codecs of minmax.cpp (8- and 4-bit codes) share: the layout (every block's
+// {min, max} float32 pair first, then the codes), the vectorised block range, the rounding of a
+// value to its code, and the block loops with their baseline and AVX2 builds. Internal: included
+// only by minmax.cpp, which is compiled at -O3 (comm/CMakeLists.txt) so that the loops vectorise.
 //
 // A codec is a policy type with
 //   static constexpr int kMaxCode;         // 2^bits - 1
@@ -10,7 +10,7 @@
 //   static void encode_block(const float* x, size_t len, float lo, float inv, uint8_t* q);
 //   template <bool kAdd>
 //   static void decode_block(const uint8_t* q, size_t len, float lo, float step, float* d);
-// the per-element loops of one block, which stay in the codec's .cpp; MinMaxKernels<Codec> runs
+// the per-element loops of one block, which stay in minmax.cpp; MinMaxKernels<Codec> runs
 // them over the blocks.
 #include <cstddef>
 #include <cstdint>

@@ -10,8 +10,8 @@
 #include <set>
 #include <variant>
 
-#include "comm/codecs/minmax8.h"
 #include "actors/gossip_links.h"
+#include "comm/codecs/minmax.h"
 #include "comm/gossip/exchange.h"
 #include "runtime/gossip/flat_model.h"
 #include "runtime/gossip/nccl_gossip.h"
@@ -307,13 +307,15 @@ struct DecentralizedModule::Impl {
     flat.pull();  // a CUDA model: its host mirror, pushed back after the update
     const float* x = flat.host();
     for (size_t i = 0; i < n; ++i) scratch[i] = x[i] - own_copy[i];
-    send_buffer.resize(comm::minmax8_bytes(n, block));
-    comm::minmax8_encode(scratch.data(), n, block, reinterpret_cast<uint8_t*>(send_buffer.data()));
+    send_buffer.resize(comm::minmax_bytes(comm::MinMaxBits::eight, n, block));
+    comm::minmax_encode(comm::MinMaxBits::eight, scratch.data(), n, block,
+                        reinterpret_cast<uint8_t*>(send_buffer.data()));
     // The links send q_i and add each neighbour's q_j to their public copy of it while this
     // thread adds q_i to its own: x_hat_i += q_i.
     start_round(send_buffer.size());
-    comm::minmax8_decode_add(reinterpret_cast<const uint8_t*>(send_buffer.data()), n, block,
-                             own_copy.data());
+    comm::minmax_decode_add(comm::MinMaxBits::eight,
+                            reinterpret_cast<const uint8_t*>(send_buffer.data()), n, block,
+                            own_copy.data());
     auto m = finish_round();
     for (size_t j = 0; j < m.peers.size(); ++j) neighbour_copies[m.peers[j]] = m.values[j];
     // x += gamma * sum_j W_ij (x_hat_j - x_hat_i), over the live neighbours.

@@ -4,11 +4,12 @@
 // sched.run(), and over the inproc transport, whose completions run inline: each case is
 // deterministic. (CAF's test DSL, caf/test/dsl.hpp, needs CAF's own unit-test engine, not
 // doctest; the coordinator underneath it does not.) Answers go to a recorder actor.
+#include "actors/peer_link.h"
+
 #include <doctest/doctest.h>
 
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
-
 #include <chrono>
 #include <memory>
 #include <string>
@@ -16,8 +17,7 @@
 
 #include "actors/atoms.h"
 #include "actors/gossip_links.h"
-#include "actors/peer_link.h"
-#include "comm/codecs/minmax8.h"
+#include "comm/codecs/minmax.h"
 #include "comm/transport/inproc/transport.h"
 
 using namespace troupe;
@@ -158,9 +158,9 @@ TEST_CASE("a Choco-SGD link adds each 8-bit difference to its public copy of the
     std::vector<float> difference(n);
     for (size_t i = 0; i < n; ++i)
       difference[i] = static_cast<float>((i * 7 + round * 3) % 11) - 5.0f + 0.1f * round;
-    std::vector<uint8_t> q(comm::minmax8_bytes(n, block));
-    comm::minmax8_encode(difference.data(), n, block, q.data());
-    comm::minmax8_decode(q.data(), n, block, decoded.data());
+    std::vector<uint8_t> q(comm::minmax_bytes(comm::MinMaxBits::eight, n, block));
+    comm::minmax_encode(comm::MinMaxBits::eight, difference.data(), n, block, q.data());
+    comm::minmax_decode(comm::MinMaxBits::eight, q.data(), n, block, decoded.data());
     for (size_t i = 0; i < n; ++i) expected[i] += decoded[i];
     t.exchange(0, a, round_of(round, false, true, nullptr, q.size()));
     t.exchange(1, b, round_of(round, true, false, q.data(), q.size()));
@@ -211,7 +211,7 @@ TEST_CASE("a peer link refuses rounds out of order, a second round in flight and
   choco.public_copy.assign(10, 0.0f);
   choco.block = 4;
   auto a = t.link(0, choco);
-  const size_t right = comm::minmax8_bytes(10, 4);
+  const size_t right = comm::minmax_bytes(comm::MinMaxBits::eight, 10, 4);
   std::vector<uint8_t> q(right);
   t.exchange(0, a, round_of(5, false, true, nullptr, right));  // stays in flight: rank 1 is silent
   t.exchange(0, a, round_of(6, false, true, nullptr, right));

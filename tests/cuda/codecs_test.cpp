@@ -2,8 +2,6 @@
 #ifdef TROUPE_HAVE_CUDA
 
 #include "cuda/codecs.h"
-#include "cuda/reduce.h"
-#include "tests/support/cuda_stream.h"
 
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
@@ -19,10 +17,12 @@
 #include <vector>
 
 #include "comm/codecs/half.h"
-#include "comm/codecs/minmax8.h"
+#include "comm/codecs/minmax.h"
 #include "comm/codecs/sign.h"
 #include "comm/codecs/sparse.h"
 #include "comm/reduce.h"
+#include "cuda/reduce.h"
+#include "tests/support/cuda_stream.h"
 #include "tests/support/skip.h"
 
 namespace {
@@ -176,13 +176,13 @@ std::vector<float> signed_zero_floats(size_t n, size_t block, uint32_t seed) {
 }
 
 void check_minmax8(const std::vector<float>& src, size_t block, size_t misalign, Stream& stream) {
-  const size_t n = src.size(), bytes = cpu::minmax8_bytes(n, block);
+  const size_t n = src.size(), bytes = cpu::minmax_bytes(cpu::MinMaxBits::eight, n, block);
   CAPTURE(n);
   CAPTURE(block);
   CAPTURE(misalign);
   REQUIRE(gpu::minmax8_bytes(n, block) == bytes);
   std::vector<uint8_t> want(bytes);
-  cpu::minmax8_encode(src.data(), n, block, want.data());
+  cpu::minmax_encode(cpu::MinMaxBits::eight, src.data(), n, block, want.data());
 
   // The encoding may start at any byte (a slot in a message).
   Device<float> d_src(src);
@@ -197,8 +197,8 @@ void check_minmax8(const std::vector<float>& src, size_t block, size_t misalign,
   Device<uint8_t> d_in(want);
   std::vector<float> decoded(n), sum = uniform_floats(n, -1.0f, 1.0f, 3);
   Device<float> d_decoded(n), d_sum(sum);
-  cpu::minmax8_decode(want.data(), n, block, decoded.data());
-  cpu::minmax8_decode_add(want.data(), n, block, sum.data());
+  cpu::minmax_decode(cpu::MinMaxBits::eight, want.data(), n, block, decoded.data());
+  cpu::minmax_decode_add(cpu::MinMaxBits::eight, want.data(), n, block, sum.data());
   gpu::minmax8_decode(d_in.get(), n, block, d_decoded.get(), stream.handle());
   gpu::minmax8_decode_add(d_in.get(), n, block, d_sum.get(), stream.handle());
   CHECK_SAME_BYTES(d_decoded.download(), decoded);

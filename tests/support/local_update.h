@@ -1,8 +1,8 @@
 #pragma once
-// Test support for the local-update algorithms' tests (tests/runtime/local_update/): a small net,
-// its parameters as one flat tensor, the inner optimizers and each rank's batches, so a test can
-// run a module on thread ranks and a simulation of W replicas from the same start; the
-// checkpoint harness (straight, resumed, state lost) and the catchers of the errors a test expects.
+// Test support for the local-update algorithms' tests (tests/runtime/local_update/): a small net
+// (flat_params.h gives its parameters as one flat tensor), the inner optimizers and each rank's
+// batches, so a test can run a module on thread ranks and a simulation of W replicas from the same
+// start; the checkpoint harness (straight, resumed, state lost) and the catchers of the errors a test expects.
 #include <torch/torch.h>
 
 #include <doctest/doctest.h>
@@ -16,6 +16,7 @@
 #include "comm/state.h"
 #include "runtime/data_parallel.h"
 #include "runtime/job_config.h"
+#include "tests/support/flat_params.h"
 #include "tests/support/thread_ranks.h"
 
 namespace troupe::test {
@@ -24,23 +25,6 @@ namespace troupe::test {
 inline torch::nn::Sequential make_net(int width = 8) {
   return torch::nn::Sequential(torch::nn::Linear(6, width), torch::nn::Tanh(),
                                torch::nn::Linear(width, 3));
-}
-
-/// Every parameter of `m`, in order, as one flat tensor (a copy).
-inline torch::Tensor flat_of(torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape({-1}));
-  return torch::cat(parts);
-}
-
-/// The parameters of `m` set from a flat tensor laid out as flat_of's.
-inline void load_flat(torch::nn::Module& m, const torch::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  int64_t at = 0;
-  for (auto& p : m.parameters()) {
-    p.copy_(flat.narrow(0, at, p.numel()).view(p.sizes()));
-    at += p.numel();
-  }
 }
 
 using Inner = std::unique_ptr<torch::optim::Optimizer>;

@@ -12,7 +12,7 @@
 
 #include "comm/codecs/half.h"
 #include "comm/codecs/low_rank.h"
-#include "comm/codecs/minmax8.h"
+#include "comm/codecs/minmax.h"
 #include "comm/codecs/sign.h"
 #include "comm/codecs/sparse.h"
 #include "comm/reduce.h"
@@ -198,12 +198,12 @@ namespace {
 void check_minmax8(const std::vector<float>& src, size_t block) {
   const size_t n = src.size();
   const size_t blocks = (n + block - 1) / block;
-  REQUIRE(minmax8_bytes(n, block) == blocks * 8 + n);
-  std::vector<uint8_t> enc(minmax8_bytes(n, block) + 1, 0x5a);
-  minmax8_encode(src.data(), n, block, enc.data());
+  REQUIRE(minmax_bytes(MinMaxBits::eight, n, block) == blocks * 8 + n);
+  std::vector<uint8_t> enc(minmax_bytes(MinMaxBits::eight, n, block) + 1, 0x5a);
+  minmax_encode(MinMaxBits::eight, src.data(), n, block, enc.data());
   CHECK(enc.back() == 0x5a);
   std::vector<float> dec(n, -1.0f);
-  minmax8_decode(enc.data(), n, block, dec.data());
+  minmax_decode(MinMaxBits::eight, enc.data(), n, block, dec.data());
   for (size_t b = 0; b < blocks; ++b) {
     const size_t begin = b * block, end = std::min(n, begin + block);
     const float lo = *std::min_element(src.begin() + begin, src.begin() + end);
@@ -250,10 +250,10 @@ TEST_CASE("8-bit min-max hits the bound on codes that fall half-way between two 
   for (size_t i = 0; i < 256; ++i) src[i] = static_cast<float>(i);
   src[10] = 10.49f;
   src[20] = 20.51f;
-  std::vector<uint8_t> enc(minmax8_bytes(256, 256));
-  minmax8_encode(src.data(), 256, 256, enc.data());
+  std::vector<uint8_t> enc(minmax_bytes(MinMaxBits::eight, 256, 256));
+  minmax_encode(MinMaxBits::eight, src.data(), 256, 256, enc.data());
   std::vector<float> dec(256);
-  minmax8_decode(enc.data(), 256, 256, dec.data());
+  minmax_decode(MinMaxBits::eight, enc.data(), 256, 256, dec.data());
   CHECK(dec[10] == 10.0f);
   CHECK(dec[20] == 21.0f);
   for (size_t i = 0; i < 256; ++i)
@@ -265,10 +265,10 @@ TEST_CASE("8-bit min-max decodes constant blocks exactly") {
   for (size_t i = 32; i < 64; ++i) src[i] = -1e-7f;
   for (size_t i = 64; i < 96; ++i) src[i] = static_cast<float>(i);  // one varying block
   check_minmax8(src, 32);
-  std::vector<uint8_t> enc(minmax8_bytes(src.size(), 32));
-  minmax8_encode(src.data(), src.size(), 32, enc.data());
+  std::vector<uint8_t> enc(minmax_bytes(MinMaxBits::eight, src.size(), 32));
+  minmax_encode(MinMaxBits::eight, src.data(), src.size(), 32, enc.data());
   std::vector<float> dec(src.size());
-  minmax8_decode(enc.data(), src.size(), 32, dec.data());
+  minmax_decode(MinMaxBits::eight, enc.data(), src.size(), 32, dec.data());
   for (size_t i = 0; i < 64; ++i) REQUIRE(dec[i] == src[i]);
   for (size_t i = 96; i < 100; ++i) REQUIRE(dec[i] == src[i]);  // the short last block
 }
@@ -278,24 +278,24 @@ TEST_CASE("8-bit min-max decode_add adds the decoded values to the destination")
     CAPTURE(n);
     std::vector<float> src = uniform_floats(n, -5.0f, 2.0f, 3);
     std::vector<float> base = uniform_floats(n, -1.0f, 1.0f, 4);
-    std::vector<uint8_t> enc(minmax8_bytes(n, 10));
-    minmax8_encode(src.data(), n, 10, enc.data());
+    std::vector<uint8_t> enc(minmax_bytes(MinMaxBits::eight, n, 10));
+    minmax_encode(MinMaxBits::eight, src.data(), n, 10, enc.data());
     std::vector<float> dec(n), sum = base;
-    minmax8_decode(enc.data(), n, 10, dec.data());
-    minmax8_decode_add(enc.data(), n, 10, sum.data());
+    minmax_decode(MinMaxBits::eight, enc.data(), n, 10, dec.data());
+    minmax_decode_add(MinMaxBits::eight, enc.data(), n, 10, sum.data());
     for (size_t i = 0; i < n; ++i) REQUIRE(sum[i] == base[i] + dec[i]);
     check_minmax8(src, 10);
   }
 }
 
 TEST_CASE("8-bit min-max of zero elements is zero bytes and touches nothing") {
-  CHECK(minmax8_bytes(0, 1) == 0);
-  CHECK(minmax8_bytes(0, 4096) == 0);
+  CHECK(minmax_bytes(MinMaxBits::eight, 0, 1) == 0);
+  CHECK(minmax_bytes(MinMaxBits::eight, 0, 4096) == 0);
   uint8_t out = 0x77;
   float x = 1.0f, dst = 2.0f;
-  minmax8_encode(&x, 0, 8, &out);
-  minmax8_decode(&out, 0, 8, &dst);
-  minmax8_decode_add(&out, 0, 8, &dst);
+  minmax_encode(MinMaxBits::eight, &x, 0, 8, &out);
+  minmax_decode(MinMaxBits::eight, &out, 0, 8, &dst);
+  minmax_decode_add(MinMaxBits::eight, &out, 0, 8, &dst);
   CHECK(out == 0x77);
   CHECK(dst == 2.0f);
 }

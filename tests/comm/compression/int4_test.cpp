@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/codecs/minmax4.h"
+#include "comm/codecs/minmax.h"
 #include "comm/collectives/communicator.h"
 #include "comm/compression/algorithms.h"
 #include "comm/compression/settings.h"
@@ -106,13 +106,14 @@ TEST_CASE("4-bit codes decode within half a step, (max - min) / 30, of each bloc
       CAPTURE(n);
       Vec x = random_values(n, static_cast<unsigned>(block * 31 + n), 3.0f);
       if (n >= 64) std::fill(x.begin(), x.begin() + 16, 0.25f);  // a constant stretch
-      std::vector<uint8_t> code(comm::minmax4_bytes(n, block) + 1, 0xab);
-      CHECK(comm::minmax4_bytes(n, block) == (n + block - 1) / block * 8 + (n + 1) / 2);
-      comm::minmax4_encode(x.data(), n, block, code.data());
+      std::vector<uint8_t> code(comm::minmax_bytes(comm::MinMaxBits::four, n, block) + 1, 0xab);
+      CHECK(comm::minmax_bytes(comm::MinMaxBits::four, n, block) ==
+            (n + block - 1) / block * 8 + (n + 1) / 2);
+      comm::minmax_encode(comm::MinMaxBits::four, x.data(), n, block, code.data());
       CHECK(code.back() == 0xab);  // nothing written past the encoding
       if (n % 2) CHECK((code[code.size() - 2] >> 4) == 0);  // the unused nibble
       Vec y(n);
-      comm::minmax4_decode(code.data(), n, block, y.data());
+      comm::minmax_decode(comm::MinMaxBits::four, code.data(), n, block, y.data());
       const Vec want = reference_round_trip(x, block);
       double worst_ratio = 0;  // the largest error over the bound, to see how close it comes
       for (size_t begin = 0; begin < n; begin += block) {
@@ -135,7 +136,7 @@ TEST_CASE("4-bit codes decode within half a step, (max - min) / 30, of each bloc
       // Nearest rounding comes close to its bound on random data (truncation would double it).
       if (n >= 64 && block >= 64) CHECK(worst_ratio > 0.8);
       Vec sum(n, 1.0f);
-      comm::minmax4_decode_add(code.data(), n, block, sum.data());
+      comm::minmax_decode_add(comm::MinMaxBits::four, code.data(), n, block, sum.data());
       for (size_t i = 0; i < n; ++i) CHECK(sum[i] == 1.0f + y[i]);
     }
 }

@@ -9,13 +9,17 @@
 #include <string>
 #include <vector>
 
-#include "comm/codecs/minmax8.h"
+#include "comm/codecs/minmax.h"
 #include "comm/gossip/topology.h"
 #include "runtime/gossip/decentralized.h"
+#include "tests/support/flat_params.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 
 namespace troupe::test::gossip {
+
+using test::flat_of;  // flat_params.h's, for the tests that name this namespace only
+using test::load_flat;
 
 struct Net : torch::nn::Module {
   Net() {
@@ -37,22 +41,6 @@ inline std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step) {
   auto x = torch::randn({4, 5}, g);
   auto y = torch::randn({4, 3}, g);
   return {x, y};
-}
-
-/// The module's parameters as one flat vector on the CPU.
-inline torch::Tensor flat_of(torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().to(torch::kCPU).reshape({-1}));
-  return torch::cat(parts).clone();
-}
-
-inline void load_flat(torch::nn::Module& m, const torch::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  int64_t at = 0;
-  for (auto& p : m.parameters()) {
-    p.copy_(flat.narrow(0, at, p.numel()).view(p.sizes()));
-    at += p.numel();
-  }
 }
 
 /// The gradient of rank r's loss at weights x (a flat vector), on a scratch model.
@@ -183,10 +171,10 @@ inline std::vector<torch::Tensor> choco_reference(const LowPrecisionDecentralize
     for (int r = 0; r < world; ++r) {
       auto& hr = hat[static_cast<size_t>(r)];
       torch::Tensor diff = (x[static_cast<size_t>(r)] - hr).contiguous();
-      std::vector<uint8_t> code(comm::minmax8_bytes(n, block));
-      comm::minmax8_encode(diff.data_ptr<float>(), n, block, code.data());
+      std::vector<uint8_t> code(comm::minmax_bytes(comm::MinMaxBits::eight, n, block));
+      comm::minmax_encode(comm::MinMaxBits::eight, diff.data_ptr<float>(), n, block, code.data());
       std::vector<float> q(n);
-      comm::minmax8_decode(code.data(), n, block, q.data());
+      comm::minmax_decode(comm::MinMaxBits::eight, code.data(), n, block, q.data());
       hr = hr + torch::from_blob(q.data(), {static_cast<int64_t>(n)}).clone();
     }
     std::vector<torch::Tensor> next;
