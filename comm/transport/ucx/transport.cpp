@@ -84,6 +84,9 @@ struct UcxTransport::Impl {
   int worker_fd_ = -1;
   int wake_fd_ = -1;
   int epoll_fd_ = -1;
+  // The kernel lacks epoll_pwait2 (before 5.11): wait_events falls back to epoll_wait's whole
+  // milliseconds. Only the progress thread reads and writes it.
+  bool no_pwait2_ = false;
   std::thread thread_;
 
   // Shared with callers, guarded by mutex_.
@@ -259,11 +262,10 @@ struct UcxTransport::Impl {
   int wait_events(epoll_event* events, int max, std::chrono::microseconds timeout) {
     timespec ts{static_cast<time_t>(timeout.count() / 1000000),
                 static_cast<long>(timeout.count() % 1000000 * 1000)};
-    static std::atomic<bool> no_pwait2{false};
-    if (!no_pwait2.load(std::memory_order_relaxed)) {
+    if (!no_pwait2_) {
       int woken = ::epoll_pwait2(epoll_fd_, events, max, &ts, nullptr);
       if (woken >= 0 || errno != ENOSYS) return woken;
-      no_pwait2.store(true, std::memory_order_relaxed);
+      no_pwait2_ = true;
     }
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(timeout);
     return ::epoll_wait(epoll_fd_, events, max, static_cast<int>(ms.count()));
