@@ -32,6 +32,11 @@ constexpr int kRankBits = 64 - kTagBits;
 constexpr int kMaxWorldSize = 1 << kRankBits;
 constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
 constexpr const char* kSingleHostTls = "posix,sysv,self";
+// Across hosts, UCX's default sends every message above 8 KiB over tcp by rendezvous (a request,
+// then the data once the receiver answers): a round trip per message, which held a 4-host ring
+// allreduce at 1 Gbit/s to ~90% of the line rate's bound; eager messages reached 94-95%, as gloo
+// (docs/benchmarks.md, "Eager messages across hosts"). UCX_RNDV_THRESH, when set, wins.
+constexpr const char* kAcrossHostsRndvThresh = "inf";
 constexpr auto kIdleWait = std::chrono::milliseconds(100);
 constexpr auto kConnectDeadline = std::chrono::seconds(30);
 const char* const kShutDown = "transport shut down";
@@ -99,6 +104,7 @@ struct UcxTransport::Impl {
   // Owned by the progress thread (or by the destructor once the thread has joined).
   std::vector<ucp_ep_h> eps_;
   std::vector<std::string> paths_;  // per peer: the UCX transports of its endpoint's lanes
+  std::vector<std::string> protocols_;  // per peer: the endpoint's tag-send protocols by size
   bool single_host_tls_ = false;    // UCX limited to kSingleHostTls
   std::vector<std::string> dead_;  // non-empty: the reason the peer was failed
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;  // every operation UCX may still call back
@@ -111,6 +117,7 @@ struct UcxTransport::Impl {
   Impl(int rank, int world_size, UcxTransport::Progress progress)
       : rank_(rank), world_size_(world_size), progress_(progress), eps_(world_size),
         paths_(world_size),
+        protocols_(world_size),
         dead_(world_size),
         pending_(world_size) {}
 
@@ -140,6 +147,8 @@ struct UcxTransport::Impl {
       check_ucx("ucp_config_modify", ucp_config_modify(config, "TLS", kSingleHostTls));
       single_host_tls_ = true;
     }
+    if (!single_host && std::getenv("UCX_RNDV_THRESH") == nullptr)
+      check_ucx("ucp_config_modify", ucp_config_modify(config, "RNDV_THRESH", kAcrossHostsRndvThresh));
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -434,23 +443,43 @@ struct UcxTransport::Impl {
                                       : std::string()),
                     r);
       }
-      paths_[r] = lanes_of(eps_[r]);
+      const std::string info = print_info(eps_[r]);
+      paths_[r] = lanes_of(info);
+      protocols_[r] = tag_send_protocols(info);
     }
   }
 
-  // The UCX transports of an endpoint's lanes, from ucp_ep_print_info (UCX 1.13 has no query for
-  // them): "posix/memory sysv/memory cma/memory", "tcp/eth0", "self/memory". UCX picks them per
-  // peer when the endpoint is created from the peer's address (shared memory only where the
-  // peer's boot id and IPC namespace match ours), so the list is final here.
-  static std::string lanes_of(ucp_ep_h ep) {
+  // What ucp_ep_print_info writes about an endpoint (UCX 1.13 has no query for its lanes or
+  // protocols). UCX picks them per peer when the endpoint is created from the peer's address
+  // (shared memory only where the peer's boot id and IPC namespace match ours), so it is final.
+  static std::string print_info(ucp_ep_h ep) {
     char* text = nullptr;
     size_t size = 0;
     FILE* stream = ::open_memstream(&text, &size);
-    if (stream == nullptr) return "unknown";
+    if (stream == nullptr) return {};
     ucp_ep_print_info(ep, stream);
     std::fclose(stream);
-    std::istringstream lines(std::string(text, size));
+    std::string info(text, size);
     std::free(text);
+    return info;
+  }
+
+  // The protocols of ucp_tag_send_nbx by message size, from print_info's "tag_send:" line:
+  // "0..<egr/short>..8185..<egr/zcopy>..(inf)" (no rendezvous), "unknown" when absent.
+  static std::string tag_send_protocols(const std::string& info) {
+    const std::string key = "tag_send:";
+    const size_t at = info.find(key);
+    if (at == std::string::npos) return "unknown";
+    const size_t begin = info.find_first_not_of(' ', at + key.size());
+    const size_t end = info.find('\n', at);
+    return begin >= end ? "unknown" : info.substr(begin, end - begin);
+  }
+
+  // The UCX transports of an endpoint's lanes, from print_info: "posix/memory sysv/memory
+  // cma/memory", "tcp/eth0", "self/memory".
+  static std::string lanes_of(const std::string& info) {
+    if (info.empty()) return "unknown";
+    std::istringstream lines(info);
     std::vector<std::string> found;
     for (std::string line; std::getline(lines, line);) {
       const size_t lane = line.find("lane[");
@@ -586,6 +615,10 @@ std::vector<std::string> UcxTransport::peer_transports() const {
   // Written once by connect() on the progress thread, which then handed its result over through
   // the promise: readable here without a lock.
   return impl_->paths_;
+}
+
+std::vector<std::string> UcxTransport::peer_protocols() const {
+  return impl_->protocols_;  // as paths_
 }
 
 std::string UcxTransport::available_transports() {

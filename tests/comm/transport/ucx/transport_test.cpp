@@ -156,10 +156,16 @@ struct RankContext {
 
 using Body = std::function<void(RankContext&)>;
 
-int run_child(int rank, int world, int to_parent, int from_parent, const Body& body) {
+/// Where a job's ranks say they are (UcxTransport's `single_host`). Across hosts UCX sends every
+/// message eagerly, so a send completes once its bytes are out, received or not; on one host a
+/// large send waits for its receiver (rendezvous), which the tests of pending sends need.
+enum class Layout { across_hosts, one_host };
+
+int run_child(int rank, int world, Layout layout, int to_parent, int from_parent,
+              const Body& body) {
   RankContext ctx{rank, world, nullptr, to_parent, from_parent, Verdict{rank, 0}};
   try {
-    ctx.transport = std::make_unique<UcxTransport>(rank, world);
+    ctx.transport = std::make_unique<UcxTransport>(rank, world, layout == Layout::one_host);
     tell(to_parent, ctx.transport->local_address());
     std::vector<std::string> table;
     for (int r = 0; r < world; ++r) table.push_back(hear(from_parent, "the address table"));
@@ -178,7 +184,8 @@ int run_child(int rank, int world, int to_parent, int from_parent, const Body& b
 /// A job of `world` forked processes, each running `body` over a UcxTransport.
 class ProcessJob {
  public:
-  ProcessJob(int world, const Body& body) : children_(world) {
+  ProcessJob(int world, const Body& body, Layout layout = Layout::across_hosts)
+      : children_(world) {
     old_sigpipe_ = ::signal(SIGPIPE, SIG_IGN);
     for (int r = 0; r < world; ++r) {
       int up[2];
@@ -195,7 +202,7 @@ class ProcessJob {
         }
         ::close(up[0]);
         ::close(down[1]);
-        ::_exit(run_child(r, world, up[1], down[0], body));
+        ::_exit(run_child(r, world, layout, up[1], down[0], body));
       }
       ::close(up[1]);
       ::close(down[0]);
@@ -476,7 +483,7 @@ TEST_CASE("fail_peer fails pending ucx operations with the reason and later ones
                                                  " times");
       }
     }
-  });
+  }, Layout::one_host);  // the large send must wait for its receiver
   job.barrier();
   check_exit_codes(job.wait(), {0, 0});
 }
@@ -560,7 +567,7 @@ TEST_CASE("a lone ucx rank rejects bad peers and tags and fails what is pending 
       ctx.verdict.expect(pending.status(i).message() == "transport shut down",
                          "pending op ended with: " + pending.status(i).message());
     }
-  });
+  }, Layout::one_host);  // the large send must wait for its receiver
   job.barrier();
   check_exit_codes(job.wait(), {0});
 }
