@@ -16,11 +16,18 @@
 #include <vector>
 
 #include "comm/codecs/minmax.h"
+#include "cuda/codecs.h"
 
 namespace {
 
 namespace mm = troupe::cuda::minmax;
 namespace cpu = troupe::comm;
+
+// The GPU's width is the CPU's, value for value (callers convert one to the other with a cast).
+static_assert(static_cast<int>(troupe::cuda::MinMaxBits::four) ==
+              static_cast<int>(cpu::MinMaxBits::four));
+static_assert(static_cast<int>(troupe::cuda::MinMaxBits::eight) ==
+              static_cast<int>(cpu::MinMaxBits::eight));
 
 // codecs.cu's shapes: 256 threads a CTA, a warp per block below 2048 elements, the CTA from there.
 constexpr size_t kThreads = 256, kWarp = 32, kCtaBlock = 2048;
