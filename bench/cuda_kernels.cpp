@@ -113,7 +113,9 @@ int main(int argc, char** argv) {
     float* c = device_array<float>(n);
     uint16_t* half = device_array<uint16_t>(n);
     const size_t block = 1024;
-    uint8_t* codes = device_array<uint8_t>(troupe::cuda::minmax8_bytes(n, block));
+    // Sized for 8-bit codes, which 4-bit ones fit in.
+    uint8_t* codes = device_array<uint8_t>(
+        troupe::cuda::minmax_bytes(troupe::cuda::MinMaxBits::eight, n, block));
     uint8_t* bits = device_array<uint8_t>(troupe::cuda::sign_bytes(n));
     float* scalar = device_array<float>(1);
     const size_t k = n / 100;
@@ -134,7 +136,8 @@ int main(int argc, char** argv) {
     const double f = 4.0 * static_cast<double>(n);  // bytes of n floats
     Timer timer;
     std::vector<Row> rows;
-    auto add = [&](const char* name, double bytes, bool streaming, const std::function<void()>& body) {
+    auto add = [&](const std::string& name, double bytes, bool streaming,
+                   const std::function<void()>& body) {
       rows.push_back({name, timer.median_ms(body, stream, repeats), bytes, streaming});
     };
     add("copy (cudaMemcpyAsync)", 2 * f, true, [&] {
@@ -149,10 +152,17 @@ int main(int argc, char** argv) {
         [&] { tc::reduce(half, half, half, n, tc::DType::float16, tc::Op::sum, s); });
     add("encode_bfloat16", 1.5 * f, true, [&] { tc::encode_bfloat16(a, n, 0.25f, half, s); });
     add("decode_bfloat16", 1.5 * f, true, [&] { tc::decode_bfloat16(half, n, 4.0f, c, s); });
-    add("minmax8_encode", 1.25 * f, true, [&] { tc::minmax8_encode(a, n, block, codes, s); });
-    add("minmax8_decode", 1.25 * f, true, [&] { tc::minmax8_decode(codes, n, block, c, s); });
-    add("minmax8_decode_add", 2.25 * f, true,
-        [&] { tc::minmax8_decode_add(codes, n, block, c, s); });
+    // Min-max traffic: the floats, plus a byte (8 bits) or half a byte (4 bits) per element.
+    for (const auto bits : {tc::MinMaxBits::eight, tc::MinMaxBits::four}) {
+      const double code = bits == tc::MinMaxBits::eight ? f / 4 : f / 8;
+      const std::string width = bits == tc::MinMaxBits::eight ? " (8 bits)" : " (4 bits)";
+      add("minmax_encode" + width, f + code, true,
+          [&, bits] { tc::minmax_encode(bits, a, n, block, codes, s); });
+      add("minmax_decode" + width, f + code, true,
+          [&, bits] { tc::minmax_decode(bits, codes, n, block, c, s); });
+      add("minmax_decode_add" + width, 2 * f + code, true,
+          [&, bits] { tc::minmax_decode_add(bits, codes, n, block, c, s); });
+    }
     add("sign_pack", f + f / 32, true, [&] { tc::sign_pack(a, n, bits, s); });
     add("sign_unpack", f + f / 32, true, [&] { tc::sign_unpack(bits, n, 0.5f, c, s); });
     add("sign_unpack_add", 2 * f + f / 32, true, [&] { tc::sign_unpack_add(bits, n, 0.5f, c, s); });

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/check.h"
+#include "cuda/minmax_codes.h"
 
 // Bit-identity with the CPU twins: every float operation below names its rounding (__fadd_rn,
 // __fmul_rn, ...), which nvcc never fuses into a multiply-add, because GCC builds comm/codecs
@@ -169,48 +170,16 @@ void decode_16(const char* function, const uint16_t* src, size_t n, float scale,
   check_launch();
 }
 
-// ---- 8-bit min-max blocks --------------------------------------------------------------------
+// ---- min-max blocks, 4- and 8-bit codes --------------------------------------------------------
 //
-// The CPU finds a block's min and max with sixteen lanes (element j in lane j % 16 while
-// j < 16 * (len / 16)), merges the lanes in a fixed tree and then scans the tail; ties keep
-// whichever element that order meets first. Equal floats differ in their bits only as +0 and -0,
-// so only the sign of a zero min or max depends on it. Each element's rank in that order (its
-// "priority") is computable on its own; the GPU keeps, among equal values, the one of lowest
-// priority, which makes its result independent of its own reduction order and equal to the CPU's.
+// A block is handled by a group of threads (a warp for small blocks, the CTA from kCtaBlock
+// elements up): the group finds the block's min and max, keeping among equal values the one of
+// lowest priority in the CPU's search (minmax_codes.h), then each thread computes code bytes
+// u = rank, rank + group, ... The search is the same at both widths; Codes<bits> is the packing.
 
-/// Priority of element j of a block of len for the min: x[0] first, then lane (a, c) = (k / 4,
-/// k % 4) for k = j % 16 in the order lv[c] picks it (c ascending; a descending, since min4 keeps
-/// its second operand on a tie; within a lane the first element), then the tail in order.
-__device__ inline uint64_t min_priority(uint64_t j, uint64_t len) {
-  if (j == 0) return 0;
-  const uint64_t lanes = len / 16, vector_end = 16 * lanes;
-  if (j >= vector_end) return 1 + j;
-  const uint64_t k = j % 16, a = k / 4, c = k % 4, t = j / 16;
-  return 1 + c * 4 * lanes + (3 - a) * lanes + t;
-}
-
-/// The same for the max: max4 keeps its first operand on a tie (a ascending) and a lane keeps its
-/// last element (t descending).
-__device__ inline uint64_t max_priority(uint64_t j, uint64_t len) {
-  if (j == 0) return 0;
-  const uint64_t lanes = len / 16, vector_end = 16 * lanes;
-  if (j >= vector_end) return 1 + j;
-  const uint64_t k = j % 16, a = k / 4, c = k % 4, t = j / 16;
-  return 1 + c * 4 * lanes + a * lanes + (lanes - 1 - t);
-}
-
-/// A candidate for a block's min or max; no candidate is (+-inf, max priority).
-struct Pick {
-  float value;
-  uint64_t priority;
-};
-
-template <bool kMax>
-__device__ inline Pick better(Pick a, Pick b) {
-  const bool b_wins = (kMax ? b.value > a.value : b.value < a.value) ||
-                      (b.value == a.value && b.priority < a.priority);
-  return b_wins ? b : a;
-}
+using minmax::Codes;
+using minmax::Pick;
+using minmax::better;
 
 __device__ inline Pick shuffle_down(Pick p, int delta) {
   return {__shfl_down_sync(0xffffffffu, p.value, delta),
@@ -261,6 +230,17 @@ __device__ void reduce_range(Pick& lo, Pick& hi) {
   }
 }
 
+/// The min and max of x[0, len) as the CPU picks them, given to every thread of the group.
+template <int kGroup>
+__device__ void block_range(const float* x, size_t len, float& lo_value, float& hi_value) {
+  const float inf = __uint_as_float(0x7f800000u);
+  Pick lo{inf, ~uint64_t{0}}, hi{-inf, ~uint64_t{0}};
+  for (size_t j = Group<kGroup>::rank(); j < len; j += kGroup) minmax::offer(x[j], j, len, lo, hi);
+  reduce_range<kGroup>(lo, hi);
+  lo_value = lo.value;
+  hi_value = hi.value;
+}
+
 // Header floats are read and written a byte at a time: the encoding may start at any address.
 __device__ inline void store_float(uint8_t* p, float x) {
   const uint32_t u = __float_as_uint(x);
@@ -272,52 +252,32 @@ __device__ inline float load_float(const uint8_t* p) {
   return __uint_as_float(u);
 }
 
-template <int kGroup>
-__global__ void minmax8_encode_kernel(const float* src, size_t n, size_t block, size_t blocks,
-                                      uint8_t* out) {
+template <class C, int kGroup>
+__global__ void minmax_encode_kernel(const float* src, size_t n, size_t block, size_t blocks,
+                                     uint8_t* out) {
   using G = Group<kGroup>;
   uint8_t* codes = out + blocks * 2 * sizeof(float);
   for (size_t b = G::first_block(); b < blocks; b += G::block_stride()) {
     const size_t begin = b * block;
     const size_t len = min(block, n - begin);
     const float* x = src + begin;
-    const float inf = __uint_as_float(0x7f800000u);
-    Pick lo{inf, ~uint64_t{0}}, hi{-inf, ~uint64_t{0}};
-    for (size_t j = G::rank(); j < len; j += kGroup) {
-      const float v = x[j];
-      // Priorities only matter between equal values.
-      if (v <= lo.value) {
-        const uint64_t p = min_priority(j, len);
-        if (v < lo.value || p < lo.priority) lo = {v, p};
-      }
-      if (v >= hi.value) {
-        const uint64_t p = max_priority(j, len);
-        if (v > hi.value || p < hi.priority) hi = {v, p};
-      }
-    }
-    reduce_range<kGroup>(lo, hi);
+    float lo, hi;
+    block_range<kGroup>(x, len, lo, hi);
     if (G::rank() == 0) {
-      store_float(out + b * 2 * sizeof(float), lo.value);
-      store_float(out + b * 2 * sizeof(float) + sizeof(float), hi.value);
+      store_float(out + b * 2 * sizeof(float), lo);
+      store_float(out + b * 2 * sizeof(float) + sizeof(float), hi);
     }
-    // comm's arithmetic, rounding for rounding: the inverse step in double, the code by
-    // truncating t >= 0.5, clamped at 255.
-    const float inv = hi.value > lo.value
-                          ? static_cast<float>(255.0 / (static_cast<double>(hi.value) -
-                                                        static_cast<double>(lo.value)))
-                          : 0.0f;
-    uint8_t* q = codes + begin;
-    for (size_t j = G::rank(); j < len; j += kGroup) {
-      float t = __fadd_rn(__fmul_rn(__fsub_rn(x[j], lo.value), inv), 0.5f);
-      t = t < 255.0f ? t : 255.0f;
-      q[j] = static_cast<uint8_t>(static_cast<int32_t>(t));
-    }
+    const float inv = minmax::inverse_step<C::kMaxCode>(lo, hi);
+    // block is a multiple of kCodesPerByte (checked), so every block's codes start on a byte.
+    uint8_t* q = codes + begin / C::kCodesPerByte;
+    const size_t bytes = minmax::code_bytes<C>(len);
+    for (size_t u = G::rank(); u < bytes; u += kGroup) q[u] = C::encode_byte(x, len, u, lo, inv);
   }
 }
 
-template <int kGroup, bool kAdd>
-__global__ void minmax8_decode_kernel(const uint8_t* in, size_t n, size_t block, size_t blocks,
-                                      float* dst) {
+template <class C, int kGroup, bool kAdd>
+__global__ void minmax_decode_kernel(const uint8_t* in, size_t n, size_t block, size_t blocks,
+                                     float* dst) {
   using G = Group<kGroup>;
   const uint8_t* codes = in + blocks * 2 * sizeof(float);
   for (size_t b = G::first_block(); b < blocks; b += G::block_stride()) {
@@ -325,14 +285,11 @@ __global__ void minmax8_decode_kernel(const uint8_t* in, size_t n, size_t block,
     const size_t len = min(block, n - begin);
     const float lo = load_float(in + b * 2 * sizeof(float));
     const float hi = load_float(in + b * 2 * sizeof(float) + sizeof(float));
-    const float step =
-        static_cast<float>((static_cast<double>(hi) - static_cast<double>(lo)) / 255.0);
-    const uint8_t* q = codes + begin;
-    float* d = dst + begin;
-    for (size_t j = G::rank(); j < len; j += kGroup) {
-      const float v = __fadd_rn(lo, __fmul_rn(step, static_cast<float>(q[j])));
-      d[j] = kAdd ? __fadd_rn(d[j], v) : v;
-    }
+    const float step = minmax::step<C::kMaxCode>(lo, hi);
+    const uint8_t* q = codes + begin / C::kCodesPerByte;
+    const size_t bytes = minmax::code_bytes<C>(len);
+    for (size_t u = G::rank(); u < bytes; u += kGroup)
+      C::template decode_byte<kAdd>(q[u], len, u, lo, step, dst + begin);
   }
 }
 
@@ -348,20 +305,44 @@ void launch_groups(Kernel kernel, size_t blocks, void* stream, Args... args) {
   check_launch();
 }
 
-template <bool kAdd>
-void minmax8_decode_any(const char* function, const uint8_t* in, size_t n, size_t block,
-                        float* dst, void* stream) {
+/// Calls use(Codes<4>{}) or use(Codes<8>{}); any other width is refused naming it.
+template <class Use>
+auto with_codes(const char* function, MinMaxBits bits, Use&& use) {
+  switch (bits) {
+    case MinMaxBits::four: return use(Codes<4>{});
+    case MinMaxBits::eight: return use(Codes<8>{});
+  }
+  bad_argument(function, "bits " + std::to_string(static_cast<int>(bits)) + " (expected 4 or 8)");
+}
+
+/// block >= 1, and a whole number of code bytes: even with 4-bit codes.
+template <class C>
+void require_minmax_block(const char* function, size_t block) {
   require_block(function, block);
-  require_buffer(function, "in", in, n, "n", 1);
-  require_buffer(function, "dst", dst, n, "n", 4);
-  if (n == 0) return;
-  const size_t blocks = (n + block - 1) / block;
-  if (block >= kCtaBlock)
-    launch_groups<kThreads>(minmax8_decode_kernel<kThreads, kAdd>, blocks, stream, in, n, block,
-                            blocks, dst);
-  else
-    launch_groups<kWarp>(minmax8_decode_kernel<kWarp, kAdd>, blocks, stream, in, n, block, blocks,
-                         dst);
+  if (block % C::kCodesPerByte != 0)
+    bad_argument(function, "block " + std::to_string(block) + " with " +
+                               std::to_string(8 / C::kCodesPerByte) +
+                               "-bit codes (expected a multiple of " +
+                               std::to_string(C::kCodesPerByte) + ")");
+}
+
+template <bool kAdd>
+void minmax_decode_any(const char* function, MinMaxBits bits, const uint8_t* in, size_t n,
+                       size_t block, float* dst, void* stream) {
+  with_codes(function, bits, [&](auto codes) {
+    using C = decltype(codes);
+    require_minmax_block<C>(function, block);
+    require_buffer(function, "in", in, n, "n", 1);
+    require_buffer(function, "dst", dst, n, "n", 4);
+    if (n == 0) return;
+    const size_t blocks = (n + block - 1) / block;
+    if (block >= kCtaBlock)
+      launch_groups<kThreads>(minmax_decode_kernel<C, kThreads, kAdd>, blocks, stream, in, n,
+                              block, blocks, dst);
+    else
+      launch_groups<kWarp>(minmax_decode_kernel<C, kWarp, kAdd>, blocks, stream, in, n, block,
+                           blocks, dst);
+  });
 }
 
 // ---- signs -----------------------------------------------------------------------------------
@@ -703,25 +684,41 @@ void decode_bfloat16(const uint16_t* src, size_t n, float scale, float* dst, voi
   decode_16<true>("decode_bfloat16", src, n, scale, dst, stream);
 }
 
-void minmax8_encode(const float* src, size_t n, size_t block, uint8_t* out, void* stream) {
-  const char* function = "minmax8_encode";
-  require_block(function, block);
-  require_buffer(function, "src", src, n, "n", 4);
-  require_buffer(function, "out", out, n, "n", 1);
-  if (n == 0) return;
-  const size_t blocks = (n + block - 1) / block;
-  if (block >= kCtaBlock)
-    launch_groups<kThreads>(minmax8_encode_kernel<kThreads>, blocks, stream, src, n, block, blocks,
-                            out);
-  else
-    launch_groups<kWarp>(minmax8_encode_kernel<kWarp>, blocks, stream, src, n, block, blocks, out);
+size_t minmax_bytes(MinMaxBits bits, size_t n, size_t block) {
+  const char* function = "minmax_bytes";
+  return with_codes(function, bits, [&](auto codes) {
+    using C = decltype(codes);
+    require_minmax_block<C>(function, block);
+    return (n + block - 1) / block * 2 * sizeof(float) + minmax::code_bytes<C>(n);
+  });
 }
 
-void minmax8_decode(const uint8_t* in, size_t n, size_t block, float* dst, void* stream) {
-  minmax8_decode_any<false>("minmax8_decode", in, n, block, dst, stream);
+void minmax_encode(MinMaxBits bits, const float* src, size_t n, size_t block, uint8_t* out,
+                   void* stream) {
+  const char* function = "minmax_encode";
+  with_codes(function, bits, [&](auto codes) {
+    using C = decltype(codes);
+    require_minmax_block<C>(function, block);
+    require_buffer(function, "src", src, n, "n", 4);
+    require_buffer(function, "out", out, n, "n", 1);
+    if (n == 0) return;
+    const size_t blocks = (n + block - 1) / block;
+    if (block >= kCtaBlock)
+      launch_groups<kThreads>(minmax_encode_kernel<C, kThreads>, blocks, stream, src, n, block,
+                              blocks, out);
+    else
+      launch_groups<kWarp>(minmax_encode_kernel<C, kWarp>, blocks, stream, src, n, block, blocks,
+                           out);
+  });
 }
-void minmax8_decode_add(const uint8_t* in, size_t n, size_t block, float* dst, void* stream) {
-  minmax8_decode_any<true>("minmax8_decode_add", in, n, block, dst, stream);
+
+void minmax_decode(MinMaxBits bits, const uint8_t* in, size_t n, size_t block, float* dst,
+                   void* stream) {
+  minmax_decode_any<false>("minmax_decode", bits, in, n, block, dst, stream);
+}
+void minmax_decode_add(MinMaxBits bits, const uint8_t* in, size_t n, size_t block, float* dst,
+                       void* stream) {
+  minmax_decode_any<true>("minmax_decode_add", bits, in, n, block, dst, stream);
 }
 
 void sign_pack(const float* src, size_t n, uint8_t* bits, void* stream) {

@@ -1,6 +1,6 @@
 #pragma once
-/// Gradient codec kernels on the GPU: the CUDA twins of comm/codecs/ (half.h, minmax.h at 8 bits,
-/// sign.h, sparse.h), the element-wise error-feedback updates of comm/compression/, and
+/// Gradient codec kernels on the GPU: the CUDA twins of comm/codecs/ (half.h, minmax.h, sign.h,
+/// sparse.h), the element-wise error-feedback updates of comm/compression/, and
 /// flattening a bucket's tensors into one buffer.
 ///
 /// Each encoding is byte-identical to its CPU twin's, so a GPU rank and a CPU rank can exchange
@@ -29,21 +29,28 @@ void encode_bfloat16(const float* src, size_t n, float scale, uint16_t* dst, voi
 /// dst[i] = float(src[i]) * scale for i < n.
 void decode_bfloat16(const uint16_t* src, size_t n, float scale, float* dst, void* stream);
 
-// ---- 8-bit min-max blocks (comm/codecs/minmax.h) ---------------------------------------------
+// ---- min-max blocks, 4- or 8-bit codes (comm/codecs/minmax.h) -------------------------------
 
-/// Bytes of the encoding of n elements in blocks of `block`: comm::minmax_bytes at 8 bits.
-inline size_t minmax8_bytes(size_t n, size_t block) {
-  return (n + block - 1) / block * 2 * sizeof(float) + n;
-}
-/// Encodes src[0, n) into out (minmax8_bytes(n, block) bytes, any alignment): every block's
-/// {min, max} as float32, then one code byte per element. The header's zeros carry the sign the
-/// CPU's reduction order gives them, so the bytes match comm::minmax_encode's exactly. Non-finite
-/// inputs are not supported (as on the CPU).
-void minmax8_encode(const float* src, size_t n, size_t block, uint8_t* out, void* stream);
+/// The width of a min-max code, with comm::MinMaxBits's values (cuda/ includes nothing of comm/).
+enum class MinMaxBits : uint8_t { four = 4, eight = 8 };
+
+/// Bytes of the encoding of n elements in blocks of `block`: comm::minmax_bytes. block >= 1, and
+/// even with 4-bit codes (every block's codes start on a byte); every min-max function refuses
+/// another block, or a width other than 4 or 8, naming it.
+size_t minmax_bytes(MinMaxBits bits, size_t n, size_t block);
+/// Encodes src[0, n) into out (minmax_bytes(bits, n, block) bytes, any alignment): every block's
+/// {min, max} as float32, then the codes, one byte per element at 8 bits; at 4 bits two a byte,
+/// element i in byte i / 2, the low nibble for even i, and the high nibble of the last byte 0 when
+/// n is odd. The header's zeros carry the sign the CPU's reduction order gives them, so the bytes
+/// match comm::minmax_encode's exactly. Non-finite inputs are not supported (as on the CPU).
+void minmax_encode(MinMaxBits bits, const float* src, size_t n, size_t block, uint8_t* out,
+                   void* stream);
 /// dst[i] = decoded element i.
-void minmax8_decode(const uint8_t* in, size_t n, size_t block, float* dst, void* stream);
+void minmax_decode(MinMaxBits bits, const uint8_t* in, size_t n, size_t block, float* dst,
+                   void* stream);
 /// dst[i] += decoded element i.
-void minmax8_decode_add(const uint8_t* in, size_t n, size_t block, float* dst, void* stream);
+void minmax_decode_add(MinMaxBits bits, const uint8_t* in, size_t n, size_t block, float* dst,
+                       void* stream);
 
 // ---- signs (comm/codecs/sign.h) --------------------------------------------------------------
 

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <variant>
 
 #include "examples/char_lm/corpus.h"
 #include "examples/char_lm/model.h"
@@ -71,6 +72,13 @@ double bits_per_char(const std::function<torch::Tensor(const torch::Tensor&)>& f
                 .item<double>();
   }
   return nats / static_cast<double>(targets.numel()) / std::log(2.0);
+}
+
+// DiLoCo and its family: they synchronise every few steps, and the largest synchronisation (its
+// bytes on the wire) is what a link must carry in one go.
+bool is_local_update(const JobAlgorithm& a) {
+  return std::holds_alternative<DiLoCo>(a) || std::holds_alternative<StreamingDiLoCo>(a) ||
+         std::holds_alternative<SparseLoCo>(a);
 }
 
 // The learning rate of step `step` (1-based): linear warm-up over s.warmup steps, then constant
@@ -170,6 +178,9 @@ void train(Runtime& rt, const Settings& s) {
         last_eval, static_cast<long long>(s.steps),
         static_cast<long long>(s.steps * s.batch * length),
         st.steps ? static_cast<double>(st.bytes_sent) / static_cast<double>(st.steps) : 0.0, sec);
+    if (is_local_update(s.algorithm))
+      say("peak bytes sent by one sync %llu",
+          static_cast<unsigned long long>(st.peak_sync_bytes_sent));
   }
 }
 

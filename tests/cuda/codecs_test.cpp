@@ -175,50 +175,64 @@ std::vector<float> signed_zero_floats(size_t n, size_t block, uint32_t seed) {
   return v;
 }
 
-void check_minmax8(const std::vector<float>& src, size_t block, size_t misalign, Stream& stream) {
-  const size_t n = src.size(), bytes = cpu::minmax_bytes(cpu::MinMaxBits::eight, n, block);
+/// The GPU's min-max encoding of src at `bits` against the CPU's, written `misalign` bytes into
+/// its buffer; then the GPU decoding the CPU's bytes, alone and added to a buffer.
+void check_minmax(gpu::MinMaxBits bits, const std::vector<float>& src, size_t block,
+                  size_t misalign, Stream& stream) {
+  const auto cpu_bits = static_cast<cpu::MinMaxBits>(bits);
+  const size_t n = src.size(), bytes = cpu::minmax_bytes(cpu_bits, n, block);
+  CAPTURE(static_cast<int>(bits));
   CAPTURE(n);
   CAPTURE(block);
   CAPTURE(misalign);
-  REQUIRE(gpu::minmax8_bytes(n, block) == bytes);
+  REQUIRE(gpu::minmax_bytes(bits, n, block) == bytes);
   std::vector<uint8_t> want(bytes);
-  cpu::minmax_encode(cpu::MinMaxBits::eight, src.data(), n, block, want.data());
+  cpu::minmax_encode(cpu_bits, src.data(), n, block, want.data());
 
-  // The encoding may start at any byte (a slot in a message).
+  // The encoding may start at any byte (a slot in a message); nothing is written past it.
   Device<float> d_src(src);
   Device<uint8_t> d_out(bytes + misalign + 1);
   CHECK_CUDA(cudaMemset(d_out.get(), 0xab, bytes + misalign + 1));
-  gpu::minmax8_encode(d_src.get(), n, block, d_out.get() + misalign, stream.handle());
+  gpu::minmax_encode(bits, d_src.get(), n, block, d_out.get() + misalign, stream.handle());
   const std::vector<uint8_t> all = d_out.download(bytes + misalign + 1);
   CHECK_SAME_BYTES(std::vector<uint8_t>(all.begin() + misalign, all.end() - 1), want);
   CHECK(all.back() == 0xab);
 
-  // Decoding the CPU's bytes, alone and added to a buffer.
   Device<uint8_t> d_in(want);
   std::vector<float> decoded(n), sum = uniform_floats(n, -1.0f, 1.0f, 3);
   Device<float> d_decoded(n), d_sum(sum);
-  cpu::minmax_decode(cpu::MinMaxBits::eight, want.data(), n, block, decoded.data());
-  cpu::minmax_decode_add(cpu::MinMaxBits::eight, want.data(), n, block, sum.data());
-  gpu::minmax8_decode(d_in.get(), n, block, d_decoded.get(), stream.handle());
-  gpu::minmax8_decode_add(d_in.get(), n, block, d_sum.get(), stream.handle());
+  cpu::minmax_decode(cpu_bits, want.data(), n, block, decoded.data());
+  cpu::minmax_decode_add(cpu_bits, want.data(), n, block, sum.data());
+  gpu::minmax_decode(bits, d_in.get(), n, block, d_decoded.get(), stream.handle());
+  gpu::minmax_decode_add(bits, d_in.get(), n, block, d_sum.get(), stream.handle());
   CHECK_SAME_BYTES(d_decoded.download(), decoded);
   CHECK_SAME_BYTES(d_sum.download(), sum);
+}
+
+void check_minmax_blocks(gpu::MinMaxBits bits, std::initializer_list<size_t> blocks) {
+  Stream stream;
+  for (size_t block : blocks) {
+    for (size_t n : sizes_around(block)) {
+      check_minmax(bits, uniform_floats(n, -1.0f, 3.0f, 11 + static_cast<uint32_t>(n)), block, 0,
+                   stream);
+      check_minmax(bits, wide_floats(n, 12), block, 1, stream);
+      check_minmax(bits, signed_zero_floats(n, block, 13), block, 3, stream);
+    }
+  }
 }
 
 }  // namespace
 
 TEST_CASE("8-bit min-max on the GPU gives the CPU's bytes, signed zeros of the header included") {
   if (skip_without_device()) return;
-  Stream stream;
   // 16 and 255: the CPU's sixteen lanes and its tail; 2048 and 4096: a CTA per block.
-  for (size_t block : {size_t{1}, size_t{16}, size_t{255}, size_t{2048}, size_t{4096}}) {
-    for (size_t n : sizes_around(block)) {
-      check_minmax8(uniform_floats(n, -1.0f, 3.0f, 11 + static_cast<uint32_t>(n)), block, 0,
-                    stream);
-      check_minmax8(wide_floats(n, 12), block, 1, stream);
-      check_minmax8(signed_zero_floats(n, block, 13), block, 3, stream);
-    }
-  }
+  check_minmax_blocks(gpu::MinMaxBits::eight, {1, 16, 255, 2048, 4096});
+}
+
+TEST_CASE("4-bit min-max on the GPU gives the CPU's bytes, nibble order and odd last byte included") {
+  if (skip_without_device()) return;
+  // Even blocks only; block - 1 and block + 1 leave an odd count, whose last byte has one code.
+  check_minmax_blocks(gpu::MinMaxBits::four, {2, 16, 254, 2048, 4096});
 }
 
 TEST_CASE("sign_pack on the GPU packs the CPU's bits, and unpacking applies the CPU's scale") {
@@ -465,9 +479,26 @@ TEST_CASE("bad codec arguments are rejected before any CUDA work, naming the val
     INFO(text);
     return text.find(part) != std::string::npos;
   };
-  CHECK(says(message([&] { gpu::minmax8_encode(x, 4, 0, bytes, nullptr); }), "block 0"));
-  CHECK(says(message([&] { gpu::minmax8_decode(nullptr, 9, 4, x, nullptr); }),
+  const auto four = gpu::MinMaxBits::four, eight = gpu::MinMaxBits::eight;
+  CHECK(says(message([&] { gpu::minmax_encode(eight, x, 4, 0, bytes, nullptr); }), "block 0"));
+  CHECK(says(message([&] { gpu::minmax_decode(eight, nullptr, 9, 4, x, nullptr); }),
              "in is null with n 9"));
+  CHECK(says(message([&] { gpu::minmax_encode(four, x, 4, 3, bytes, nullptr); }),
+             "block 3 with 4-bit codes (expected a multiple of 2)"));
+  CHECK(says(message([&] { gpu::minmax_decode_add(four, bytes, 4, 5, x, nullptr); }),
+             "block 5 with 4-bit codes"));
+  CHECK(says(message([&] { gpu::minmax_bytes(four, 4, 0); }), "minmax_bytes: block 0"));
+  CHECK(says(message([&] { gpu::minmax_encode(four, nullptr, 3, 2, bytes, nullptr); }),
+             "src is null with n 3"));
+  CHECK(says(message([&] { gpu::minmax_decode(four, bytes, 3, 2, nullptr, nullptr); }),
+             "dst is null with n 3"));
+  float* misaligned = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(x) + 1);
+  CHECK(says(message([&] { gpu::minmax_decode(four, bytes, 2, 2, misaligned, nullptr); }),
+             "is not 4-byte aligned"));
+  const auto three = static_cast<gpu::MinMaxBits>(3);
+  CHECK(says(message([&] { gpu::minmax_bytes(three, 4, 4); }), "bits 3 (expected 4 or 8)"));
+  CHECK(says(message([&] { gpu::minmax_encode(three, x, 4, 4, bytes, nullptr); }),
+             "minmax_encode: bits 3"));
   CHECK(says(message([&] { gpu::encode_half(reinterpret_cast<float*>(bytes + 1), 2, 1.0f,
                                             reinterpret_cast<uint16_t*>(bytes + 8), nullptr); }),
              "is not 4-byte aligned"));
