@@ -59,14 +59,14 @@ Job run_job(const std::string& launch_options, const std::string& faults, int un
   std::string script = "set -u; " + bed + " up 2 --rate 1gbit >/dev/null || exit 3; trap '" + bed +
                        " down >/dev/null' EXIT; " + bed + " bytes >" + logs + "/before; ";
   for (int node = 0; node < 2; ++node) {
-    script += bed + " exec " + std::to_string(node) + " -- env TROUPE_FAULT='" + faults +
+    script += "( " + bed + " exec " + std::to_string(node) + " -- env TROUPE_FAULT='" + faults +
               "' OMP_NUM_THREADS=1 TROUPE_JOB_SECRET=elastic-netbed-test-secret-0123456789 " +
               TROUPE_BIN + " launch --elastic --nnodes 2 --node-rank " + std::to_string(node) +
               " -n 2 --master-addr " + kSubnet + ".1 --master-port 29561 --min-ranks 2 " +
               "--membership-timeout 20 --timeout 120 " + launch_options + " -- " +
               TROUPE_ELASTIC_RANK_BIN + " 40 " + std::to_string(until_world) +
               " allreduce >" + logs + "/node" + std::to_string(node) + " 2>&1; echo $? >" + logs +
-              "/status" + std::to_string(node) + " & ";
+              "/status" + std::to_string(node) + " ) & ";
   }
   script += "wait; " + bed + " bytes >" + logs + "/after";
   {
