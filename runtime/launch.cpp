@@ -26,6 +26,7 @@
 #include "runtime/compute_threads.h"
 #include "runtime/env.h"
 #include "runtime/membership.h"
+#include "runtime/membership_link.h"
 
 extern char** environ;
 
@@ -230,8 +231,9 @@ class Launcher {
         membership_->on_exit(r, what);
         continue;
       }
-      if (membership_) {
-        membership_->on_exit(r, what);
+      if (options_.elastic) {
+        if (membership_) membership_->on_exit(r, what);
+        if (relay_) relay_->on_exit(r, rank.exit_code, what);
         if (rank.exit_code == 0) finished_ = true;
         if (rank.exit_code != 0 && !stopping_ && !restart(r)) {
           reason_ += (reason_.empty() ? "" : "; ") + what;
@@ -280,10 +282,18 @@ class Launcher {
   bool stopping_ = false;
   // Elastic: the membership service, the rendezvous port, restarts used, whether a rank finished.
   std::unique_ptr<elastic::MembershipServer> membership_;
+  // Several nodes: node 0 serves the membership to the others' launchers (hub_); another node
+  // relays its ranks' sockets to node 0's (relay_).
+  std::unique_ptr<elastic::MembershipHub> hub_;
+  std::unique_ptr<elastic::MembershipRelay> relay_;
+  bool job_stopped() const {
+    return (membership_ && membership_->stopped()) || (relay_ && relay_->stopped());
+  }
   int port_ = 0;
   int restarts_ = 0;
   std::vector<int> restarts_of_;
   bool finished_ = false;
+  bool lost_reported_ = false;
   std::string reason_;
   std::vector<int> stopped_;
   Clock::time_point kill_at_ = kNever;
@@ -342,8 +352,8 @@ void Launcher::start_rank(int r, int port, bool spare) {
   // async-signal-safe calls (another thread may hold malloc's lock).
   std::vector<std::string> env = child_env(r, port), args = options_.command;
   int membership_fd = -1;
-  if (membership_) {
-    membership_fd = membership_->attach(r, spare);
+  if (options_.elastic) {
+    membership_fd = relay_ ? relay_->attach(r, spare) : membership_->attach(r, spare);
     env.push_back("TROUPE_ELASTIC_FD=" + std::to_string(membership_fd));
     if (spare) {
       // A week without a job deadline: a spare outlives no launcher (it dies with it), but its
@@ -401,6 +411,7 @@ void Launcher::start_rank(int r, int port, bool spare) {
   }
   setpgid(pid, pid);  // also here, so that a stop sent at once reaches the group
   if (membership_) membership_->started(r);
+  if (relay_) relay_->started(r);
   close_fd(out_pipe[1]);
   close_fd(err_pipe[1]);
   close_fd(exec_pipe[1]);
@@ -429,7 +440,9 @@ void Launcher::start_rank(int r, int port, bool spare) {
 }
 
 bool Launcher::restart(int r) {
-  if (restarts_ >= options_.max_restarts || finished_ || membership_->stopped()) return false;
+  if (restarts_ >= options_.max_restarts || finished_ || job_stopped() ||
+      (relay_ && relay_->lost()))
+    return false;
   ++restarts_;
   const int count = ++restarts_of_[static_cast<size_t>(r)];
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -475,11 +488,28 @@ void Launcher::dismiss_spares() {
 LaunchResult Launcher::run(int port) {
   port_ = port;
   restarts_of_.assign(static_cast<size_t>(slot_count()), 0);
-  if (options_.elastic)
+  const std::chrono::milliseconds membership_timeout(
+      static_cast<int64_t>(options_.membership_timeout_sec * 1000));
+  if (options_.elastic && options_.node_rank == 0) {
+    // Slots span the nodes: node i's local rank r is slot i * nprocs + r (its RANK).
+    const int slots = options_.nnodes > 1 ? options_.nnodes * options_.nprocs : slot_count();
     membership_ = std::make_unique<elastic::MembershipServer>(
-        slot_count(), options_.min_ranks,
-        std::chrono::milliseconds(static_cast<int64_t>(options_.membership_timeout_sec * 1000)),
-        *streams_[1], options_.nprocs);
+        slots, options_.min_ranks, membership_timeout, *streams_[1],
+        options_.nnodes * options_.nprocs);
+  }
+  if (options_.elastic && options_.nnodes > 1) {
+    const elastic::NodeShape shape{options_.nnodes, options_.nprocs, options_.node_rank};
+    std::string secret;
+    for (const auto& [name, value] : options_.extra_env)
+      if (name == "TROUPE_JOB_SECRET") secret = value;
+    if (const char* env = std::getenv("TROUPE_JOB_SECRET"); secret.empty() && env) secret = env;
+    if (options_.node_rank == 0)
+      hub_ = std::make_unique<elastic::MembershipHub>(*membership_, shape, options_.master_addr,
+                                                      port, secret, *streams_[1]);
+    else
+      relay_ = std::make_unique<elastic::MembershipRelay>(shape, options_.master_addr, port,
+                                                          secret, membership_timeout);
+  }
   auto timeout_at =
       options_.timeout_sec > 0 ? Clock::now() + as_duration(options_.timeout_sec) : kNever;
   for (int r = 0; r < slot_count() && !stopping_; ++r) start_rank(r, port, r >= options_.nprocs);
@@ -490,8 +520,31 @@ LaunchResult Launcher::run(int port) {
   auto give_up_at = kNever, drain_until = kNever;
   std::vector<int> unreaped;
   std::vector<char> buffer(kMaxLine);
-  auto running = [&] {
+  auto local_running = [&] {
     return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
+  };
+  // Node 0 of several serves the other nodes until their launchers said bye: while a rank of
+  // theirs lives, and then at most a grace period (their launchers end their ranks by then).
+  auto remote_alive = [&] {
+    if (!hub_) return false;
+    for (int s = options_.nprocs; s < options_.nnodes * options_.nprocs; ++s)
+      if (membership_->alive(s)) return true;
+    return false;
+  };
+  auto bye_by = kNever;
+  auto running = [&] {
+    if (local_running()) return true;
+    if (!hub_ || !hub_->connected()) return false;
+    if (remote_alive()) {
+      bye_by = kNever;
+      return true;
+    }
+    if (bye_by == kNever)
+      bye_by = Clock::now() + as_duration(options_.grace_sec + kReapAfterKillSec);
+    if (Clock::now() < bye_by) return true;
+    hub_->drop_all("no bye within " + seconds_text(options_.grace_sec + kReapAfterKillSec) +
+                   " of its ranks' end");
+    return false;
   };
   while (running() ||
          std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.output_open(); })) {
@@ -503,14 +556,19 @@ LaunchResult Launcher::run(int port) {
     if (!stopping_ && now >= timeout_at) {
       fail("timed out after " + seconds_text(options_.timeout_sec), 124, -1);
     }
-    if (membership_) {
-      membership_->tick();
-      if (membership_->stopped() && !stopping_) {
-        // Every member was told to stop; those that do not end in the grace period are stopped.
-        fail("elastic membership: " + membership_->stop_reason(), 1, -1, false);
-        kill_at_ = std::min(kill_at_, now + as_duration(options_.grace_sec));
-        stopping_ = true;
-      }
+    if (membership_) membership_->tick();
+    if (job_stopped() && !stopping_) {
+      // Every member was told to stop; those that do not end in the grace period are stopped.
+      const std::string why = membership_ ? membership_->stop_reason() : relay_->stop_reason();
+      if (hub_) hub_->stopped(why);
+      fail("elastic membership: " + why, 1, -1, false);
+      kill_at_ = std::min(kill_at_, now + as_duration(options_.grace_sec));
+      stopping_ = true;
+    }
+    if (relay_ && relay_->lost() && !lost_reported_) {
+      // Node 0's launcher is gone: nothing can form a generation; this node's ranks end.
+      lost_reported_ = true;
+      fail(relay_->lost_reason(), 1, -1, !stopping_);
     }
     if (give_up_at == kNever && now >= kill_at_) {
       signal_groups(SIGKILL);
@@ -538,6 +596,12 @@ LaunchResult Launcher::run(int port) {
       membership_->add_poll_fds(fds, slots);
       for (int slot : slots) owners.emplace_back(slot, 2);  // 2: the membership socket
     }
+    if (hub_ || relay_) {
+      std::vector<int> tags;
+      if (hub_) hub_->add_poll_fds(fds, tags);
+      if (relay_) relay_->add_poll_fds(fds, tags);
+      for (int tag : tags) owners.emplace_back(tag, 3);  // 3: the membership link
+    }
     auto next = std::min({running() ? now + std::chrono::milliseconds(kTickMs) : kNever,
                           stopping_ ? kNever : timeout_at,
                           give_up_at == kNever ? kill_at_ : give_up_at, drain_until,
@@ -563,6 +627,11 @@ LaunchResult Launcher::run(int port) {
         membership_->on_readable(r);
         continue;
       }
+      if (which == 3) {
+        if (hub_) hub_->on_ready(r, fds[i].revents);
+        if (relay_) relay_->on_ready(r, fds[i].revents);
+        continue;
+      }
       ssize_t got = read(fds[i].fd, buffer.data(), buffer.size());
       if (got >= 0 || (errno != EINTR && errno != EAGAIN)) {
         forward(r, which, buffer.data(), got > 0 ? static_cast<size_t>(got) : 0, got <= 0);
@@ -582,14 +651,35 @@ LaunchResult Launcher::run(int port) {
     result_.rank_exit_codes.push_back(ranks_[r].exit_code);
     if (ranks_[r].pid < 0 && global(r) != result_.failed_rank) not_started.push_back(global(r));
   }
-  if (membership_) {
-    // Elastic: the job succeeded when enough ranks finished and no generation lacked a quorum.
+  if (relay_) {
+    // Another node of an elastic job: it succeeded when its service stayed, the job did not stop,
+    // and a rank of this node finished.
+    relay_->finish(std::chrono::milliseconds(static_cast<int64_t>(options_.grace_sec * 1000)));
     const int finished = static_cast<int>(
         std::count(result_.rank_exit_codes.begin(), result_.rank_exit_codes.end(), 0));
-    std::string what = std::to_string(finished) + " of " + std::to_string(slot_count()) +
+    std::string what = "node " + std::to_string(options_.node_rank) + ": " +
+                       std::to_string(finished) + " of " + std::to_string(slot_count()) +
+                       " rank slots finished with status 0 after " + std::to_string(restarts_) +
+                       " restarts (membership service at " + relay_->where() + ")";
+    if (!reason_.empty()) what += "; lost: " + reason_;
+    const bool ok = !relay_->stopped() && !relay_->lost() && finished >= 1 &&
+                    result_.exit_code == 0;
+    if (!ok && result_.exit_code == 0) result_.exit_code = 1;
+    if (relay_->stopped()) what = relay_->stop_reason() + "; " + what;
+    result_.message = what;
+    return result_;
+  }
+  if (membership_) {
+    // Elastic: the job succeeded when enough ranks finished and no generation lacked a quorum.
+    // With several nodes, the other nodes' ranks that finished count too.
+    const int local_finished = static_cast<int>(
+        std::count(result_.rank_exit_codes.begin(), result_.rank_exit_codes.end(), 0));
+    const int finished = local_finished + (hub_ ? hub_->finished() : 0);
+    const int all_slots = options_.nnodes > 1 ? options_.nnodes * options_.nprocs : slot_count();
+    std::string what = std::to_string(finished) + " of " + std::to_string(all_slots) +
                        " rank slots finished with status 0 after " +
                        std::to_string(membership_->generations()) + " generations and " +
-                       std::to_string(restarts_) + " restarts";
+                       std::to_string(restarts_) + " restarts" + (hub_ ? " on node 0" : "");
     if (dismissed > 0) what += "; " + std::to_string(dismissed) + " waiting spares stopped";
     if (!reason_.empty()) what += "; lost: " + reason_;
     const bool ok = !membership_->stopped() && finished >= options_.min_ranks &&
@@ -654,12 +744,16 @@ void check_options(const LaunchOptions& o) {
     bad("timeout_sec=" + seconds_text(o.timeout_sec) + " is invalid", "0 or more");
   if (!(o.grace_sec >= 0))
     bad("grace_sec=" + seconds_text(o.grace_sec) + " is invalid", "0 or more");
-  if (o.elastic && o.nnodes != 1)
-    bad("elastic (--elastic) with nnodes (--nnodes) = " + std::to_string(o.nnodes),
-        "--nnodes 1: the launcher of the one node hosts the membership service");
-  if (o.elastic && (o.min_ranks < 1 || o.min_ranks > o.nprocs))
+  const long long all_ranks = static_cast<long long>(o.nnodes) * o.nprocs;
+  if (o.elastic && (o.min_ranks < 1 || o.min_ranks > all_ranks))
     bad("min_ranks (--min-ranks) = " + std::to_string(o.min_ranks) + " is out of range",
-        "1.." + std::to_string(o.nprocs) + " for -n " + std::to_string(o.nprocs));
+        "1.." + std::to_string(all_ranks) + " for " +
+            (o.nnodes > 1 ? "--nnodes " + std::to_string(o.nnodes) + " x " : std::string()) +
+            "-n " + std::to_string(o.nprocs));
+  if (o.elastic && o.nnodes > 1 && o.spares > 0)
+    bad("spares (--spares) = " + std::to_string(o.spares) + " with nnodes (--nnodes) = " +
+            std::to_string(o.nnodes),
+        "--spares 0 with several nodes (spares are for one node so far)");
   if (o.max_restarts < 0)
     bad("max_restarts (--max-restarts) = " + std::to_string(o.max_restarts) + " is negative",
         "0 or more");

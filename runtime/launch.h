@@ -43,19 +43,23 @@ struct LaunchOptions {
   /// `troupe run` does for algorithms that tolerate a dead rank); the result's message then names
   /// every rank that failed and every one that ran on to status 0.
   bool stop_on_failure = true;
-  /// Elastic job (`troupe launch --elastic`, one node): the launcher hosts the membership service
+  /// Elastic job (`troupe launch --elastic`): node 0's launcher hosts the membership service
   /// (runtime/membership.h) that every rank's Runtime forms its world with, a rank's death does
   /// not stop the others (the survivors re-form and go on), and a dead rank is started again in
   /// its slot while max_restarts allows. The launch succeeds when at least min_ranks ranks finish
-  /// with status 0 and no generation lacked a quorum.
+  /// with status 0 and no generation lacked a quorum. With nnodes > 1 the service listens at
+  /// master_addr:master_port and every other node's launcher relays its ranks to it
+  /// (runtime/membership_link.h); such a launcher succeeds when the job did not stop, the
+  /// service stayed reachable, and one of its ranks finished.
   bool elastic = false;
-  /// The fewest ranks an elastic job trains with (`--min-ranks`), 1..nprocs.
+  /// The fewest ranks an elastic job trains with (`--min-ranks`), 1..nnodes * nprocs.
   int min_ranks = 1;
-  /// Restarts of dead ranks in all (`--max-restarts`), elastic jobs only. A restarted rank gets
-  /// TROUPE_RESTART_COUNT (its slot's restarts so far); none is restarted once a rank has
-  /// finished with status 0 or the job stopped.
+  /// Restarts of dead ranks in all (`--max-restarts`, per node's launcher), elastic jobs only. A
+  /// restarted rank gets TROUPE_RESTART_COUNT (its slot's restarts so far); none is restarted
+  /// once a rank of this node has finished with status 0 or the job stopped.
   int max_restarts = 0;
-  /// How long a generation waits for its members at each round (`--membership-timeout`).
+  /// How long a generation waits for its members at each round (`--membership-timeout`); with
+  /// several nodes also how long node i > 0's launcher tries to reach node 0's service.
   double membership_timeout_sec = 30;
   /// Hot spares of an elastic job (`--spares K`): K more processes of the program, started with
   /// the ranks in launch slots nprocs..nprocs+K-1 (RANK and WORLD_SIZE count every slot), that
@@ -65,7 +69,7 @@ struct LaunchOptions {
   /// from a live peer with the others; the launcher then starts a new spare in the dead rank's
   /// slot (a restart, counted against max_restarts; a dead rank is never restarted as a rank
   /// then). Spares still waiting when no rank runs any more are stopped (SIGKILL: they hold no
-  /// state) and are not counted as finished or failed.
+  /// state) and are not counted as finished or failed. One node only.
   int spares = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 
 #include "comm/status.h"
 
@@ -111,7 +112,7 @@ MembershipServer::~MembershipServer() {
 
 int MembershipServer::attach(int slot, bool standby) {
   Slot& s = slots_.at(static_cast<size_t>(slot));
-  if (s.fd >= 0) gone(slot, "it was started again");
+  if (s.connected()) gone(slot, "it was started again");
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0)
     throw comm::Error(std::string("membership: socketpair: ") + strerror(errno));
@@ -131,6 +132,33 @@ int MembershipServer::attach(int slot, bool standby) {
   // Messages never block the launcher: a rank that stops reading loses them, not the job.
   fcntl(s.fd, F_SETFL, fcntl(s.fd, F_GETFL) | O_NONBLOCK);
   return s.child_fd;
+}
+
+void MembershipServer::attach_remote(int slot, int link, bool standby) {
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  if (s.connected()) gone(slot, "it was started again");
+  const int life = s.life + 1;
+  s = Slot{};
+  s.life = life;
+  s.standby = standby;
+  s.link = link;
+}
+
+bool MembershipServer::alive(int slot) const {
+  const Slot& s = slots_.at(static_cast<size_t>(slot));
+  return s.connected() && !s.left;
+}
+
+void MembershipServer::on_message(int slot, const std::string& bytes) {
+  if (slots_.at(static_cast<size_t>(slot)).link < 0) return;  // ended meanwhile
+  handle(slot, bytes);
+}
+
+void MembershipServer::on_closed(int slot, const std::string& why) {
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  if (s.link < 0) return;
+  if (s.exit_note.empty()) s.exit_note = why;
+  gone(slot, why);
 }
 
 bool MembershipServer::short_of_members() const {
@@ -157,6 +185,10 @@ void MembershipServer::add_poll_fds(std::vector<pollfd>& fds, std::vector<int>& 
 
 void MembershipServer::send(int slot, const std::string& bytes) {
   Slot& s = slots_[static_cast<size_t>(slot)];
+  if (s.link >= 0) {
+    if (remote_send_) remote_send_(s.link, slot, bytes);
+    return;
+  }
   if (s.fd < 0) return;
   if (::send(s.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) < 0 && errno != EAGAIN)
     gone(slot, std::string("its membership socket failed: ") + strerror(errno));
@@ -173,15 +205,21 @@ void MembershipServer::on_readable(int slot) {
       gone(slot, s.exit_note.empty() ? "its process ended" : s.exit_note);
       return;
     }
-    std::pair<Message, std::vector<std::string>> message;
-    try {
-      message = decode(std::string(buffer.data(), static_cast<size_t>(got)),
-                       "rank slot " + std::to_string(slot));
-    } catch (const comm::Error& e) {
-      gone(slot, e.what());
-      return;
-    }
-    auto& [type, fields] = message;
+    if (!handle(slot, std::string(buffer.data(), static_cast<size_t>(got)))) return;
+  }
+}
+
+bool MembershipServer::handle(int slot, const std::string& bytes) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  std::pair<Message, std::vector<std::string>> message;
+  try {
+    message = decode(bytes, "rank slot " + std::to_string(slot));
+  } catch (const comm::Error& e) {
+    gone(slot, e.what());
+    return false;
+  }
+  auto& [type, fields] = message;
+  try {
     if (type == Message::join && fields.size() == 2) {
       s.report.slot = slot;
       s.report.step = std::stoll(fields[0]);
@@ -195,7 +233,7 @@ void MembershipServer::on_readable(int slot) {
       }  // addressing: it waits for the next generation, opened at commit(); a spare, for one
          // that needs it
     } else if (type == Message::address && fields.size() == 2) {
-      if (phase_ != Phase::addressing || std::stoi(fields[0]) != pending_.number) continue;
+      if (phase_ != Phase::addressing || std::stoi(fields[0]) != pending_.number) return true;
       s.address = fields[1];
       s.has_address = true;
       const bool all = std::all_of(pending_.slots.begin(), pending_.slots.end(),
@@ -206,22 +244,27 @@ void MembershipServer::on_readable(int slot) {
       s.joined = false;
     } else {
       gone(slot, "it sent a membership message the service does not expect");
-      return;
+      return false;
     }
+  } catch (const std::logic_error& e) {  // a number field that is not one (std::stoll)
+    gone(slot, std::string("it sent a malformed membership message: ") + e.what());
+    return false;
   }
+  return true;
 }
 
 void MembershipServer::on_exit(int slot, const std::string& how) {
   Slot& s = slots_.at(static_cast<size_t>(slot));
   s.exit_note = how;
-  if (s.fd >= 0) gone(slot, how);
+  if (s.connected()) gone(slot, how);
 }
 
 void MembershipServer::gone(int slot, const std::string& why) {
   Slot& s = slots_[static_cast<size_t>(slot)];
-  if (s.fd < 0) return;
-  ::close(s.fd);
+  if (!s.connected()) return;
+  if (s.fd >= 0) ::close(s.fd);
   s.fd = -1;
+  s.link = -1;
   s.joined = false;
   if (stopped_) return;
   const bool member = std::count(committed_.begin(), committed_.end(), slot) > 0;
@@ -254,7 +297,12 @@ void MembershipServer::open(const std::string& why) {
 
 bool MembershipServer::awaited(int slot) const {
   const Slot& s = slots_[static_cast<size_t>(slot)];
-  if (s.joined || s.fd < 0 || s.left) return false;
+  if (s.joined || s.left) return false;
+  // Several nodes: a slot of another node that has not started yet is awaited by the first
+  // generation (its node's launcher may connect after this one started its ranks).
+  if (s.life == 0)
+    return committed_number_ == 0 && std::count(committed_.begin(), committed_.end(), slot) > 0;
+  if (!s.connected()) return false;
   // A live member of the generation in force. A process started since (a restart) is not waited
   // for: it joins the next generation, so the survivors go on without waiting for its start-up.
   for (size_t i = 0; i < committed_.size(); ++i)
@@ -286,7 +334,7 @@ void MembershipServer::close() {
   int ended = 0;
   for (size_t i = 0; i < committed_.size(); ++i) {
     const Slot& m = slots_[static_cast<size_t>(committed_[i])];
-    if (m.life != committed_life_[i] || m.fd < 0) ++ended;
+    if (m.life != committed_life_[i] || !m.connected()) ++ended;
   }
   pending_ = close_generation(number_, reports, committed_, ended, min_ranks_);
   // Live members that did not join by the deadline are not members any more: they stop.

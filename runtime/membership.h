@@ -23,6 +23,11 @@
 /// with the most completed steps (the lowest slot among equals): every member adopts its state.
 /// A rank that dies while the generation forms opens the next one (a reform to the others).
 ///
+/// With several nodes (`troupe launch --elastic --nnodes M`), node 0's launcher hosts the service
+/// and every other node's launcher relays its ranks' sockets to it over one TCP connection
+/// (runtime/membership_link.h): a slot is then remote, its messages and its end arriving through
+/// the link (attach_remote, on_message, on_closed) instead of a socket of this process.
+///
 /// A spare (a process the launcher started as standby, `troupe launch --spares K`) joins as soon
 /// as it has started and waits there without opening a generation (unless the generation in
 /// force is short of the launch's ranks): the next generation that forms takes it in while it
@@ -32,6 +37,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -89,6 +95,20 @@ class MembershipServer {
   /// close-on-exec: the child clears the flag and finds its number in TROUPE_ELASTIC_FD.
   /// `standby`: the process is a spare; its join waits for a generation that needs it.
   int attach(int slot, bool standby = false);
+  /// Several nodes: what sends `bytes` to remote `slot` through `link` (the launcher's).
+  using RemoteSend = std::function<void(int link, int slot, const std::string& bytes)>;
+  void set_remote_send(RemoteSend send) { remote_send_ = std::move(send); }
+  /// `slot`'s process (a new life of the slot) started on another node and is reached through
+  /// `link`.
+  void attach_remote(int slot, int link, bool standby = false);
+  /// A message remote `slot` sent (what on_readable() reads from a local slot's socket).
+  void on_message(int slot, const std::string& bytes);
+  /// Remote `slot`'s socket on its node closed, its process ended, or its link was lost (`why`).
+  void on_closed(int slot, const std::string& why);
+  /// Whether `slot` has a live process (local or remote) that has not left.
+  bool alive(int slot) const;
+  /// Whether `slot` was started at least once.
+  bool started_ever(int slot) const { return slots_.at(static_cast<size_t>(slot)).life > 0; }
   /// Whether `slot`'s process is a spare that no generation has taken yet.
   bool standby(int slot) const;
   /// Closes the rank's end in the launcher once the child has it.
@@ -111,7 +131,8 @@ class MembershipServer {
 
  private:
   struct Slot {
-    int fd = -1;        // launcher's end
+    int fd = -1;        // launcher's end (a local slot)
+    int link = -1;      // the link that reaches it (a remote slot)
     int life = 0;       // processes started in this slot so far
     int child_fd = -1;  // rank's end until started()
     bool joined = false;
@@ -122,10 +143,13 @@ class MembershipServer {
     std::string address;
     bool has_address = false;
     std::string exit_note;  // how its process ended, when the launcher saw it first
+    bool connected() const { return fd >= 0 || link >= 0; }
   };
   enum class Phase { idle, joining, addressing };
 
   void send(int slot, const std::string& bytes);
+  // Acts on one message of `slot`; false when it ended the slot.
+  bool handle(int slot, const std::string& bytes);
   void gone(int slot, const std::string& why);
   void open(const std::string& why);
   void maybe_close();
@@ -139,6 +163,7 @@ class MembershipServer {
   // not joined.
   bool awaited(int slot) const;
 
+  RemoteSend remote_send_;
   int min_ranks_;
   int members_;  // the most members a generation takes (the launch's ranks)
   std::chrono::milliseconds deadline_;

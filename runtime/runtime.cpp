@@ -155,6 +155,9 @@ struct Runtime::Impl {
   // and the newest generation the service announced (guarded by dead_mutex).
   std::unique_ptr<elastic::MembershipClient> membership;
   int slot = 0;
+  // Whether the launch put every rank on this host (LOCAL_WORLD_SIZE == WORLD_SIZE): then UCX
+  // is limited to shared memory; a launch of several nodes keeps the network transports.
+  bool launch_single_host = true;
   ElasticGeneration generation;
   int announced = 0;
   std::string announced_why;
@@ -200,6 +203,7 @@ void Runtime::Impl::start() {
   system = std::make_unique<caf::actor_system>(config);
 
   slot = info.rank;
+  launch_single_host = info.local_world_size == info.world_size;
   const std::string fault_source = options.faults.empty() ? "TROUPE_FAULT" : "RuntimeOptions.faults";
   const char* fault_env = std::getenv("TROUPE_FAULT");
   fault::arm(parse_faults(options.faults.empty() ? (fault_env ? fault_env : "") : options.faults,
@@ -456,13 +460,20 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
       }
     }
     if (spare) deadline = elastic::Clock::now() + options.rendezvous_timeout;
-    auto ucx = std::make_shared<comm::UcxTransport>(a.rank, a.world_size, /*single_host=*/true);
+    auto ucx = std::make_shared<comm::UcxTransport>(a.rank, a.world_size, launch_single_host);
     auto table = membership->exchange(a.generation, ucx->local_address(), deadline);
     if (!table) continue;  // a newer generation opened: join it
     info.rank = a.rank;
     info.world_size = a.world_size;
-    info.local_rank = a.rank;
-    info.local_world_size = a.world_size;
+    // This generation's ranks on this host (by the host names the members reported).
+    info.local_rank = 0;
+    info.local_world_size = 0;
+    for (int r = 0; r < a.world_size; ++r) {
+      if (table->hosts[static_cast<size_t>(r)] != table->hosts[static_cast<size_t>(a.rank)])
+        continue;
+      if (r < a.rank) ++info.local_rank;
+      ++info.local_world_size;
+    }
     hosts = table->hosts;
     transport = ucx;
     worker = actors::spawn_worker(*system, info.rank, transport,

@@ -119,12 +119,14 @@ int main(int argc, char** argv) {
                        "When a rank fails, let the others run on (for algorithms that tolerate a "
                        "dead rank); the exit status still says that one failed");
   launch_cmd->add_flag("--elastic", launch.elastic,
-                       "Elastic job on this host: the launcher hosts the membership service, a "
-                       "dead rank does not stop the others, which re-form and go on");
+                       "Elastic job: a dead rank does not stop the others, which re-form and go "
+                       "on; node 0's launcher hosts the membership service (with --nnodes > 1 at "
+                       "--master-addr:--master-port, where the other nodes' launchers connect)");
   launch_cmd->add_option("--min-ranks", launch.min_ranks,
                          "Elastic: the fewest ranks the job trains with (default 1)");
   launch_cmd->add_option("--max-restarts", launch.max_restarts,
-                         "Elastic: restart dead ranks in their slot, this many times in all");
+                         "Elastic: restart dead ranks in their slot, this many times in all (per "
+                         "node: each node's launcher restarts its own ranks)");
   launch_cmd->add_option("--membership-timeout", launch.membership_timeout_sec,
                          "Elastic: seconds a new generation waits for its members (default 30)");
   launch_cmd->add_option("--spares", launch.spares,

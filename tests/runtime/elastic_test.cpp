@@ -350,7 +350,21 @@ TEST_CASE("elastic launch options are checked before any rank starts") {
   o.min_ranks = 2;
   o.nnodes = 2;
   o.master_addr = "node0";
-  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("--nnodes 1"), comm::Error);
+  // Several nodes: the quorum counts every node's ranks; spares are for one node.
+  o.min_ranks = 6;
+  CHECK_NOTHROW(rank_env(o, 0, 1));
+  o.min_ranks = 7;
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1),
+                       doctest::Contains("min_ranks (--min-ranks) = 7 is out of range (expected "
+                                         "1..6 for --nnodes 2 x -n 3)"),
+                       comm::Error);
+  o.min_ranks = 2;
+  o.spares = 1;
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1),
+                       doctest::Contains("spares (--spares) = 1 with nnodes (--nnodes) = 2 "
+                                         "(expected --spares 0 with several nodes"),
+                       comm::Error);
+  o.spares = 0;
   o.nnodes = 1;
   o.elastic = false;
   o.max_restarts = 2;
