@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "runtime/fault.h"
+#include "runtime/local_update/diloco.h"
+#include "runtime/local_update/sparseloco.h"
 
 namespace troupe {
 
@@ -20,6 +22,28 @@ double since(Clock::time_point start) {
 }
 
 }  // namespace
+
+/// What ElasticTrainer builds for each world and steps: its two cases are the bucket algorithms
+/// (BucketDriver) and the local-update ones (LocalUpdateDriver).
+struct ElasticTrainer::Driver {
+  virtual ~Driver() = default;
+  /// The module for the runtime's current world (a collective), with `own` (this rank's state
+  /// at the step the job goes on from; empty on a fresh rank), then `shared` (the source's)
+  /// loaded, numbered from `step`.
+  virtual void build(const std::string& own, const std::string& shared, int64_t step) = 0;
+  virtual void destroy() = 0;
+  /// After the caller's backward: the step, which runs `optimizer`. Calls `completed` once the
+  /// step counts as completed (the job may go on from after it) and `snapshot` where the state
+  /// is the one a re-form goes back to.
+  virtual void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
+                    const std::function<void()>& snapshot) = 0;
+  /// The module's algorithm state (StatePart::all: a survivor's own; shared: the source's).
+  virtual std::string save(StatePart part) const = 0;
+  /// Whether a re-form rolls each rank's caller state (parameters, buffers, optimizer) back to
+  /// the last snapshot, where it differs between ranks (the local-update inner optimizers).
+  virtual bool rolls_back() const = 0;
+  virtual std::string algorithm_name() const = 0;
+};
 
 ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
                           torch::optim::Optimizer& optimizer) {
@@ -44,20 +68,147 @@ ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
   return state;
 }
 
+void check_elastic_algorithm(const JobAlgorithm& algorithm) {
+  if (std::holds_alternative<comm::Compression>(algorithm) ||
+      std::holds_alternative<DiLoCo>(algorithm) || std::holds_alternative<SparseLoCo>(algorithm))
+    return;
+  const std::string name = job_algorithm_name(algorithm);
+  const std::string why =
+      std::holds_alternative<StreamingDiLoCo>(algorithm)
+          ? ": its fragments in flight cannot be rolled back to an outer sync yet"
+          : "";
+  throw comm::Error("algorithm " + name +
+                    ": elastic training (troupe launch --elastic) runs the bucket algorithms "
+                    "(allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, "
+                    "blockk, powersgd), diloco and sparseloco, not " + name + why + "; run " +
+                    name + " without --elastic");
+}
+
+/// The bucket algorithms: a DistributedModule per world, whose state is kept after every step.
+/// The caller's state is the same on every member after each step, so nothing rolls back.
+struct BucketDriver : ElasticTrainer::Driver {
+  BucketDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, Algorithm algorithm,
+               DdpOptions options)
+      : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)),
+        options(std::move(options)) {
+    // The shared-memory path maps segments named per job and rank; a re-formed world renumbers
+    // its ranks, so elastic buckets reduce through the transport.
+    this->options.shared_memory = false;
+  }
+
+  void build(const std::string& own, const std::string& shared, int64_t step) override {
+    ddp = std::make_unique<DistributedModule>(rt, module, algorithm, options);
+    // A survivor keeps its own algorithm state (error feedback, momentum correction) as it was at
+    // the end of its last completed step; the bucket layout does not depend on the world size, so
+    // it fits the new module. Then the source's shared part (the step, the layout, PowerSGD's Qs)
+    // makes every member agree; a restarted rank has only that, and zero error feedback.
+    if (!own.empty()) {
+      comm::StateReader in(own, "ElasticTrainer's own algorithm state");
+      ddp->load_state(in, StatePart::all);
+      in.expect_end();
+    }
+    if (!shared.empty()) {
+      const auto before = ddp->bucket_parameters();
+      comm::StateReader in(shared, "the algorithm state shared by the generation's source");
+      ddp->load_state(in, StatePart::shared);
+      in.expect_end();
+      if (!own.empty() && ddp->bucket_parameters() != before)
+        std::cerr << "troupe: elastic: rank " << rt.rank() << ": the source's bucket layout "
+                  << "differs from this rank's; its error feedback starts from zero\n";
+    }
+    ddp->resume_at(static_cast<uint64_t>(step));
+  }
+  void destroy() override { ddp.reset(); }
+  void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
+            const std::function<void()>& snapshot) override {
+    ddp->step([&] {
+      optimizer.step();
+      // An error after the optimizer ran (the buffers' broadcast) leaves this step's update in
+      // the state: it counts as completed. The reductions are done: with agg_grad the algorithm
+      // state is the end of this step's, the one to keep.
+      completed();
+      if (options.agg_grad) snapshot();
+    });
+    if (!options.agg_grad) snapshot();
+  }
+  std::string save(StatePart part) const override {
+    std::string bytes;
+    comm::StateWriter out(bytes);
+    ddp->save_state(out, part);
+    return bytes;
+  }
+  bool rolls_back() const override { return false; }
+  std::string algorithm_name() const override { return ddp->algorithm_name(); }
+
+  Runtime& rt;
+  std::shared_ptr<torch::nn::Module> module;
+  Algorithm algorithm;
+  DdpOptions options;
+  std::unique_ptr<DistributedModule> ddp;
+};
+
+/// DiLoCo and SparseLoCo: a LocalUpdateModule per world, whose state is kept after every
+/// completed outer sync; a re-form rolls the caller's state back to that sync.
+struct LocalUpdateDriver : ElasticTrainer::Driver {
+  LocalUpdateDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module,
+                    JobAlgorithm algorithm)
+      : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {}
+
+  void build(const std::string& own, const std::string& shared, int64_t step) override {
+    if (const auto* diloco = std::get_if<DiLoCo>(&algorithm))
+      lu = std::make_unique<DiLoCoModule>(rt, module, *diloco);
+    else
+      lu = std::make_unique<SparseLoCoModule>(rt, module, std::get<SparseLoCo>(algorithm));
+    // The own state (residual or error-feedback memory) as of this rank's last completed sync,
+    // then the source's shared part (global weights, outer momentum, the counters, numbering the
+    // steps from `step`); a restarted rank has only that.
+    if (!own.empty()) {
+      comm::StateReader in(own, "ElasticTrainer's own algorithm state");
+      lu->load_state(in, StatePart::all);
+      in.expect_end();
+    }
+    if (!shared.empty()) {
+      comm::StateReader in(shared, "the algorithm state shared by the generation's source");
+      lu->load_state(in, StatePart::shared);
+      in.expect_end();
+    }
+    (void)step;
+  }
+  void destroy() override { lu.reset(); }
+  void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
+            const std::function<void()>& snapshot) override {
+    const int64_t outer = lu->outer_steps();
+    lu->step(optimizer);
+    if (lu->outer_steps() == outer) return;
+    completed();
+    snapshot();
+  }
+  std::string save(StatePart part) const override {
+    std::string bytes;
+    comm::StateWriter out(bytes);
+    lu->save_state(out, part);
+    return bytes;
+  }
+  bool rolls_back() const override { return true; }
+  std::string algorithm_name() const override { return lu->algorithm_name(); }
+
+  Runtime& rt;
+  std::shared_ptr<torch::nn::Module> module;
+  JobAlgorithm algorithm;
+  std::unique_ptr<LocalUpdateModule> lu;
+};
+
 ElasticTrainer::ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                               torch::optim::Optimizer& optimizer, Algorithm algorithm,
+                               torch::optim::Optimizer& optimizer, JobAlgorithm algorithm,
                                DdpOptions options, ElasticState state)
-    : rt_(runtime),
-      module_(std::move(module)),
-      optimizer_(optimizer),
-      algorithm_(std::move(algorithm)),
-      options_(std::move(options)),
-      state_(std::move(state)) {
-  if (!module_) throw comm::Error("ElasticTrainer: module is null");
-  if (!state_.save || !state_.load) state_ = module_state(module_, optimizer_);
-  // The shared-memory path maps segments named per job and rank; a re-formed world renumbers
-  // its ranks, so elastic buckets reduce through the transport.
-  options_.shared_memory = false;
+    : rt_(runtime), optimizer_(optimizer), state_(std::move(state)) {
+  if (!module) throw comm::Error("ElasticTrainer: module is null");
+  check_elastic_algorithm(algorithm);
+  if (!state_.save || !state_.load) state_ = module_state(module, optimizer_);
+  if (const auto* bucket = std::get_if<comm::Compression>(&algorithm))
+    driver_ = std::make_unique<BucketDriver>(rt_, module, *bucket, std::move(options));
+  else
+    driver_ = std::make_unique<LocalUpdateDriver>(rt_, module, std::move(algorithm));
   try {
     if (rt_.elastic()) heal(rt_.generation());
     build();
@@ -69,37 +220,34 @@ ElasticTrainer::ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Modu
 
 ElasticTrainer::~ElasticTrainer() = default;
 
+DistributedModule& ElasticTrainer::module() {
+  auto* bucket = dynamic_cast<BucketDriver*>(driver_.get());
+  if (!bucket || !bucket->ddp)
+    throw comm::Error("ElasticTrainer::module(): the trainer runs " + algorithm_name() +
+                      ", not a bucket algorithm (local_update() is its module)");
+  return *bucket->ddp;
+}
+
+LocalUpdateModule& ElasticTrainer::local_update() {
+  auto* local = dynamic_cast<LocalUpdateDriver*>(driver_.get());
+  if (!local || !local->lu)
+    throw comm::Error("ElasticTrainer::local_update(): the trainer runs " + algorithm_name() +
+                      ", not a local-update algorithm (module() is its module)");
+  return *local->lu;
+}
+
+std::string ElasticTrainer::algorithm_name() const { return driver_->algorithm_name(); }
+
 void ElasticTrainer::build() {
-  ddp_ = std::make_unique<DistributedModule>(rt_, module_, algorithm_, options_);
-  // A survivor keeps its own algorithm state (error feedback, momentum correction) as it was at
-  // the end of its last completed step; the bucket layout does not depend on the world size, so
-  // it fits the new module. Then the source's shared part (the step, the layout, PowerSGD's Qs)
-  // makes every member agree; a restarted rank has only that, and zero error feedback.
-  if (!own_.empty()) {
-    comm::StateReader in(own_, "ElasticTrainer's own algorithm state");
-    ddp_->load_state(in, StatePart::all);
-    in.expect_end();
-  }
-  if (!shared_.empty()) {
-    const auto before = ddp_->bucket_parameters();
-    comm::StateReader in(shared_, "the algorithm state shared by the generation's source");
-    ddp_->load_state(in, StatePart::shared);
-    in.expect_end();
-    if (!own_.empty() && ddp_->bucket_parameters() != before)
-      std::cerr << "troupe: elastic: rank " << rt_.rank() << ": the source's bucket layout differs "
-                << "from this rank's; its error feedback starts from zero\n";
-  }
-  ddp_->resume_at(static_cast<uint64_t>(completed_));
+  driver_->build(own_, shared_, completed_);
+  steps_ = completed_;
   snapshot();
 }
 
 void ElasticTrainer::snapshot() {
-  own_.clear();
-  comm::StateWriter all(own_);
-  ddp_->save_state(all, StatePart::all);
-  shared_.clear();
-  comm::StateWriter shared(shared_);
-  ddp_->save_state(shared, StatePart::shared);
+  own_ = driver_->save(StatePart::all);
+  shared_ = driver_->save(StatePart::shared);
+  if (driver_->rolls_back()) caller_ = state_.save();
 }
 
 void ElasticTrainer::heal(const ElasticGeneration& generation) {
@@ -124,12 +272,16 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
   if (!source) {
     comm::StateReader in(bytes, "the state of generation " + std::to_string(generation.number) +
                                     "'s source (rank " + std::to_string(generation.source) + ")");
-    const std::string user = in.string();
+    const std::string caller = in.string();
     std::string shared = in.string();
     in.expect_end();
-    state_.load(user);
-    // A member behind the source by a step keeps its own residual of the step before (the
-    // unsent remainder of the step it missed is dropped, never sent twice).
+    // A local-update member at the source's sync keeps its own inner optimizer and buffers
+    // (rolled back to that sync; its parameters are the source's); a restarted member, or one
+    // behind the source, takes the source's.
+    const bool keeps_own = driver_->rolls_back() && !own_.empty() && completed_ == generation.step;
+    if (!keeps_own) state_.load(caller);
+    // A member behind the source by a step (or a sync) keeps its own residual of the one before
+    // (the unsent remainder of the step it missed is dropped, never sent twice).
     shared_ = std::move(shared);
   }
   completed_ = generation.step;
@@ -137,7 +289,10 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
 
 void ElasticTrainer::recover(const std::string& why) {
   const auto start = Clock::now();
-  ddp_.reset();
+  driver_->destroy();
+  // A local-update algorithm goes back to its last completed outer sync: this rank's parameters,
+  // buffers and inner optimizer as they were then.
+  if (driver_->rolls_back() && !caller_.empty()) state_.load(caller_);
   for (int attempt = 1;; ++attempt) {
     const ElasticGeneration generation = rt_.reform(completed_);  // throws when the job stops
     try {
@@ -150,7 +305,7 @@ void ElasticTrainer::recover(const std::string& why) {
                 << since(start) << " s\n";
       return;
     } catch (const comm::Error& e) {
-      ddp_.reset();  // the world changed again while healing: re-form once more
+      driver_->destroy();  // the world changed again while healing: re-form once more
       if (attempt >= 32)
         throw comm::Error(std::string("ElasticTrainer: the world did not settle in 32 "
                                       "generations; the last failed with: ") + e.what());
@@ -159,24 +314,13 @@ void ElasticTrainer::recover(const std::string& why) {
 }
 
 bool ElasticTrainer::step(const std::function<void()>& forward_backward) {
-  bool applied = false;
   try {
     forward_backward();
-    ddp_->step([&] {
-      optimizer_.step();
-      applied = true;
-      // The reductions are done: the algorithm state is the end of this step's, the one to keep
-      // if the world changes before the next step completes.
-      if (options_.agg_grad) snapshot();
-    });
-    ++completed_;
-    if (!options_.agg_grad) snapshot();
+    driver_->step(optimizer_, [this] { completed_ = steps_ + 1; }, [this] { snapshot(); });
+    ++steps_;
     return true;
   } catch (const comm::Error& e) {
     if (!rt_.elastic()) throw;
-    // An error after the optimizer ran (the buffers' broadcast) leaves this step's update in the
-    // state: it counts as completed.
-    if (applied) ++completed_;
     recover(e.what());
     return false;
   }

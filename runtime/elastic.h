@@ -42,8 +42,17 @@
 /// 29-66 us for the example's models with error feedback, docs/benchmarks.md; nothing for
 /// allreduce).
 ///
-/// ElasticTrainer runs the bucket algorithms (Algorithm: allreduce, fp16, ..., PowerSGD) only; the
-/// local-update (runtime/local_update), gossip and asynchronous modules do not re-form yet.
+/// The local-update algorithms (DiLoCo and SparseLoCo, runtime/local_update) go on too, from the
+/// last completed outer sync, where every rank's parameters are equal: the trainer keeps each
+/// rank's caller state (parameters, buffers, inner optimizer: ElasticState) and its module's
+/// state as they were after each completed sync (not each step), and a re-form rolls every
+/// survivor back to it; the steps since are redone on the new shards. What every rank holds equal
+/// (the global weights, the outer momentum, the counters, an outer PowerSGD's Q) travels from the
+/// source; what is a rank's own (its inner optimizer, DiLoCo's outer-compression residual,
+/// SparseLoCo's error-feedback memory) is kept by a survivor and starts at zero on a restarted
+/// rank, which takes the source's parameters and inner optimizer. Streaming DiLoCo is refused
+/// (its fragments in flight cannot be rolled back yet), and so are the gossip and asynchronous
+/// algorithms (check_elastic_algorithm).
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -52,6 +61,7 @@
 #include <vector>
 
 #include "runtime/distributed_module.h"
+#include "runtime/job_algorithm.h"
 
 namespace troupe {
 
@@ -78,24 +88,44 @@ struct ElasticRecovery {
   std::string reason;   // the error that started it
 };
 
+/// Throws comm::Error naming `algorithm` and what elastic training runs when ElasticTrainer
+/// cannot run it: Streaming DiLoCo (its fragments in flight cannot be rolled back to an outer
+/// sync yet), the gossip and the asynchronous algorithms.
+void check_elastic_algorithm(const JobAlgorithm& algorithm);
+
+class LocalUpdateModule;
+
 class ElasticTrainer {
  public:
   /// Collective: every member constructs it (a restarted rank included), and receives the state
-  /// of the generation's source. `state` defaults to module_state(module, optimizer).
+  /// of the generation's source. `algorithm`: a bucket algorithm (run by a DistributedModule with
+  /// `options`), DiLoCo or SparseLoCo (a LocalUpdateModule; `optimizer` is the inner one);
+  /// others are refused (check_elastic_algorithm). `state` defaults to
+  /// module_state(module, optimizer).
   ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                 torch::optim::Optimizer& optimizer, Algorithm algorithm = GradientAllReduce{},
+                 torch::optim::Optimizer& optimizer, JobAlgorithm algorithm = comm::Compression{},
                  DdpOptions options = {}, ElasticState state = {});
   ~ElasticTrainer();
 
   /// Runs `forward_backward` (zero the gradients, forward, loss, backward) and the step. True:
   /// the step completed. False: the membership changed; the world has been re-formed and healed,
-  /// and the caller redoes the step (rank and world size may differ). Throws comm::Error when the
-  /// job stops (no quorum), and rethrows errors of a Runtime that is not elastic.
+  /// and the caller redoes steps from steps() (rank and world size may differ; a local-update
+  /// algorithm goes back to its last completed outer sync). Throws comm::Error when the job stops
+  /// (no quorum), and rethrows errors of a Runtime that is not elastic.
   bool step(const std::function<void()>& forward_backward);
   /// Steps the job has completed (the same on every member between steps).
-  int64_t steps() const { return completed_; }
-  DistributedModule& module() { return *ddp_; }
+  int64_t steps() const { return steps_; }
+  /// The bucket algorithms' module; comm::Error when the trainer runs a local-update algorithm.
+  DistributedModule& module();
+  /// The local-update algorithms' module; comm::Error when it runs a bucket algorithm.
+  LocalUpdateModule& local_update();
+  /// The algorithm with its settings ("powersgd(rank=1, ...)", "diloco(h=4, ...)").
+  std::string algorithm_name() const;
   const std::vector<ElasticRecovery>& recoveries() const { return recoveries_; }
+
+  /// What the trainer builds for each world and steps (elastic.cpp): a DistributedModule, or a
+  /// LocalUpdateModule.
+  struct Driver;
 
  private:
   void recover(const std::string& why);
@@ -104,17 +134,16 @@ class ElasticTrainer {
   void snapshot();
 
   Runtime& rt_;
-  std::shared_ptr<torch::nn::Module> module_;
   torch::optim::Optimizer& optimizer_;
-  Algorithm algorithm_;
-  DdpOptions options_;
   ElasticState state_;
-  std::unique_ptr<DistributedModule> ddp_;
-  // The module's algorithm state at the end of the last completed step, all of it and its shared
-  // part (DistributedModule::save_state), taken inside each step: a failed step has already
-  // changed the error feedback of the buckets it launched.
-  std::string own_, shared_;
-  int64_t completed_ = 0;
+  std::unique_ptr<Driver> driver_;
+  // The state a re-form goes back to, that of the end of step completed_: the module's algorithm
+  // state, all of it and its shared part, and (for a driver that rolls back) the caller's state.
+  // The bucket algorithms take it inside each step (a failed step has already changed the error
+  // feedback of the buckets it launched), the local-update ones at each completed outer sync.
+  std::string own_, shared_, caller_;
+  int64_t steps_ = 0;      // steps done
+  int64_t completed_ = 0;  // the step a re-form goes on from
   std::vector<ElasticRecovery> recoveries_;
 };
 

@@ -12,7 +12,10 @@
 /// and waits for them), optimizer (the reductions are done, the optimizer has not run),
 /// rendezvous (the rank (re)joins the job having completed `step` steps; 0 is the start), heal
 /// (an elastic member has learned the size of the state it receives, runtime/elastic.h, and has
-/// not received it; `step` is the step the job goes on from). The last two take step=any. A rank
+/// not received it; `step` is the step the job goes on from). The last two take step=any. In the
+/// local-update algorithms (runtime/local_update) backward is inner step `step` once its backward
+/// is done (before the inner optimizer), and reduce the outer sync after step `step`, before its
+/// reduction. A rank
 /// is its RANK slot at launch, which stays its name when an elastic job renumbers the survivors.
 /// A fault fires in one life of its slot: `life=N` (default 0, the first process; a rank that
 /// `troupe launch --elastic` restarted has TROUPE_RESTART_COUNT = its life). RuntimeOptions::faults

@@ -57,7 +57,7 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
   if (rt.rank() == 0) {
     std::printf("fashion_mnist: %s, %s, elastic, %d rank(s), %lld training images, global batch "
                 "%lld\n",
-                run.model.c_str(), trainer.module().algorithm_name().c_str(), rt.world_size(),
+                run.model.c_str(), trainer.algorithm_name().c_str(), rt.world_size(),
                 static_cast<long long>(size(train)),
                 static_cast<long long>(run.batch * std::max<int64_t>(first_world, 1)));
     std::fflush(stdout);
@@ -111,7 +111,7 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
   std::printf("launch slot %d finished: %lld steps of %s, %d rank(s) in generation %d, "
               "parameter checksum %s\n",
               rt.slot(), static_cast<long long>(trainer.steps()),
-              trainer.module().algorithm_name().c_str(), rt.world_size(), rt.generation().number,
+              trainer.algorithm_name().c_str(), rt.world_size(), rt.generation().number,
               parameter_checksum(*module).c_str());
   std::fflush(stdout);
 }

@@ -7,6 +7,7 @@
 
 #include "examples/fashion_mnist/dataset.h"
 #include "runtime/distributed_module.h"
+#include "runtime/job_algorithm.h"
 #include "runtime/runtime.h"
 
 namespace troupe::examples {
@@ -21,8 +22,9 @@ struct ElasticRun {
   double momentum = 0.9;
   int64_t log_every = 50;
   uint64_t seed = 1;
-  /// A bucket algorithm (allreduce, fp16, ..., powersgd): what ElasticTrainer runs.
-  Algorithm algorithm = comm::GradientAllReduce{};
+  /// A bucket algorithm (allreduce, fp16, ..., powersgd), DiLoCo or SparseLoCo: what
+  /// ElasticTrainer runs (runtime/elastic.h, check_elastic_algorithm).
+  JobAlgorithm algorithm = comm::Compression{};
   DdpOptions ddp;
 };
 

@@ -5,7 +5,8 @@
 //   ... fashion_mnist --checkpoint ckpt --checkpoint-every 500, later ... --resume ckpt
 //   TROUPE_FAULT=kill:rank=2,step=300 build/bin/troupe launch --elastic --min-ranks 2 -n 4 --
 //       build/bin/fashion_mnist --epochs 2     (a rank dies mid-epoch; the others go on; with
-//       --algorithm, any bucket algorithm: allreduce, fp16, ..., topk, powersgd)
+//       --algorithm, any bucket algorithm: allreduce, fp16, ..., topk, powersgd, or diloco and
+//       sparseloco, which go back to their last outer sync)
 // With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <CLI/CLI.hpp>
@@ -29,6 +30,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/cli/option_checks.h"
 #include "runtime/data_parallel.h"
+#include "runtime/elastic.h"
 #include "runtime/job_config.h"
 #include "runtime/launch.h"
 
@@ -271,17 +273,6 @@ void check_momentum_once(const Settings& s) {
                              s.trainer.momentum));
 }
 
-// Elastic training (troupe launch --elastic) runs through an ElasticTrainer, which re-forms a
-// DistributedModule: the bucket algorithms only.
-Algorithm elastic_algorithm(const JobAlgorithm& algorithm) {
-  if (const auto* bucket = std::get_if<comm::Compression>(&algorithm)) return *bucket;
-  throw comm::Error("algorithm " + job_algorithm_name(algorithm) +
-                    ": elastic training (troupe launch --elastic) runs the bucket algorithms only "
-                    "(allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, "
-                    "blockk, powersgd); run " + job_algorithm_name(algorithm) +
-                    " without --elastic");
-}
-
 // Every rank as a thread of this process, over the in-process transport.
 int run_threads(const Settings& s, int world, const comm::LinkEmulation& links) {
   auto fabric = std::make_shared<comm::InprocFabric>(world);
@@ -409,19 +400,18 @@ int main(int argc, char** argv) {
     // An elastic rank checks its algorithm and loads its data before it joins the job: a hot
     // spare waits with it loaded.
     const bool elastic = std::getenv("TROUPE_ELASTIC_FD") != nullptr;
-    std::optional<Algorithm> elastic_bucket;
     std::optional<examples::ElasticData> elastic_data;
     if (elastic) {
-      elastic_bucket = elastic_algorithm(s.algorithm);
+      check_elastic_algorithm(s.algorithm);
       elastic_data = examples::load_elastic_data(t.data, s.subset);
     }
     Runtime rt(o);
     if (rt.elastic()) {
-      // troupe launch --elastic: the bucket algorithm through an ElasticTrainer
-      // (examples/fashion_mnist/elastic.h).
+      // troupe launch --elastic: a bucket algorithm, DiLoCo or SparseLoCo through an
+      // ElasticTrainer (examples/fashion_mnist/elastic.h), which refuses the others by name.
       examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
                                t.seed};
-      run.algorithm = elastic_bucket ? *elastic_bucket : elastic_algorithm(s.algorithm);
+      run.algorithm = s.algorithm;
       run.ddp = s.ddp;
       if (!elastic_data) elastic_data = examples::load_elastic_data(t.data, s.subset);
       examples::train_elastic(rt, run, *elastic_data);

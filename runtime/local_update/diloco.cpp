@@ -7,6 +7,7 @@
 
 #include "comm/compression/reduction.h"
 #include "comm/state.h"
+#include "runtime/fault.h"
 #include "runtime/local_update/outer_step.h"
 
 namespace troupe {
@@ -58,6 +59,7 @@ struct DiLoCoModule::Impl : Algorithm {
     const auto start = std::chrono::steady_clock::now();
     comm::Communicator::Traffic traffic;
     Runtime& rt = core.runtime;
+    fault::at(FaultPhase::reduce, core.inner - 1);  // the sync after inner step `inner - 1`
     if (rt.world_size() > 1)
       traffic = rt.comm().run_stages(
           reduction->stages(core.reduce_step(static_cast<uint32_t>(core.outer))),
@@ -76,6 +78,12 @@ struct DiLoCoModule::Impl : Algorithm {
   void save_rest(comm::StateWriter& out) override { reduction->save_state(out); }
   std::function<void(comm::StateReader&)> read_rest(comm::StateReader&) override {
     return [this](comm::StateReader& in) { reduction->load_state(in); };
+  }
+  // Shared: the reduction's part every rank holds equal (PowerSGD's Q); its error feedback is
+  // the rank's own.
+  void save_shared_rest(comm::StateWriter& out) override { reduction->save_shared_state(out); }
+  std::function<void(comm::StateReader&)> read_shared_rest(comm::StateReader&) override {
+    return [this](comm::StateReader& in) { reduction->load_shared_state(in); };
   }
 
   DiLoCo config;

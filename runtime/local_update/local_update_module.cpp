@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "comm/state.h"
+#include "comm/status.h"
 #include "runtime/local_update/outer_step.h"
 
 namespace troupe {
@@ -23,21 +24,42 @@ CommStats LocalUpdateModule::stats() const { return algorithm_->outer_step().tot
 int64_t LocalUpdateModule::outer_steps() const { return algorithm_->outer_step().outer; }
 
 void LocalUpdateModule::save_state(comm::StateWriter& out) const {
+  save_state(out, StatePart::all);
+}
+
+void LocalUpdateModule::load_state(comm::StateReader& in) { load_state(in, StatePart::all); }
+
+void LocalUpdateModule::save_state(comm::StateWriter& out, StatePart part) const {
   algorithm_->before_save();
   auto& core = algorithm_->outer_step();
   std::lock_guard<std::mutex> lock(core.flat.mutex());
   core.save(out, algorithm_->name());
-  algorithm_->save_rest(out);
+  if (part == StatePart::all)
+    algorithm_->save_rest(out);
+  else
+    algorithm_->save_shared_rest(out);
 }
 
-void LocalUpdateModule::load_state(comm::StateReader& in) {
+void LocalUpdateModule::load_state(comm::StateReader& in, StatePart part) {
   algorithm_->before_load(in);
   auto& core = algorithm_->outer_step();
   const auto saved = core.read(in, algorithm_->name());
-  const auto apply = algorithm_->read_rest(in);
+  const auto apply =
+      part == StatePart::all ? algorithm_->read_rest(in) : algorithm_->read_shared_rest(in);
   std::lock_guard<std::mutex> lock(core.flat.mutex());
   apply(in);
   core.restore(saved);
+}
+
+void LocalUpdateModule::Algorithm::save_shared_rest(comm::StateWriter&) {
+  throw comm::Error(name() + ": its state has no part shared by every rank (elastic training "
+                             "runs diloco and sparseloco)");
+}
+
+std::function<void(comm::StateReader&)> LocalUpdateModule::Algorithm::read_shared_rest(
+    comm::StateReader&) {
+  throw comm::Error(name() + ": its state has no part shared by every rank (elastic training "
+                             "runs diloco and sparseloco)");
 }
 
 }  // namespace troupe

@@ -31,6 +31,14 @@ class LocalUpdateModule : public DataParallel {
   int64_t outer_steps() const;
   void save_state(comm::StateWriter& out) const override;
   void load_state(comm::StateReader& in) override;
+  /// StatePart::all is save_state(out); StatePart::shared only what every rank holds equal after
+  /// an outer sync (the counters, the global weights, the outer momentum, the outer reduction's
+  /// shared part such as PowerSGD's Q), which an elastic member that restarted takes from a peer
+  /// (runtime/elastic.h): an error-feedback residual is its owner's. Streaming DiLoCo has no
+  /// such split (its fragments in flight) and refuses with comm::Error naming it.
+  void save_state(comm::StateWriter& out, StatePart part) const;
+  /// Restores what save_state(out, part) wrote, checked before anything changes.
+  void load_state(comm::StateReader& in, StatePart part);
 
  protected:
   /// What an algorithm adds to the outer step they share (runtime/local_update/outer_step.h).
@@ -51,6 +59,10 @@ class LocalUpdateModule : public DataParallel {
     /// Reads and checks that state; returns what applies it, under the model's lock, after it has
     /// read the state of the algorithm's reductions (each checked before anything changes).
     virtual std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) = 0;
+    /// The shared part of that state (save_state(out, StatePart::shared)); by default none can
+    /// be split off: comm::Error naming the algorithm.
+    virtual void save_shared_rest(comm::StateWriter& out);
+    virtual std::function<void(comm::StateReader&)> read_shared_rest(comm::StateReader& in);
   };
 
   explicit LocalUpdateModule(std::unique_ptr<Algorithm> algorithm);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "comm/status.h"
+#include "runtime/fault.h"
 
 namespace troupe {
 
@@ -49,6 +50,9 @@ OuterStep::OuterStep(Runtime& rt, std::shared_ptr<torch::nn::Module> module,
 }
 
 int64_t OuterStep::inner_step(torch::optim::Optimizer& optimizer) {
+  // Fault injection's backward phase for a local-update step: its backward is done, its inner
+  // optimizer has not run.
+  fault::at(FaultPhase::backward, inner);
   {
     std::lock_guard<std::mutex> lock(flat.mutex());
     optimizer.step();

@@ -11,6 +11,7 @@
 
 #include "comm/collectives/collectives.h"
 #include "comm/state.h"
+#include "runtime/fault.h"
 #include "runtime/local_update/outer_step.h"
 
 namespace troupe {
@@ -172,6 +173,7 @@ struct SparseLoCoModule::Impl : Algorithm {
     comm::Communicator::Traffic traffic;
     Runtime& runtime = core.runtime;
     const int world = runtime.world_size();
+    fault::at(FaultPhase::reduce, core.inner - 1);  // the sync after inner step `inner - 1`
     if (world > 1) {
       const size_t words = layout.bytes / 4;
       comm::Group group{runtime.rank(), world};
@@ -208,6 +210,11 @@ struct SparseLoCoModule::Impl : Algorithm {
     return [this, saved = std::move(saved)](comm::StateReader&) mutable {
       error = std::move(saved);
     };
+  }
+  // Shared: nothing beyond OuterStep's; the error-feedback memory is the rank's own.
+  void save_shared_rest(comm::StateWriter&) override {}
+  std::function<void(comm::StateReader&)> read_shared_rest(comm::StateReader&) override {
+    return [](comm::StateReader&) {};
   }
 
   SparseLoCo config;

@@ -1,6 +1,6 @@
 // The Fashion-MNIST example under `troupe launch --elastic` with a bucket algorithm other than
-// allreduce (--algorithm reaches its ElasticTrainer), the algorithms elastic training refuses, and
-// the --collective-timeout flag.
+// allreduce and with DiLoCo (--algorithm reaches its ElasticTrainer), the algorithm elastic
+// training refuses (Streaming DiLoCo), and the --collective-timeout flag.
 #include <doctest/doctest.h>
 
 #include <regex>
@@ -45,10 +45,11 @@ Run launch_elastic(const std::vector<std::string>& command, const std::string& f
   return run;
 }
 
-// The parameter checksums of the members' "finished" lines.
-std::vector<std::string> finished_checksums(const std::string& log) {
+// The parameter checksums of the members' "finished" lines for `algorithm`.
+std::vector<std::string> finished_checksums(const std::string& log, const std::string& algorithm) {
   std::vector<std::string> sums;
-  const std::regex line("finished: 64 steps of powersgd[^\n]* parameter checksum ([0-9a-f]+)");
+  const std::regex line("finished: 64 steps of " + algorithm +
+                        "[^\n]* parameter checksum ([0-9a-f]+)");
   for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it)
     sums.push_back((*it)[1]);
   return sums;
@@ -64,18 +65,36 @@ TEST_CASE("an elastic fashion_mnist with PowerSGD loses a rank, finishes, and sa
   CHECK(run.log.find("fashion_mnist: mlp, powersgd") != std::string::npos);
   CHECK(run.log.find("now 2 ranks; redoing step") != std::string::npos);
   // Both survivors finish every step in the world of two, with bit-identical parameters.
-  const auto sums = finished_checksums(run.log);
+  const auto sums = finished_checksums(run.log, "powersgd");
   CHECK(sums.size() == 2);
   CHECK(std::set<std::string>(sums.begin(), sums.end()).size() == 1);
   CHECK(run.log.find("2 rank(s) in generation 2") != std::string::npos);
 }
 
-TEST_CASE("an elastic fashion_mnist refuses a local-update algorithm, naming it and what it runs") {
-  auto run = launch_elastic(small_run("diloco:h=5"), "");
+TEST_CASE("an elastic fashion_mnist with DiLoCo loses a rank, goes back to its outer sync, and "
+          "finishes identical") {
+  // h = 4: slot 2 dies in step 10's inner step, the survivors go on from the sync after step 8
+  // and end at step 64, an outer sync, with bit-identical parameters.
+  auto run = launch_elastic(small_run("diloco:h=4"), "kill:rank=2,step=10");
+  INFO(run.log);
+  CHECK(run.result.exit_code == 0);
+  CHECK(run.log.find("kills itself at step 10 (backward)") != std::string::npos);
+  CHECK(run.log.find("fashion_mnist: mlp, diloco(h=4") != std::string::npos);
+  CHECK(run.log.find("now 2 ranks; redoing step 8") != std::string::npos);
+  const auto sums = finished_checksums(run.log, "diloco");
+  CHECK(sums.size() == 2);
+  CHECK(std::set<std::string>(sums.begin(), sums.end()).size() == 1);
+  CHECK(run.log.find("2 rank(s) in generation 2") != std::string::npos);
+}
+
+TEST_CASE("an elastic fashion_mnist refuses Streaming DiLoCo, naming it and what it runs") {
+  auto run = launch_elastic(small_run("streaming-diloco:h=4,fragments=2"), "");
   INFO(run.log);
   CHECK(run.result.exit_code != 0);
-  CHECK(run.log.find("algorithm diloco: elastic training (troupe launch --elastic) runs the "
-                     "bucket algorithms only (allreduce, fp16, ") != std::string::npos);
+  CHECK(run.log.find("algorithm streaming_diloco: elastic training (troupe launch --elastic) "
+                     "runs the bucket algorithms (allreduce, fp16, ") != std::string::npos);
+  CHECK(run.log.find("diloco and sparseloco, not streaming_diloco: its fragments in flight "
+                     "cannot be rolled back to an outer sync yet") != std::string::npos);
   CHECK(run.log.find("finished:") == std::string::npos);
 }
 

@@ -196,3 +196,46 @@ TEST_CASE("a spare heals with zero error feedback and the peers' PowerSGD Qs") {
     CHECK(hashes.size() == 1);
   }
 }
+
+// DiLoCo (h = 4): a re-form goes back to the last completed outer sync. Each survivor compares
+// its parameters with a one-process reference of 3 ranks to that sync and 2 from there
+// (tests/runtime/elastic_rank.cpp), so a survivor that went on from its live state, or lost its
+// own inner optimizer, exits 3.
+TEST_CASE("an elastic DiLoCo job killed in an inner step goes on from its last outer sync") {
+  auto run = run_elastic(3, 2, 0, "kill:rank=2,step=10", 0, "diloco");
+  check_finished(run, 2, 2);
+  CHECK(run.err.find("kills itself at step 10 (backward)") != std::string::npos);
+  CHECK(run.count("finished 40 steps of diloco(h=4, outer_lr=0.5, outer_momentum=0.5") == 2);
+  CHECK(run.count("to step 8, world 2") == 2);  // the sync after step 8, not the kill's step
+  CHECK(run.count("recovery: generation 2, world 2, from step 8") == 2);
+  CHECK(run.count("max |param - reference| = ") == 2);
+}
+
+TEST_CASE("an elastic DiLoCo job killed during its outer sync goes on from the sync before") {
+  // Step 11 ends the third inner run: slot 2 dies as the survivors wait in its reduction.
+  auto run = run_elastic(3, 2, 0, "kill:rank=2,step=11,phase=reduce", 0, "diloco");
+  check_finished(run, 2, 2);
+  CHECK(run.err.find("kills itself at step 11 (reduce)") != std::string::npos);
+  CHECK(run.count("rolled back from step 11 to step 8, world 2") == 2);
+  CHECK(run.count("recovery: generation 2, world 2, from step 8") == 2);
+  CHECK(run.count("max |param - reference| = ") == 2);
+}
+
+TEST_CASE("a killed DiLoCo rank is restarted, heals at an outer sync, and ends identical") {
+  auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "diloco");
+  check_finished(run, 3, 3);
+  CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
+  CHECK(run.out.find("slot 2 healed, stepping from step") != std::string::npos);
+  // The survivors went to a world of 2 and back to 3, each time from an outer sync, and still
+  // match the reference (the rejoined rank took rank 0's replica).
+  CHECK(run.count("max |param - reference| = ") == 2);
+  CHECK(run.count("reference not compared (this rank joined late)") == 1);
+}
+
+TEST_CASE("an elastic job refuses Streaming DiLoCo, naming it") {
+  auto run = run_elastic(2, 2, 0, "", 0, "streaming-diloco");
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
+  CHECK(run.result.exit_code != 0);
+  CHECK(run.err.find("algorithm streaming_diloco: elastic training") != std::string::npos);
+  CHECK(run.err.find("fragments in flight cannot be rolled back") != std::string::npos);
+}

@@ -11,9 +11,16 @@
 // reports what happened to its algorithm state: after a re-form a survivor's must be what it was
 // after its last completed step ("kept"), a restarted rank's error feedback must be zero, and
 // the shared part (PowerSGD's Qs) is printed as a hash per step for the test to compare.
+// argv[3] = diloco runs DiLoCo (h = 4, allreduce outer reduction; inner SGD with momentum, each
+// rank's own): the job ends at an outer sync (where the replicas are equal), and each member that
+// lived through every change compares its parameters with a one-process reference of the same
+// run (reference_diloco: each rank's replica on its shard, the world of each recovery from its
+// rollback step on; the highest launch slots are the ones that died, and a rank that rejoins
+// takes rank 0's replica, the generation's source, as the real one does).
 // Exit: 0 held, 2 replicas differ, 3 off the reference, 1 an error (printed).
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -80,6 +87,87 @@ torch::Tensor reference(const Data& d, int64_t steps) {
   return flat(*net);
 }
 
+constexpr int kDiLoCoH = 4;
+
+DiLoCo make_diloco() {
+  DiLoCo c;
+  c.inner_steps = kDiLoCoH;
+  // Milder than the paper's 0.7 and 0.9: a survivor trains alone for hundreds of steps until the
+  // restarted rank is back, and this small problem diverges under the paper's.
+  c.outer_lr = 0.5;
+  c.outer_momentum = 0.5;
+  c.nesterov = true;
+  return c;
+}
+
+// The world from a step on: {0, launch world}, then one per recovery (a later one at the same
+// step replaces an earlier).
+struct Segment {
+  int64_t from;
+  int world;
+};
+
+// One process running the elastic DiLoCo job: a replica (model and inner optimizer) per rank,
+// each stepping on its shard of the global batch; at every 4th step the outer step of
+// diloco.h (the mean of global - local, Nesterov SGD into the global weights) and every replica
+// goes on from the global weights. From a segment's step on the world is its size: the first
+// ranks' replicas go on as they were at that (rolled-back) step, a new rank takes rank 0's.
+torch::Tensor reference_diloco(const Data& d, std::vector<Segment> segments, int64_t steps) {
+  struct Replica {
+    torch::nn::Sequential net;
+    std::unique_ptr<torch::optim::SGD> opt;
+  };
+  auto make_replica = [] {
+    Replica r{make_model(), nullptr};
+    r.opt = std::make_unique<torch::optim::SGD>(make_sgd(*r.net));
+    return r;
+  };
+  std::vector<Replica> replicas;
+  torch::Tensor global = flat(*make_model()).clone();
+  torch::Tensor momentum = torch::zeros_like(global);
+  ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
+  const DiLoCo c = make_diloco();
+  segments.push_back({steps, 0});
+  for (size_t i = 0; i + 1 < segments.size(); ++i) {
+    const int world = segments[i].world;
+    while (static_cast<int>(replicas.size()) > world) replicas.pop_back();
+    while (static_cast<int>(replicas.size()) < world) {
+      auto r = make_replica();
+      if (!replicas.empty()) {
+        auto from = troupe::module_state(replicas[0].net.ptr(), *replicas[0].opt);
+        troupe::module_state(r.net.ptr(), *r.opt).load(from.save());
+      }
+      replicas.push_back(std::move(r));
+    }
+    for (int64_t s = segments[i].from; s < segments[i + 1].from; ++s) {
+      for (int r = 0; r < world; ++r) {
+        auto& rep = replicas[static_cast<size_t>(r)];
+        auto idx = as_index(sampler.indices(s, r, world));
+        rep.opt->zero_grad();
+        torch::nn::functional::cross_entropy(rep.net->forward(d.x.index({idx})),
+                                             d.y.index({idx}))
+            .backward();
+        rep.opt->step();
+      }
+      if ((s + 1) % c.inner_steps != 0) continue;
+      torch::Tensor mean = torch::zeros_like(global);
+      for (auto& rep : replicas) mean += global - flat(*rep.net);
+      mean /= world;
+      momentum.mul_(c.outer_momentum).add_(mean);
+      global.sub_(mean.add(momentum, c.outer_momentum), c.outer_lr);
+      for (auto& rep : replicas) {
+        torch::NoGradGuard no_grad;
+        int64_t at = 0;
+        for (auto& p : rep.net->parameters()) {
+          p.copy_(global.narrow(0, at, p.numel()).view(p.sizes()));
+          at += p.numel();
+        }
+      }
+    }
+  }
+  return global;
+}
+
 Algorithm make_algorithm(const std::string& name) {
   if (name == "allreduce") return GradientAllReduce{};
   if (name == "topk") {
@@ -95,6 +183,17 @@ Algorithm make_algorithm(const std::string& name) {
     return power;
   }
   throw comm::Error("elastic rank: algorithm '" + name + "' (expected allreduce, topk or powersgd)");
+}
+
+JobAlgorithm make_job_algorithm(const std::string& name) {
+  if (name == "diloco") return make_diloco();
+  if (name == "streaming-diloco") {  // refused by ElasticTrainer
+    StreamingDiLoCo c;
+    c.inner_steps = kDiLoCoH;
+    c.fragments = 2;
+    return c;
+  }
+  return make_algorithm(name);
 }
 
 std::string module_state(const DistributedModule& ddp, StatePart part) {
@@ -143,6 +242,75 @@ long long unix_ms() {
       .count();
 }
 
+// The DiLoCo mode: trains to `steps` (and on while the world is smaller than `until_world`),
+// always ending at an outer sync; then the replicas and the reference.
+int run_diloco(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential& net,
+               torch::optim::SGD& opt, const Data& d, int64_t steps, int until_world,
+               int launch_world, bool restarted) {
+  ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
+  bool after_change = false;
+  // Once the world is whole again, two more outer syncs, so that a rank that rejoined trains:
+  // every member sees the same steps() when a generation starts, so they agree on the end.
+  int64_t end = steps;
+  auto whole = [&] {
+    if (until_world > 0 && rt.world_size() >= until_world)
+      end = std::max(end, trainer.steps() + 2 * kDiLoCoH);
+  };
+  whole();
+  while (trainer.steps() < end || trainer.steps() % kDiLoCoH != 0 ||
+         (rt.world_size() < until_world && trainer.steps() < kMaxSteps)) {
+    const int64_t before = trainer.steps();
+    auto idx = as_index(sampler.indices(before, rt.rank(), rt.world_size()));
+    const bool done = trainer.step([&] {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(net->forward(d.x.index({idx})), d.y.index({idx}))
+          .backward();
+    });
+    if (!done) {
+      after_change = true;
+      whole();
+      std::cout << "slot " << rt.slot() << " rolled back from step " << before << " to step "
+                << trainer.steps() << ", world " << rt.world_size() << std::endl;
+    } else if (after_change) {
+      std::cout << "slot " << rt.slot() << " stepping again in generation "
+                << rt.generation().number << " at unix ms " << unix_ms() << std::endl;
+      after_change = false;
+    }
+  }
+  auto mine = flat(*net);
+  auto theirs = mine.clone();
+  rt.comm().broadcast(theirs.data_ptr(), static_cast<size_t>(theirs.numel()),
+                      comm::DataType::float32, 0);
+  const bool same = torch::equal(mine, theirs);
+  std::cout << "slot " << rt.slot() << " finished " << trainer.steps() << " steps of "
+            << trainer.algorithm_name() << " as rank " << rt.rank() << " of " << rt.world_size()
+            << " in generation " << rt.generation().number << " after "
+            << trainer.recoveries().size() << " recoveries; replicas "
+            << (same ? "identical" : "DIFFER");
+  double off = 0;
+  if (!restarted) {
+    std::vector<Segment> segments{{0, launch_world}};
+    for (auto& r : trainer.recoveries()) {
+      while (!segments.empty() && segments.back().from >= r.step) segments.pop_back();
+      segments.push_back({r.step, r.world_size});
+    }
+    off = (mine - reference_diloco(d, segments, trainer.steps())).abs().max().item<double>();
+    std::cout << "; max |param - reference| = " << off;
+  } else {
+    std::cout << "; reference not compared (this rank joined late)";
+  }
+  std::cout << std::endl;
+  for (auto& r : trainer.recoveries())
+    std::cout << "slot " << rt.slot() << " recovery: generation " << r.generation << ", world "
+              << r.world_size << ", from step " << r.step << ", " << r.seconds << " s"
+              << std::endl;
+  if (!same) return 2;
+  // Worlds of 1 and 2 sum as the reference does, bit for bit; 3 ranks' ring sums each chunk in
+  // its own order.
+  if (!(off <= 1e-5)) return 3;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -161,15 +329,18 @@ int main(int argc, char** argv) {
     auto opt = make_sgd(*net);
     DdpOptions ddp;
     ddp.stall_timeout = std::chrono::seconds(20);
-    ElasticTrainer trainer(rt, net.ptr(), opt, make_algorithm(algorithm), ddp);
+    const bool diloco = algorithm == "diloco";
+    const int launch_world = rt.rank_info().world_size;
+    ElasticTrainer trainer(rt, net.ptr(), opt, make_job_algorithm(algorithm), ddp);
+    const bool restarted = rt.generation().number > 1 || !trainer.recoveries().empty();
     auto report_shared = [&] {
       std::cout << "slot " << rt.slot() << " shared state at step " << trainer.steps() << ": "
                 << hash_of(module_state(trainer.module(), StatePart::shared)) << std::endl;
     };
-    if (rt.generation().number > 1 || !trainer.recoveries().empty()) {
+    if (restarted) {
       std::cout << "slot " << rt.slot() << " healed, stepping from step " << trainer.steps()
                 << " at unix ms " << unix_ms() << std::endl;
-      if (algorithm != "allreduce") {
+      if (algorithm != "allreduce" && !diloco) {
         const bool zero =
             residuals_zero(module_state(trainer.module(), StatePart::all), algorithm);
         std::cout << "slot " << rt.slot() << " residual after heal: "
@@ -177,6 +348,8 @@ int main(int argc, char** argv) {
         report_shared();
       }
     }
+    if (diloco) return run_diloco(rt, trainer, net, opt, d, steps, until_world, launch_world,
+                                  restarted);
     // This rank's algorithm state after its last completed step: what a re-form must keep.
     std::vector<std::string> last = bucket_states(module_state(trainer.module(), StatePart::all));
     int64_t last_step = trainer.steps();
