@@ -107,8 +107,6 @@ class MembershipServer {
   void on_closed(int slot, const std::string& why);
   /// Whether `slot` has a live process (local or remote) that has not left.
   bool alive(int slot) const;
-  /// Whether `slot` was started at least once.
-  bool started_ever(int slot) const { return slots_.at(static_cast<size_t>(slot)).life > 0; }
   /// Whether `slot`'s process is a spare that no generation has taken yet.
   bool standby(int slot) const;
   /// Closes the rank's end in the launcher once the child has it.
