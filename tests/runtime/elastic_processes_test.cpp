@@ -227,9 +227,15 @@ TEST_CASE("a killed DiLoCo rank is restarted, heals at an outer sync, and ends i
   CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
   CHECK(run.out.find("slot 2 healed, stepping from step") != std::string::npos);
   // The survivors went to a world of 2 and back to 3, each time from an outer sync, and still
-  // match the reference (the rejoined rank took rank 0's replica).
-  CHECK(run.count("max |param - reference| = ") == 2);
-  CHECK(run.count("reference not compared (this rank joined late)") == 1);
+  // match the reference (the rejoined rank took rank 0's replica). Unless the rejoin caught a
+  // survivor in an outer sync that completed on the other only: that one is behind and takes the
+  // source's inner optimizer, which the reference does not model (seen once in ~6 runs).
+  if (run.count("reference not compared (a member was behind the source") == 0) {
+    CHECK(run.count("max |param - reference| = ") == 2);
+    CHECK(run.count("reference not compared (this rank joined late)") == 1);
+  } else {
+    CHECK(run.count("reference not compared (a member was behind the source") == 3);
+  }
 }
 
 TEST_CASE("an elastic job refuses Streaming DiLoCo, naming it") {

@@ -16,7 +16,9 @@
 // lived through every change compares its parameters with a one-process reference of the same
 // run (reference_diloco: each rank's replica on its shard, the world of each recovery from its
 // rollback step on; the highest launch slots are the ones that died, and a rank that rejoins
-// takes rank 0's replica, the generation's source, as the real one does).
+// takes rank 0's replica, the generation's source, as the real one does). When a re-form caught
+// a member behind the source (its outer sync failed where the source's completed), that member
+// took the source's inner optimizer, which the reference does not model: no member compares then.
 // Exit: 0 held, 2 replicas differ, 3 off the reference, 1 an error (printed).
 #include <torch/torch.h>
 
@@ -249,6 +251,9 @@ int run_diloco(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential& net,
                int launch_world, bool restarted) {
   ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
   bool after_change = false;
+  // Whether this rank was behind the source at a re-form (its outer sync failed where the
+  // source's completed): it took the source's inner optimizer, which the reference does not model.
+  int32_t behind = 0;
   // Once the world is whole again, two more outer syncs, so that a rank that rejoined trains:
   // every member sees the same steps() when a generation starts, so they agree on the end.
   int64_t end = steps;
@@ -268,6 +273,7 @@ int run_diloco(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential& net,
     });
     if (!done) {
       after_change = true;
+      if (trainer.steps() > before) behind = 1;
       whole();
       std::cout << "slot " << rt.slot() << " rolled back from step " << before << " to step "
                 << trainer.steps() << ", world " << rt.world_size() << std::endl;
@@ -282,13 +288,21 @@ int run_diloco(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential& net,
   rt.comm().broadcast(theirs.data_ptr(), static_cast<size_t>(theirs.numel()),
                       comm::DataType::float32, 0);
   const bool same = torch::equal(mine, theirs);
+  int32_t any_behind = behind;
+  for (int r = 0; r < rt.world_size(); ++r) {
+    int32_t flag = behind;
+    rt.comm().broadcast(&flag, 1, comm::DataType::int32, r);
+    any_behind |= flag;
+  }
   std::cout << "slot " << rt.slot() << " finished " << trainer.steps() << " steps of "
             << trainer.algorithm_name() << " as rank " << rt.rank() << " of " << rt.world_size()
             << " in generation " << rt.generation().number << " after "
             << trainer.recoveries().size() << " recoveries; replicas "
             << (same ? "identical" : "DIFFER");
   double off = 0;
-  if (!restarted) {
+  if (any_behind) {
+    std::cout << "; reference not compared (a member was behind the source at a re-form)";
+  } else if (!restarted) {
     std::vector<Segment> segments{{0, launch_world}};
     for (auto& r : trainer.recoveries()) {
       while (!segments.empty() && segments.back().from >= r.step) segments.pop_back();
