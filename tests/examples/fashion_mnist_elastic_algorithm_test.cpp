@@ -112,9 +112,10 @@ TEST_CASE("fashion_mnist refuses a collective timeout that is not a positive num
 }
 
 TEST_CASE("fashion_mnist's collective timeout is the deadline its collectives fail at") {
-  // 1 ms: shorter than the ranks' start-up skew, so the first collective that waits for the
-  // other rank (at the latest, the reduction rank 1 waits in while rank 0 evaluates after epoch 1)
-  // fails naming 1 ms (fashion_mnist_checkpoint_test.cpp's runs pass with the default 60 s).
+  // 1 ms: shorter than the ranks' skew, so a collective that waits for the other rank fails naming
+  // 1 ms (fashion_mnist_checkpoint_test.cpp's runs pass with the default 60 s). Which one does is
+  // timing: when it is only the end-of-epoch consensus distance, the example reports it ("n/a
+  // (...)") and goes on, so the exit status is not asserted, only the deadline in the message.
   LaunchOptions o;
   o.nprocs = 2;
   o.command = {FASHION_MNIST_BIN, "--model", "mlp", "--subset", "1024", "--batch", "16",
@@ -126,6 +127,5 @@ TEST_CASE("fashion_mnist's collective timeout is the deadline its collectives fa
   auto result = launch(o, out, err);
   const std::string log = out.str() + err.str() + result.message;
   INFO(log);
-  CHECK(result.exit_code != 0);
   CHECK(log.find("timed out after 1 ms") != std::string::npos);
 }
