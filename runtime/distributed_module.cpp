@@ -246,9 +246,11 @@ void DistributedModule::Impl::check_options() {
     throw comm::Error(comm::algorithm_name(algorithm) +
                       " compresses gradients: it needs DdpOptions.agg_grad = true (weights are "
                       "averaged with GradientAllReduce)");
-  if (opt.stall_timeout.count() <= 0)
-    throw comm::Error("DdpOptions.stall_timeout=" + std::to_string(opt.stall_timeout.count()) +
-                      " ms (expected > 0)");
+  if (opt.stall_timeout && opt.stall_timeout->count() <= 0)
+    throw comm::Error("DdpOptions.stall_timeout=" + std::to_string(opt.stall_timeout->count()) +
+                      " ms (expected > 0, or unset for the Runtime's collective timeout)");
+  // From here on it is set: every wait of the step and of its path has this deadline.
+  if (!opt.stall_timeout) opt.stall_timeout = detail::RuntimeAccess::collective_timeout(rt);
   const auto* sign = std::get_if<SignCompression>(&algorithm);
   if (opt.join && sign && sign->mode == SignMode::majority_vote)
     throw comm::Error("DdpOptions.join with " + comm::algorithm_name(algorithm) +
@@ -443,7 +445,7 @@ void DistributedModule::Impl::await_step() {
   caf::scoped_actor self{detail::actor_system(rt)};
   bool ok = false;
   std::string error;
-  const int64_t stall_ms = opt.stall_timeout.count();
+  const int64_t stall_ms = opt.stall_timeout->count();
   // The deadline is the reducer's: it answers with a stall report after stall_ms. A request
   // timeout here would be an entry in CAF's clock that keeps this scoped actor alive until it
   // expires, whether or not the answer came (one per step, for a minute: the memory of a long

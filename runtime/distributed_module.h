@@ -59,6 +59,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,8 +135,10 @@ struct DdpOptions {
   /// as well. Only for GradientAllReduce. Every rank must agree (the model check compares it).
   bool shared_memory = true;
   /// A step whose reductions are not done after this long fails with a report of which bucket
-  /// waits for which ranks.
-  std::chrono::milliseconds stall_timeout{60000};
+  /// waits for which ranks; so does each reduction a path runs (shared memory's, NCCL's, host
+  /// staging's copies). Unset: the Runtime's collective timeout (RuntimeOptions), as PyTorch's
+  /// DDP reduces under its process group's timeout.
+  std::optional<std::chrono::milliseconds> stall_timeout;
   /// At the end of each step (after the optimizer), copy the module's buffers from rank 0 to every
   /// rank, one flat broadcast per dtype (none when the module has no buffers), so that the next
   /// forward sees rank 0's running statistics. PyTorch broadcasts at the start of each forward:

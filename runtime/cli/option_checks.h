@@ -69,6 +69,13 @@ inline CLI::Validator number_above(double min) {
       "NUMBER > " + detail::number_text(min));
 }
 
+/// A finite number > min and <= max (a duration, say, that must stay within a clock's range).
+inline CLI::Validator number_above(double min, double max) {
+  return CLI::Validator(
+      [=](std::string& input) { return detail::check_number(input, min, true, max, false); },
+      "NUMBER in " + detail::number_expected(min, true, max, false).substr(12));
+}
+
 /// A finite number >= min.
 inline CLI::Validator number_at_least(double min) {
   return CLI::Validator(

@@ -109,7 +109,7 @@ class HostStagingPath : public GradientPath {
   }
 
   void connect(const GradientPathContext& context) override {
-    timeout_ = context.options->stall_timeout;
+    timeout_ = *context.options->stall_timeout;
     device_ = context.cuda->device();
     inner_->connect(context);
   }

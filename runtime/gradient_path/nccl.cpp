@@ -118,7 +118,7 @@ class NcclPath : public GradientPath {
 #ifdef TROUPE_HAVE_NCCL
     world_ = context.runtime->world_size();
     divide_before_ = context.options->divide_before && context.options->agg_grad;
-    nccl_ = context.runtime->nccl(context.cuda->device())->split(context.options->stall_timeout);
+    nccl_ = context.runtime->nccl(context.cuda->device())->split(*context.options->stall_timeout);
 #else
     (void)context;
 #endif

@@ -12,6 +12,9 @@
 // index); each rank sums its share of the bucket from every rank's memory and writes the result
 // into all of them. bytes_sent / bytes_received count the share written into and read from the
 // other ranks' memory. A dead rank aborts the LocalAllreduce: everything pending fails at once.
+// Each reduction's deadline is the step's (DdpOptions::stall_timeout, by default the Runtime's
+// collective timeout): a rank that does not contribute in time fails it, naming the slot, the
+// ranks and the timeout.
 #include <algorithm>
 
 #include "comm/shm/local_allreduce.h"
@@ -95,7 +98,7 @@ class SharedMemoryPath : public GradientPath {
     half_bytes_ = (bytes + align_ + 4095) / 4096 * 4096;
     try {
       local_ = comm::LocalAllreduce::connect(context.runtime->comm(), 2 * half_bytes_,
-                                             opt.stall_timeout + std::chrono::seconds(10));
+                                             *opt.stall_timeout);
     } catch (const comm::Error& e) {  // every rank throws (connect agrees on failures)
       throw comm::Error("DistributedModule: shared memory for the buckets (" +
                         std::to_string(2 * half_bytes_) + " bytes per rank): " + e.what() +

@@ -23,6 +23,7 @@
 #include "comm/reduce.h"
 #include "cuda/reduce.h"
 #include "tests/support/cuda_stream.h"
+#include "tests/support/random_floats.h"
 #include "tests/support/skip.h"
 
 namespace {
@@ -76,24 +77,8 @@ float from_bits(uint32_t u) {
   return f;
 }
 
-// std::mt19937's raw output is fixed by the standard (its distributions are not).
-std::vector<float> uniform_floats(size_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = lo + (hi - lo) * static_cast<float>(g() >> 8) * (1.0f / 16777216.0f);
-  return v;
-}
-
-/// Magnitudes over many exponents, signs mixed.
-std::vector<float> wide_floats(size_t n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    const float exponent = static_cast<float>(g() % 4000) / 100.0f - 20.0f;
-    x = (g() & 1 ? -1.0f : 1.0f) * std::exp2(exponent);
-  }
-  return v;
-}
+using troupe::test::uniform_floats;
+using troupe::test::wide_floats;
 
 /// Awkward sizes around `block`: empty, one element, either side of a block, and large.
 std::vector<size_t> sizes_around(size_t block) {

@@ -17,6 +17,7 @@
 
 #include "comm/codecs/minmax.h"
 #include "cuda/codecs.h"
+#include "tests/support/random_floats.h"
 
 namespace {
 
@@ -108,23 +109,8 @@ long first_mismatch(const void* got, const void* want, size_t bytes) {
   return -1;
 }
 
-std::vector<float> uniform_floats(size_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = lo + (hi - lo) * static_cast<float>(g() >> 8) * (1.0f / 16777216.0f);
-  return v;
-}
-
-/// Magnitudes over many exponents, signs mixed.
-std::vector<float> wide_floats(size_t n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    const float exponent = static_cast<float>(g() % 4000) / 100.0f - 20.0f;
-    x = (g() & 1 ? -1.0f : 1.0f) * std::exp2(exponent);
-  }
-  return v;
-}
+using troupe::test::uniform_floats;
+using troupe::test::wide_floats;
 
 /// Blocks whose min or max is a zero, +0 and -0 mixed, so the header's zero signs depend on the
 /// CPU's reduction order; every third block is all zeros.

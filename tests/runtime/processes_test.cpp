@@ -59,6 +59,20 @@ TEST_CASE("a rank that dies mid-training ends every survivor's step with an erro
   for (int rank = 0; rank < 2; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
 }
 
+TEST_CASE("a step whose peer never enters the reduction fails at the collective timeout, on the "
+          "shared-memory path and the transport's") {
+  // The scenario's rank 0 checks its error and when it came (tests/runtime/rank_main.cpp).
+  for (const std::string scenario : {"ddp_late_rank_shm", "ddp_late_rank_transport"}) {
+    INFO(scenario);
+    std::string log;
+    auto r = run_job(2, scenario, false, &log);
+    INFO(log);
+    REQUIRE(r.rank_exit_codes.size() == 2);
+    CHECK(r.rank_exit_codes[0] == 0);
+    CHECK(r.rank_exit_codes[1] == 0);
+  }
+}
+
 TEST_CASE("decentralized and asynchronous gossip go on without a neighbour that dies") {
   for (const char* scenario : {"gossip_kill_one", "async_gossip_kill_one"}) {
     CAPTURE(scenario);

@@ -160,6 +160,70 @@ int ddp_fail_one(bool named) {
   return 3;
 }
 
+// Two ranks of one host train a step together. Then rank 1 does not enter the second step's
+// reduction: it waits in a broadcast from rank 0 (with its own deadline of 30 s), which rank 0
+// enters only once its second step has failed. Rank 0 sets no DdpOptions::stall_timeout, so its
+// step must fail at the Runtime's collective timeout (2 s; before, it waited for the default
+// stall timeout of 60 s), naming the timeout and the bucket, on the shared-memory path
+// (`shared_memory`) or the transport's. Exit 0 then.
+int ddp_late_rank(bool shared_memory) {
+  using namespace std::chrono_literals;
+  torch::set_num_threads(1);
+  RuntimeOptions o;
+  o.scheduler_threads = 1;
+  o.collective_timeout = 2000ms;
+  Runtime rt(o);
+  if (rt.world_size() != 2) throw std::runtime_error("ddp_late_rank runs on 2 ranks");
+  auto model = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::ReLU(),
+                                     torch::nn::Linear(256, 10));
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  DdpOptions d;
+  d.shared_memory = shared_memory;
+  DistributedModule ddp(rt, model.ptr(), GradientAllReduce{}, d);
+  const std::string path = shared_memory ? "cpu via shared memory" : "cpu";
+  if (ddp.gradient_path() != path) {
+    std::cerr << "rank " << rt.rank() << ": gradient path '" << ddp.gradient_path()
+              << "', expected '" << path << "'\n";
+    return 2;
+  }
+  auto train_step = [&] {
+    opt.zero_grad();
+    model->forward(torch::randn({32, 64})).pow(2).mean().backward();
+    ddp.step(opt);
+  };
+  train_step();
+  int64_t word = 0;
+  if (rt.rank() == 1) {
+    rt.comm().set_timeout(30s);
+    rt.comm().broadcast(&word, 1, comm::DataType::int64, 0);
+    std::cout << "rank 1: rank 0 is done with its step" << std::endl;
+    return word == 7 ? 0 : 3;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    train_step();
+  } catch (const comm::Error& e) {
+    what = e.what();
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  word = 7;
+  rt.comm().broadcast(&word, 1, comm::DataType::int64, 0);  // rank 1 may go
+  std::cout << "rank 0 (" << path << ") got after " << waited << " s: " << what << std::endl;
+  if (what.empty()) return 4;
+  // The timeout, the bucket, and rank 1 as the one it waits for (the shared-memory reduction
+  // says "ranks 1 did not contribute", the stall report "waits for rank(s) 1").
+  const bool named = what.find("2000 ms") != std::string::npos &&
+                     what.find("bucket 0") != std::string::npos &&
+                     (what.find("ranks 1 did not contribute") != std::string::npos ||
+                      what.find("waits for rank(s) 1") != std::string::npos);
+  if (named && waited >= 1.95 && waited < 8) return 0;
+  std::cerr << "rank 0: the step's error does not name the timeout, the bucket and rank 1, or "
+               "came outside [1.95, 8) s\n";
+  return 5;
+}
+
 // A ring of gossiping ranks (D-PSGD when `asynchronous` is false, AD-PSGD when true) in which the
 // last rank dies at step 3: its two neighbours must drop it, log it, and every survivor must end
 // all its steps. Exit 0 when that happened.
@@ -270,7 +334,8 @@ int cuda_staging() {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: troupe_test_rank collectives|kill_one|ddp_kill_one|ddp_fail_one|"
-                 "ddp_throw_one|gossip_kill_one|async_gossip_kill_one|hierarchical|cuda_staging\n";
+                 "ddp_throw_one|gossip_kill_one|async_gossip_kill_one|hierarchical|cuda_staging|"
+                 "ddp_late_rank_shm|ddp_late_rank_transport\n";
     return 64;
   }
   try {
@@ -283,6 +348,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[1], "hierarchical")) return hierarchical();
     if (!std::strcmp(argv[1], "async_gossip_kill_one")) return gossip_kill_one(true);
     if (!std::strcmp(argv[1], "cuda_staging")) return cuda_staging();
+    if (!std::strcmp(argv[1], "ddp_late_rank_shm")) return ddp_late_rank(true);
+    if (!std::strcmp(argv[1], "ddp_late_rank_transport")) return ddp_late_rank(false);
   } catch (const std::exception& e) {
     std::cerr << "troupe_test_rank " << argv[1] << ": " << e.what() << "\n";
     return 1;

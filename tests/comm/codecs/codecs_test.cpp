@@ -16,6 +16,7 @@
 #include "comm/codecs/sign.h"
 #include "comm/codecs/sparse.h"
 #include "comm/reduce.h"
+#include "tests/support/random_floats.h"
 
 using namespace troupe::comm;
 
@@ -24,17 +25,8 @@ namespace {
 // Sizes around every vector width and unrolling, so that tails are exercised.
 const size_t kSizes[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 1001, 4099};
 
-// std::mt19937's raw output is fixed by the standard (its distributions are not).
-float uniform(std::mt19937& g, float lo, float hi) {
-  return lo + (hi - lo) * static_cast<float>(g() >> 8) * (1.0f / 16777216.0f);
-}
-
-std::vector<float> uniform_floats(size_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = uniform(g, lo, hi);
-  return v;
-}
+using troupe::test::uniform;
+using troupe::test::uniform_floats;
 
 // Floats from random bit patterns (every exponent), NaN excluded.
 std::vector<float> any_floats(size_t n, uint32_t seed) {

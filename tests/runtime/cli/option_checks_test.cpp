@@ -55,6 +55,16 @@ TEST_CASE("a floating option names the flag, the value and the range for nan, in
   CHECK(momentum("0") == "");
   CHECK(parse_error<double>("--timeout", cli::number_at_least(0), "-5") ==
         "--timeout: -5 is out of range (expected a number >= 0)");
+  auto timeout = [](const std::string& v) {
+    return parse_error<double>("--collective-timeout", cli::number_above(0, 1e9), v);
+  };
+  CHECK(timeout("0") == "--collective-timeout: 0 is out of range (expected a number in (0, 1e+09])");
+  CHECK(timeout("1e10") ==
+        "--collective-timeout: 1e10 is out of range (expected a number in (0, 1e+09])");
+  CHECK(timeout("nan") ==
+        "--collective-timeout: nan is not a finite number (expected a number in (0, 1e+09])");
+  CHECK(timeout("1e9") == "");
+  CHECK(timeout("0.001") == "");
 }
 
 TEST_CASE("an integer option names the flag, the value and the range, overflow included") {
