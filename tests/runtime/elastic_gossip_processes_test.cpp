@@ -197,7 +197,8 @@ std::map<int, torch::Tensor> simulate_dpsgd(const Printed& p, const Decentralize
       auto end = ends.find({generation, slot});
       if (end == ends.end()) continue;  // it died in this world
       last = std::max(last, end->second);
-      if (end->second == from[generation]) state[slot] = replicas[static_cast<size_t>(rank)].save();
+      if (end->second == from[generation])
+        state[slot] = replicas[static_cast<size_t>(rank)].save();
     }
     comm::Topology topology(algo.topology, world);
     for (int64_t s = from[generation]; s < last; ++s) {
@@ -223,7 +224,8 @@ std::map<int, torch::Tensor> simulate_dpsgd(const Printed& p, const Decentralize
           stepped.push_back(flat(*rep.net).clone());
         }
         const auto mixed = mix(topology, round, stepped);
-        for (int r = 0; r < world; ++r) replicas[static_cast<size_t>(r)].set(mixed[static_cast<size_t>(r)]);
+        for (int r = 0; r < world; ++r)
+          replicas[static_cast<size_t>(r)].set(mixed[static_cast<size_t>(r)]);
       }
       for (const auto& [rank, slot] : ranks) {
         auto end = ends.find({generation, slot});
