@@ -8,8 +8,10 @@
 #include <sstream>
 
 #include "runtime/fault.h"
+#include "runtime/gossip/decentralized.h"
 #include "runtime/local_update/diloco.h"
 #include "runtime/local_update/sparseloco.h"
+#include "runtime/runtime_internal.h"
 
 namespace troupe {
 
@@ -23,8 +25,8 @@ double since(Clock::time_point start) {
 
 }  // namespace
 
-/// What ElasticTrainer builds for each world and steps: its two cases are the bucket algorithms
-/// (BucketDriver) and the local-update ones (LocalUpdateDriver).
+/// What ElasticTrainer builds for each world and steps: its three cases are the bucket algorithms
+/// (BucketDriver), the local-update ones (LocalUpdateDriver) and the gossip ones (GossipDriver).
 struct ElasticTrainer::Driver {
   virtual ~Driver() = default;
   /// The module for the runtime's current world (a collective), with `own` (this rank's state
@@ -42,6 +44,10 @@ struct ElasticTrainer::Driver {
   /// Whether a re-form rolls each rank's caller state (parameters, buffers, optimizer) back to
   /// the last snapshot, where it differs between ranks (the local-update inner optimizers).
   virtual bool rolls_back() const = 0;
+  /// Whether each rank's parameters and optimizer are its own (gossip): a survivor keeps them
+  /// across a re-form whatever the source's step, and only a rank without state (restarted)
+  /// takes the source's.
+  virtual bool own_replicas() const { return false; }
   virtual std::string algorithm_name() const = 0;
 };
 
@@ -70,18 +76,23 @@ ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
 
 void check_elastic_algorithm(const JobAlgorithm& algorithm) {
   if (std::holds_alternative<comm::Compression>(algorithm) ||
-      std::holds_alternative<DiLoCo>(algorithm) || std::holds_alternative<SparseLoCo>(algorithm))
+      std::holds_alternative<DiLoCo>(algorithm) || std::holds_alternative<SparseLoCo>(algorithm) ||
+      std::holds_alternative<Decentralized>(algorithm) ||
+      std::holds_alternative<LowPrecisionDecentralized>(algorithm))
     return;
   const std::string name = job_algorithm_name(algorithm);
-  const std::string why =
-      std::holds_alternative<StreamingDiLoCo>(algorithm)
-          ? ": its fragments in flight cannot be rolled back to an outer sync yet"
-          : "";
+  std::string why;
+  if (std::holds_alternative<StreamingDiLoCo>(algorithm))
+    why = ": its fragments in flight cannot be rolled back to an outer sync yet";
+  else if (std::holds_alternative<AsyncModelAverage>(algorithm) ||
+           std::holds_alternative<AsyncGossip>(algorithm))
+    why = ": its background rounds are not yet ended at a re-form, nor a rejoining rank healed";
   throw comm::Error("algorithm " + name +
                     ": elastic training (troupe launch --elastic) runs the bucket algorithms "
                     "(allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, "
-                    "blockk, powersgd), diloco and sparseloco, not " + name + why + "; run " +
-                    name + " without --elastic");
+                    "blockk, powersgd), diloco, sparseloco, decentralized and "
+                    "low_precision_decentralized, not " + name + why + "; run " + name +
+                    " without --elastic");
 }
 
 /// The bucket algorithms: a DistributedModule per world, whose state is kept after every step.
@@ -198,6 +209,77 @@ struct LocalUpdateDriver : ElasticTrainer::Driver {
   std::unique_ptr<LocalUpdateModule> lu;
 };
 
+/// D-PSGD and Choco-SGD: a DecentralizedModule per world, over that world's topology. Replicas
+/// differ by design, so each survivor keeps its own: the trainer keeps its caller state
+/// (parameters, buffers, optimizer) after each completed step, and a re-form rolls a survivor
+/// back to it only when its step was half-done (the optimizer ran, the round did not complete
+/// with every neighbour). A step completes when its round brought every neighbour's message and
+/// no change of the membership was announced by its end; the module drops a dead neighbour and
+/// mixes with the others, which elastic training counts as a failed step instead. So each
+/// survivor goes on from its own last completed step, which may differ between survivors by the
+/// few rounds a death takes to reach them; the job's step count goes on from the source's.
+struct GossipDriver : ElasticTrainer::Driver {
+  GossipDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
+               const DdpOptions& ddp)
+      : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {
+    options.timeout = ddp.stall_timeout;
+    // The members' weights differ after a re-form: the module must not replace them with rank
+    // 0's. (The first generation's members took the source's in heal().) Choco-SGD's public
+    // copies then start at zero on every rank (decentralized.h).
+    options.broadcast_parameters = !rt.elastic();
+  }
+
+  void build(const std::string&, const std::string&, int64_t step) override {
+    // A fresh module per world: the topology, the peer links and Choco's copies are the new
+    // world's; its own step and round counts (a communication interval's phase, a time-varying
+    // topology's round) start again from the re-form, the same on every member.
+    if (const auto* d = std::get_if<Decentralized>(&algorithm))
+      dp = std::make_unique<DecentralizedModule>(rt, module, *d, options);
+    else
+      dp = std::make_unique<DecentralizedModule>(rt, module,
+                                                 std::get<LowPrecisionDecentralized>(algorithm),
+                                                 options);
+    step_ = step;
+  }
+  void destroy() override { dp.reset(); }
+  // Throws when the world this module gossips over is ending: a change announced by the
+  // membership service, or a neighbour the module dropped.
+  void check_world(const char* when) const {
+    if (detail::RuntimeAccess::reform_announced(rt))
+      throw comm::Error(dp->algorithm_name() + " step " + std::to_string(step_) + " (" + when +
+                        "): the membership service announced a new generation");
+    const auto dropped = dp->stats().dropped_peers;
+    if (!dropped.empty())
+      throw comm::Error(dp->algorithm_name() + " step " + std::to_string(step_) + " (" + when +
+                        "): neighbour rank " + std::to_string(dropped.front()) +
+                        " was dropped");
+  }
+  void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
+            const std::function<void()>& snapshot) override {
+    // The caller's backward is done; the optimizer and the round have not run.
+    fault::at(FaultPhase::backward, step_);
+    check_world("before its round");
+    dp->step(optimizer);
+    // A round that lost a neighbour mixed without it: the step is half-done, and the trainer
+    // rolls this rank back to its last snapshot.
+    check_world("after its round");
+    ++step_;
+    completed();
+    snapshot();
+  }
+  std::string save(StatePart) const override { return {}; }
+  bool rolls_back() const override { return true; }
+  bool own_replicas() const override { return true; }
+  std::string algorithm_name() const override { return dp->algorithm_name(); }
+
+  Runtime& rt;
+  std::shared_ptr<torch::nn::Module> module;
+  JobAlgorithm algorithm;
+  GossipOptions options;
+  std::unique_ptr<DecentralizedModule> dp;
+  int64_t step_ = 0;
+};
+
 ElasticTrainer::ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                torch::optim::Optimizer& optimizer, JobAlgorithm algorithm,
                                DdpOptions options, ElasticState state)
@@ -207,6 +289,9 @@ ElasticTrainer::ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Modu
   if (!state_.save || !state_.load) state_ = module_state(module, optimizer_);
   if (const auto* bucket = std::get_if<comm::Compression>(&algorithm))
     driver_ = std::make_unique<BucketDriver>(rt_, module, *bucket, std::move(options));
+  else if (std::holds_alternative<Decentralized>(algorithm) ||
+           std::holds_alternative<LowPrecisionDecentralized>(algorithm))
+    driver_ = std::make_unique<GossipDriver>(rt_, module, std::move(algorithm), options);
   else
     driver_ = std::make_unique<LocalUpdateDriver>(rt_, module, std::move(algorithm));
   try {
@@ -240,6 +325,7 @@ std::string ElasticTrainer::algorithm_name() const { return driver_->algorithm_n
 
 void ElasticTrainer::build() {
   driver_->build(own_, shared_, completed_);
+  built_ = true;
   steps_ = completed_;
   snapshot();
 }
@@ -278,7 +364,11 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
     // A local-update member at the source's sync keeps its own inner optimizer and buffers
     // (rolled back to that sync; its parameters are the source's); a restarted member, or one
     // behind the source, takes the source's.
-    const bool keeps_own = driver_->rolls_back() && !own_.empty() && completed_ == generation.step;
+    // A gossip survivor keeps its own replica (rolled back to its last completed step) whatever
+    // the source's step: the replicas differ by design.
+    const bool keeps_own =
+        (driver_->own_replicas() && built_) ||
+        (driver_->rolls_back() && !own_.empty() && completed_ == generation.step);
     if (!keeps_own) state_.load(caller);
     // A member behind the source by a step (or a sync) keeps its own residual of the one before
     // (the unsent remainder of the step it missed is dropped, never sent twice).

@@ -50,9 +50,23 @@
 /// (the global weights, the outer momentum, the counters, an outer PowerSGD's Q) travels from the
 /// source; what is a rank's own (its inner optimizer, DiLoCo's outer-compression residual,
 /// SparseLoCo's error-feedback memory) is kept by a survivor and starts at zero on a restarted
-/// rank, which takes the source's parameters and inner optimizer. Streaming DiLoCo is refused
-/// (its fragments in flight cannot be rolled back yet), and so are the gossip and asynchronous
-/// algorithms (check_elastic_algorithm).
+/// rank, which takes the source's parameters and inner optimizer.
+///
+/// The gossip algorithms (D-PSGD, both exchanges, and Choco-SGD: runtime/gossip) go on too, over
+/// the new world's topology: a DecentralizedModule per world. Their replicas differ by design, so
+/// each survivor keeps its own parameters, buffers and optimizer; the trainer keeps them as they
+/// were after each completed step, and puts them back when a step was half-done (the optimizer
+/// ran, the round did not bring every neighbour's message). The module by itself drops a dead
+/// neighbour and mixes with the others; under the trainer a dropped neighbour, or a new
+/// generation announced by the membership service (runtime_internal.h), fails the step instead.
+/// The survivors may have completed different numbers of steps (a death reaches a far rank a few
+/// rounds late); each goes on from its own, and the job's step count from the source's. A
+/// restarted rank takes the source's parameters and optimizer. Choco-SGD's public copies start
+/// at zero on every member of the new world (its paper's start), since a copy must be the same on
+/// both ends of an edge; D-PSGD with overlap posts the current weights afresh. Keeping the copy
+/// costs serialising the caller's state after each step (ElasticState::save). Streaming DiLoCo is
+/// refused (its fragments in flight cannot be rolled back yet), and so are the asynchronous
+/// algorithms (their background rounds are not ended at a re-form yet: check_elastic_algorithm).
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -90,7 +104,7 @@ struct ElasticRecovery {
 
 /// Throws comm::Error naming `algorithm` and what elastic training runs when ElasticTrainer
 /// cannot run it: Streaming DiLoCo (its fragments in flight cannot be rolled back to an outer
-/// sync yet), the gossip and the asynchronous algorithms.
+/// sync yet) and the asynchronous algorithms (AsyncModelAverage, AsyncGossip).
 void check_elastic_algorithm(const JobAlgorithm& algorithm);
 
 class LocalUpdateModule;
@@ -99,7 +113,8 @@ class ElasticTrainer {
  public:
   /// Collective: every member constructs it (a restarted rank included), and receives the state
   /// of the generation's source. `algorithm`: a bucket algorithm (run by a DistributedModule with
-  /// `options`), DiLoCo or SparseLoCo (a LocalUpdateModule; `optimizer` is the inner one);
+  /// `options`), DiLoCo or SparseLoCo (a LocalUpdateModule; `optimizer` is the inner one), D-PSGD
+  /// or Choco-SGD (a DecentralizedModule; options.stall_timeout is each round's deadline);
   /// others are refused (check_elastic_algorithm). `state` defaults to
   /// module_state(module, optimizer).
   ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
@@ -110,10 +125,12 @@ class ElasticTrainer {
   /// Runs `forward_backward` (zero the gradients, forward, loss, backward) and the step. True:
   /// the step completed. False: the membership changed; the world has been re-formed and healed,
   /// and the caller redoes steps from steps() (rank and world size may differ; a local-update
-  /// algorithm goes back to its last completed outer sync). Throws comm::Error when the job stops
+  /// algorithm goes back to its last completed outer sync; a gossip survivor to its own last
+  /// completed step, and steps() is the source's). Throws comm::Error when the job stops
   /// (no quorum), and rethrows errors of a Runtime that is not elastic.
   bool step(const std::function<void()>& forward_backward);
-  /// Steps the job has completed (the same on every member between steps).
+  /// Steps the job has completed (the same on every member at each formation, and between steps
+  /// of the synchronous algorithms; a gossip member may be a step ahead of a neighbour).
   int64_t steps() const { return steps_; }
   /// The bucket algorithms' module; comm::Error when the trainer runs a local-update algorithm.
   DistributedModule& module();
@@ -123,8 +140,8 @@ class ElasticTrainer {
   std::string algorithm_name() const;
   const std::vector<ElasticRecovery>& recoveries() const { return recoveries_; }
 
-  /// What the trainer builds for each world and steps (elastic.cpp): a DistributedModule, or a
-  /// LocalUpdateModule.
+  /// What the trainer builds for each world and steps (elastic.cpp): a DistributedModule, a
+  /// LocalUpdateModule or a DecentralizedModule.
   struct Driver;
 
  private:
@@ -144,6 +161,7 @@ class ElasticTrainer {
   std::string own_, shared_, caller_;
   int64_t steps_ = 0;      // steps done
   int64_t completed_ = 0;  // the step a re-form goes on from
+  bool built_ = false;     // this process has built a module: it holds training state
   std::vector<ElasticRecovery> recoveries_;
 };
 

@@ -161,6 +161,7 @@ struct Runtime::Impl {
   ElasticGeneration generation;
   int announced = 0;
   std::string announced_why;
+  bool stop_announced = false;  // the service stopped the job, or its socket closed
 
   void start();
   // Rank 0 publishes the directory behind its front door; every rank registers and gets the table.
@@ -414,6 +415,7 @@ void Runtime::Impl::announce_failure(const std::string& reason) {
 void Runtime::Impl::on_membership_change(int number, const std::string& why) {
   std::lock_guard<std::mutex> lock(dead_mutex);
   if (number > 0 && number <= announced) return;
+  if (number <= 0) stop_announced = true;
   if (number > 0) {
     announced = number;
     announced_why = why;
@@ -581,6 +583,13 @@ const caf::actor& detail::RuntimeAccess::worker(const Runtime& runtime) {
 std::chrono::milliseconds detail::RuntimeAccess::collective_timeout(const Runtime& runtime) {
   return runtime.impl_->options.collective_timeout;
 }
+
+bool detail::RuntimeAccess::reform_announced(const Runtime& runtime) {
+  std::lock_guard<std::mutex> lock(runtime.impl_->dead_mutex);
+  return runtime.impl_->stop_announced ||
+         runtime.impl_->announced > runtime.impl_->generation.number;
+}
+
 std::shared_ptr<comm::Transport> Runtime::transport() { return impl_->transport; }
 comm::Communicator& Runtime::comm() { return *impl_->comm; }
 

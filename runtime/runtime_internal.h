@@ -16,6 +16,10 @@ struct RuntimeAccess {
   static const caf::actor& worker(const Runtime& runtime);
   /// The deadline of each collective (RuntimeOptions::collective_timeout).
   static std::chrono::milliseconds collective_timeout(const Runtime& runtime);
+  /// Elastic: whether the membership service has announced a generation after the one in force,
+  /// or stopped the job: this rank's world is ending and it must re-form (Runtime::reform). The
+  /// gossip algorithms, which drop a dead neighbour instead of failing, ask it after each step.
+  static bool reform_announced(const Runtime& runtime);
 };
 
 /// The actor system of `runtime`.

@@ -6,7 +6,8 @@
 //   TROUPE_FAULT=kill:rank=2,step=300 build/bin/troupe launch --elastic --min-ranks 2 -n 4 --
 //       build/bin/fashion_mnist --epochs 2     (a rank dies mid-epoch; the others go on; with
 //       --algorithm, any bucket algorithm: allreduce, fp16, ..., topk, powersgd, or diloco and
-//       sparseloco, which go back to their last outer sync)
+//       sparseloco, which go back to their last outer sync; with --job, a job file's
+//       decentralized or low_precision_decentralized, whose survivors keep their own replicas)
 // With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <CLI/CLI.hpp>
@@ -415,8 +416,9 @@ int main(int argc, char** argv) {
     }
     Runtime rt(o);
     if (rt.elastic()) {
-      // troupe launch --elastic: a bucket algorithm, DiLoCo or SparseLoCo through an
-      // ElasticTrainer (examples/fashion_mnist/elastic.h), which refuses the others by name.
+      // troupe launch --elastic: a bucket algorithm, DiLoCo, SparseLoCo, D-PSGD or Choco-SGD
+      // (these two from a --job file) through an ElasticTrainer
+      // (examples/fashion_mnist/elastic.h), which refuses the others by name.
       examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
                                t.seed};
       run.algorithm = s.algorithm;

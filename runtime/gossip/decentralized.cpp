@@ -380,9 +380,15 @@ DecentralizedModule::DecentralizedModule(Runtime& runtime,
                                  algorithm.topology, "low_precision_decentralized");
   auto& m = *impl_;
   const size_t n = m.flat.count();
-  // Every rank starts from rank 0's weights, so every copy starts there too.
-  m.flat.pull();
-  m.own_copy.assign(m.flat.host(), m.flat.host() + n);
+  // Every rank starts from rank 0's weights, so every copy starts there too. Ranks that keep
+  // their own weights (an elastic re-form) know nothing of each other's: every copy starts at
+  // zero, Choco-SGD's own start (x_hat_0 = 0, Koloskova et al. 2019), the same on every rank.
+  if (options.broadcast_parameters) {
+    m.flat.pull();
+    m.own_copy.assign(m.flat.host(), m.flat.host() + n);
+  } else {
+    m.own_copy.assign(n, 0.0f);
+  }
   m.scratch.resize(n);
   for (int p : m.topology.round(m.rank, 0).recv_from) {
     actors::EdgeSettings edge;

@@ -52,7 +52,9 @@ struct GossipOptions {
   /// Deadline of each synchronous gossip round, of finish(), abort() and resume(). A neighbour
   /// silent for this long is declared dead.
   std::chrono::milliseconds timeout{60000};
-  /// Start every rank from rank 0's weights (true), or from its own.
+  /// Start every rank from rank 0's weights (true), or from its own. Choco-SGD's public copies
+  /// start at those common weights (true), or at zero on every rank (false: the ranks' weights
+  /// differ, and a copy must be the same on both ends of its edge).
   bool broadcast_parameters = true;
   /// CUDA models only: D-PSGD gossips over NCCL when the Runtime has it (nccl_available());
   /// true makes it stage through host memory and the transport instead, as the other

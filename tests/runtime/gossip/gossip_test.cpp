@@ -117,6 +117,35 @@ TEST_CASE("low-precision decentralized SGD equals a Choco-SGD simulation with 8-
   }
 }
 
+TEST_CASE("low-precision decentralized SGD whose ranks keep their own weights starts every "
+          "public copy at zero") {
+  // broadcast_parameters off (what an elastic re-form builds): a copy must be the same on both
+  // ends of an edge whatever the ranks' weights, so every copy starts at zero, not at each rank's
+  // own weights. Here every rank loads the same weights, so the two starts are told apart by the
+  // trajectory alone.
+  const int world = 4, steps = 4;
+  const double lr = 0.1;
+  LowPrecisionDecentralized algo;
+  algo.topology = ring();
+  algo.gamma = 0.5;
+  algo.block = 16;
+  const auto init = initial_weights();
+  GossipOptions own;
+  own.broadcast_parameters = false;
+  auto finals = train_ranks(world, steps, lr, [&](Runtime& rt, std::shared_ptr<Net> net) {
+    load_flat(*net, init);
+    return std::make_unique<DecentralizedModule>(rt, net, algo, own);
+  });
+  const auto from_zero = choco_reference(algo, world, steps, lr, torch::zeros_like(init));
+  const auto from_weights = choco_reference(algo, world, steps, lr);
+  // The two starts part by 10x the tolerance below.
+  CHECK((from_zero[0] - from_weights[0]).abs().max().item<double>() > 1e-4);
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK((finals[r] - from_zero[r]).abs().max().item<double>() < 1e-5);
+  }
+}
+
 TEST_CASE("asynchronous model average: warm-up allreduces gradients, the stop round averages") {
   const int world = 3;
   std::vector<torch::Tensor> after_warmup(world), after_finish(world), after_resume(world);

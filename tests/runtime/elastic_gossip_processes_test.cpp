@@ -1,0 +1,349 @@
+// Elastic gossip jobs between real processes: `troupe launch --elastic` (troupe::launch) of
+// troupe_elastic_gossip_rank (D-PSGD or Choco-SGD on a ring) with a rank killed by TROUPE_FAULT,
+// and restarted where --max-restarts allows. The ranks print each formation they lived, the
+// steps each had completed when its world ended, and their final parameters
+// (tests/runtime/elastic_gossip_rank.cpp); for D-PSGD the test simulates that whole membership
+// history in one process (each rank's replica and optimizer; the launch world's ring until each
+// survivor's last completed step, then the next world's ring from the step the job went on
+// from, a rejoining rank starting from its source's replica) and every finisher's parameters
+// must be the simulation's.
+#include "tests/support/torch_doctest.h"  // first: torch, then doctest
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "comm/gossip/topology.h"
+#include "runtime/launch.h"
+#include "tests/runtime/elastic_gossip_job.h"
+
+using namespace troupe;
+using namespace troupe::test::elastic_gossip;
+
+namespace {
+
+struct Run {
+  LaunchResult result;
+  std::string out, err;
+  size_t count(const std::string& what) const {
+    size_t n = 0;
+    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+    return n;
+  }
+};
+
+Run run_elastic(int ranks, int max_restarts, const std::string& faults, int until_world,
+                const std::string& algorithm) {
+  LaunchOptions o;
+  o.nprocs = ranks;
+  o.elastic = true;
+  o.min_ranks = 2;
+  o.max_restarts = max_restarts;
+  o.membership_timeout_sec = 20;
+  o.timeout_sec = 120;  // the whole job's deadline
+  o.grace_sec = 2;
+  o.command = {TROUPE_ELASTIC_GOSSIP_RANK_BIN, "40", std::to_string(until_world), algorithm};
+  o.extra_env = {{"TROUPE_FAULT", faults}, {"OMP_NUM_THREADS", "1"}};
+  std::ostringstream out, err;
+  Run run;
+  run.result = launch(o, out, err);
+  run.out = out.str();
+  run.err = err.str();
+  if (std::getenv("TROUPE_TEST_SHOW_OUTPUT")) MESSAGE(run.out << run.err << run.result.message);
+  return run;
+}
+
+// What the ranks printed.
+struct Formation {
+  int slot = 0, generation = 0, rank = 0, world = 0, source = 0;
+  int64_t from = 0;
+  std::string how, hash;
+};
+struct Ending {
+  int slot = 0, generation = 0;
+  int64_t completed = 0;
+};
+struct Finish {
+  int slot = 0, rank = 0, world = 0, generation = 0;
+  int64_t steps = 0;
+  double loss_first = 0, loss_last = 0;
+  std::vector<float> params;
+};
+struct Printed {
+  std::vector<Formation> formations;
+  std::vector<Ending> endings;
+  std::vector<Finish> finishes;
+};
+
+Printed parse(const std::string& out) {
+  Printed p;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t at = line.find("slot ");
+    if (at == std::string::npos) continue;
+    std::istringstream in(line.substr(at));
+    std::string word, what;
+    int slot = 0;
+    in >> word >> slot >> what;
+    if (what == "generation") {
+      Formation f;
+      f.slot = slot;
+      in >> f.generation >> word >> f.rank >> word >> f.world >> word >> f.source >> word >>
+          f.from >> word >> f.how >> word >> f.hash;
+      if (in) p.formations.push_back(f);
+    } else if (what == "completed") {
+      Ending e;
+      e.slot = slot;
+      in >> e.completed >> word >> word >> e.generation;
+      if (in) p.endings.push_back(e);
+    } else if (what == "finished") {
+      Finish f;
+      f.slot = slot;
+      in >> f.steps;
+      const size_t as = line.find(" as rank ");
+      const size_t loss = line.find("; loss ");
+      const size_t params = line.find("; params:");
+      if (as == std::string::npos || loss == std::string::npos || params == std::string::npos)
+        continue;
+      std::istringstream tail(line.substr(as));
+      tail >> word >> word >> f.rank >> word >> f.world >> word >> word >> f.generation;
+      std::istringstream losses(line.substr(loss + 7));
+      losses >> f.loss_first >> word >> f.loss_last;
+      const char* c = line.c_str() + params + 9;
+      char* next = nullptr;
+      for (float v = std::strtof(c, &next); next != c; v = std::strtof(c, &next)) {
+        f.params.push_back(v);
+        c = next;
+      }
+      p.finishes.push_back(std::move(f));
+    }
+  }
+  return p;
+}
+
+// One rank's replica in the simulation: its model and its optimizer.
+struct Replica {
+  torch::nn::Sequential net = make_model();
+  torch::optim::SGD opt = make_sgd(*net);
+  std::string save() { return module_state(net.ptr(), opt).save(); }
+  void load(const std::string& bytes) { module_state(net.ptr(), opt).load(bytes); }
+  void set(const torch::Tensor& x) {
+    torch::NoGradGuard no_grad;
+    int64_t at = 0;
+    for (auto& p : net->parameters()) {
+      p.copy_(x.narrow(0, at, p.numel()).view(p.sizes()));
+      at += p.numel();
+    }
+  }
+};
+
+// x_r := sum_j W_rj x_j over the ring's round, in the order and precision of comm::mix.
+std::vector<torch::Tensor> mix(const comm::Topology& topology, uint64_t round,
+                               const std::vector<torch::Tensor>& x) {
+  std::vector<torch::Tensor> out;
+  for (int r = 0; r < static_cast<int>(x.size()); ++r) {
+    const auto peers = topology.round(r, round);
+    auto o = x[static_cast<size_t>(r)].clone();
+    float* po = o.data_ptr<float>();
+    const float* self = x[static_cast<size_t>(r)].data_ptr<float>();
+    const float ws = static_cast<float>(peers.self_weight);
+    for (int64_t i = 0; i < o.numel(); ++i) po[i] = ws * self[i];
+    for (size_t j = 0; j < peers.recv_from.size(); ++j) {
+      const float w = static_cast<float>(peers.recv_weights[j]);
+      const float* pj = x[static_cast<size_t>(peers.recv_from[j])].data_ptr<float>();
+      for (int64_t i = 0; i < o.numel(); ++i) po[i] += w * pj[i];
+    }
+    out.push_back(o);
+  }
+  return out;
+}
+
+// The whole elastic D-PSGD job in one process, from what its ranks printed: each finisher's
+// parameters, by slot.
+std::map<int, torch::Tensor> simulate_dpsgd(const Printed& p, const Decentralized& algo) {
+  const Data d = make_data();
+  ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
+  std::map<int, std::map<int, int>> members;  // generation -> rank -> slot
+  std::map<int, int64_t> from;
+  std::map<int, int> source;
+  std::map<std::pair<int, int>, std::string> how;  // (generation, slot)
+  for (const auto& f : p.formations) {
+    members[f.generation][f.rank] = f.slot;
+    from[f.generation] = f.from;
+    source[f.generation] = f.source;
+    how[{f.generation, f.slot}] = f.how;
+  }
+  std::map<std::pair<int, int>, int64_t> ends;  // (generation, slot) -> steps completed in it
+  for (const auto& e : p.endings) ends[{e.generation, e.slot}] = e.completed;
+  for (const auto& f : p.finishes) ends[{f.generation, f.slot}] = f.steps;
+  std::map<int, std::string> state;  // slot -> its replica when its last world ended
+  for (const auto& [generation, ranks] : members) {
+    const int world = static_cast<int>(ranks.size());
+    REQUIRE(ranks.rbegin()->first == world - 1);  // every member printed its formation
+    const int source_slot = ranks.at(source[generation]);
+    std::vector<Replica> replicas(static_cast<size_t>(world));
+    for (const auto& [rank, slot] : ranks) {
+      if (how[{generation, slot}] == "first") continue;  // the launch's model, as every rank's
+      const int from_slot = how[{generation, slot}] == "joined" ? source_slot : slot;
+      REQUIRE(state.count(from_slot));
+      replicas[static_cast<size_t>(rank)].load(state[from_slot]);
+    }
+    int64_t last = from[generation];
+    for (const auto& [rank, slot] : ranks) {
+      auto end = ends.find({generation, slot});
+      if (end == ends.end()) continue;  // it died in this world
+      last = std::max(last, end->second);
+      if (end->second == from[generation])
+        state[slot] = replicas[static_cast<size_t>(rank)].save();
+    }
+    comm::Topology topology(algo.topology, world);
+    for (int64_t s = from[generation]; s < last; ++s) {
+      const uint64_t round = static_cast<uint64_t>(s - from[generation]);
+      std::vector<torch::Tensor> x;
+      for (int r = 0; r < world; ++r) {
+        auto& rep = replicas[static_cast<size_t>(r)];
+        x.push_back(flat(*rep.net).clone());
+        rep.opt.zero_grad();
+        loss_and_backward(rep.net, d, sampler, s, r, world);
+      }
+      if (algo.exchange == Decentralized::Exchange::overlap) {
+        // x_{t+1} = sum_j W_ij x_j,t, then the step with the gradient at x_i,t.
+        const auto mixed = mix(topology, round, x);
+        for (int r = 0; r < world; ++r) {
+          replicas[static_cast<size_t>(r)].set(mixed[static_cast<size_t>(r)]);
+          replicas[static_cast<size_t>(r)].opt.step();
+        }
+      } else {
+        std::vector<torch::Tensor> stepped;
+        for (auto& rep : replicas) {
+          rep.opt.step();
+          stepped.push_back(flat(*rep.net).clone());
+        }
+        const auto mixed = mix(topology, round, stepped);
+        for (int r = 0; r < world; ++r)
+          replicas[static_cast<size_t>(r)].set(mixed[static_cast<size_t>(r)]);
+      }
+      for (const auto& [rank, slot] : ranks) {
+        auto end = ends.find({generation, slot});
+        if (end != ends.end() && end->second == s + 1)
+          state[slot] = replicas[static_cast<size_t>(rank)].save();
+      }
+    }
+  }
+  std::map<int, torch::Tensor> finals;
+  for (const auto& f : p.finishes) {
+    Replica r;
+    r.load(state.at(f.slot));
+    finals[f.slot] = flat(*r.net).clone();
+  }
+  return finals;
+}
+
+// Every finisher's loss over its last steps is under half the loss the job started from (a
+// restarted rank's first steps are after its heal, so the start is the highest first loss).
+void check_learned(const Printed& printed) {
+  double start = 0;
+  for (const auto& f : printed.finishes) start = std::max(start, f.loss_first);
+  for (const auto& f : printed.finishes) {
+    CAPTURE(f.slot);
+    CHECK(f.loss_last < 0.5 * start);
+  }
+}
+
+// Every finisher of `run` ended in a world of `world`, and matches the simulation.
+void check_dpsgd(const Run& run, const std::string& algorithm, int finishers, int world) {
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err << "\nlaunch: " << run.result.message);
+  REQUIRE(run.result.exit_code == 0);
+  const auto printed = parse(run.out);
+  REQUIRE(printed.finishes.size() == static_cast<size_t>(finishers));
+  const auto finals =
+      simulate_dpsgd(printed, std::get<Decentralized>(make_algorithm(algorithm)));
+  for (const auto& f : printed.finishes) {
+    CAPTURE(f.slot);
+    CHECK(f.world == world);
+    const auto got = torch::tensor(f.params);
+    REQUIRE(got.numel() == finals.at(f.slot).numel());
+    const double off = (got - finals.at(f.slot)).abs().max().item<double>();
+    MESSAGE("slot " << f.slot << ": max |param - simulation| = " << off);
+    CHECK(off <= 1e-6);
+  }
+  check_learned(printed);
+}
+
+// The restarted rank's parameters where it joined are its source's there (the same hash).
+void check_healed(const Run& run, int slot) {
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
+  const auto printed = parse(run.out);
+  int healed = 0;
+  for (const auto& f : printed.formations) {
+    if (f.how != "joined") continue;
+    CHECK(f.slot == slot);
+    for (const auto& g : printed.formations)
+      if (g.generation == f.generation && g.rank == f.source && g.slot != f.slot) {
+        CHECK(g.hash == f.hash);
+        ++healed;
+      }
+  }
+  CHECK(healed == 1);
+}
+
+}  // namespace
+
+TEST_CASE("an elastic D-PSGD job (overlap) goes on over the survivors' ring on the simulated "
+          "trajectory when a rank dies") {
+  auto run = run_elastic(3, 0, "kill:rank=1,step=10", 0, "dpsgd-overlap");
+  check_dpsgd(run, "dpsgd-overlap", 2, 2);
+  CHECK(run.err.find("kills itself at step 10 (backward)") != std::string::npos);
+  CHECK(run.count(" completed ") == 2);  // each survivor's world ended once
+}
+
+TEST_CASE("an elastic D-PSGD job (after_step) goes on over the survivors' ring on the simulated "
+          "trajectory when a rank dies") {
+  auto run = run_elastic(3, 0, "kill:rank=2,step=10", 0, "dpsgd-after-step");
+  check_dpsgd(run, "dpsgd-after-step", 2, 2);
+  CHECK(run.count(" completed ") == 2);
+}
+
+TEST_CASE("a killed D-PSGD rank is restarted, takes a live peer's replica, and the job follows "
+          "the simulation of its whole membership") {
+  auto run = run_elastic(3, 1, "kill:rank=2,step=10", 3, "dpsgd-after-step");
+  check_dpsgd(run, "dpsgd-after-step", 3, 3);
+  check_healed(run, 2);
+  CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
+}
+
+TEST_CASE("a killed D-PSGD rank (overlap) is restarted and the job follows the simulation") {
+  auto run = run_elastic(3, 1, "kill:rank=0,step=12", 3, "dpsgd-overlap");
+  check_dpsgd(run, "dpsgd-overlap", 3, 3);
+  check_healed(run, 0);
+}
+
+TEST_CASE("a killed Choco-SGD rank is restarted, takes a live peer's replica, and every rank "
+          "trains on") {
+  auto run = run_elastic(3, 1, "kill:rank=1,step=10", 3, "choco");
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err << "\nlaunch: " << run.result.message);
+  REQUIRE(run.result.exit_code == 0);
+  const auto printed = parse(run.out);
+  REQUIRE(printed.finishes.size() == 3);
+  for (const auto& f : printed.finishes) {
+    CAPTURE(f.slot);
+    CHECK(f.world == 3);
+    CHECK(f.steps >= 40);
+    for (float v : f.params) REQUIRE(std::isfinite(v));
+  }
+  check_learned(printed);
+  check_healed(run, 1);
+  CHECK(run.count("low_precision_decentralized(") == 3);
+}
+
+TEST_CASE("an elastic job refuses asynchronous model averaging, naming it") {
+  auto run = run_elastic(2, 0, "", 0, "async-model-average");
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
+  CHECK(run.result.exit_code != 0);
+  CHECK(run.err.find("algorithm async_model_average: elastic training") != std::string::npos);
+  CHECK(run.err.find("background rounds") != std::string::npos);
+}

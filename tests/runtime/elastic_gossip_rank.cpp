@@ -1,0 +1,129 @@
+// troupe_elastic_gossip_rank: one rank of an elastic gossip test job (D-PSGD or Choco-SGD),
+// started by tests/runtime/elastic_gossip_processes_test.cpp through `troupe launch --elastic`,
+// with faults from TROUPE_FAULT. argv: steps, the world to wait for (0: none; the job trains on
+// while its world is smaller, then 6 more steps once it is whole, so that a restarted rank
+// trains), and the algorithm (elastic_gossip_job.h). It prints what the test needs to simulate
+// the job's whole membership history in one process:
+//   slot S generation G rank R world W source Q from F how H hash X
+//       at each formation it lived (H: "first", "joined" for a restarted rank, "re-formed"),
+//       with a hash of its parameters there;
+//   slot S completed C in generation G     the steps it had completed when its world ended;
+//   slot S finished T steps of A as rank R of W in generation G; loss L0 -> L1; params: ...
+//       at the end, its parameters as hex floats, and its mean loss over its first and last 5
+//       steps.
+// Exit: 0, or 1 on an error (printed).
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "runtime/runtime.h"
+#include "tests/runtime/elastic_gossip_job.h"
+
+using namespace troupe;
+using namespace troupe::test::elastic_gossip;
+
+namespace {
+
+constexpr int64_t kMaxSteps = 20000;
+constexpr int64_t kStepsWhenWhole = 6;
+
+std::string hash_of(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return std::to_string(std::hash<std::string>{}(
+      std::string(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float))));
+}
+
+std::string hex_floats(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  std::ostringstream out;
+  const float* p = c.data_ptr<float>();
+  char buffer[32];
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    std::snprintf(buffer, sizeof buffer, " %a", static_cast<double>(p[i]));
+    out << buffer;
+  }
+  return out.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);
+  const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 40;
+  const int until_world = argc > 2 ? std::atoi(argv[2]) : 0;
+  const std::string algorithm = argc > 3 ? argv[3] : "dpsgd-overlap";
+  try {
+    const JobAlgorithm job = make_algorithm(algorithm);
+    RuntimeOptions o;
+    o.scheduler_threads = 1;
+    o.rendezvous_timeout = std::chrono::seconds(20);
+    o.collective_timeout = std::chrono::seconds(20);
+    Runtime rt(o);
+    const Data d = make_data();
+    auto net = make_model();
+    auto opt = make_sgd(*net);
+    DdpOptions ddp;
+    ddp.stall_timeout = std::chrono::seconds(20);
+    auto owned = std::make_unique<ElasticTrainer>(rt, net.ptr(), opt, job, ddp);
+    ElasticTrainer& trainer = *owned;
+    int64_t end = steps;
+    auto formed = [&](const char* how) {
+      const auto g = rt.generation();
+      std::cout << "slot " << rt.slot() << " generation " << g.number << " rank " << rt.rank()
+                << " world " << rt.world_size() << " source " << g.source << " from "
+                << trainer.steps() << " how " << how << " hash " << hash_of(flat(*net))
+                << std::endl;
+      if (until_world > 0 && rt.world_size() >= until_world)
+        end = std::max(end, trainer.steps() + kStepsWhenWhole);
+    };
+    formed(rt.generation().number == 1 && trainer.recoveries().empty() ? "first" : "joined");
+    ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
+    std::vector<double> losses;
+    while (trainer.steps() < end ||
+           (rt.world_size() < until_world && trainer.steps() < kMaxSteps)) {
+      const int64_t before = trainer.steps();
+      const int generation = rt.generation().number;
+      double loss = 0;
+      const bool done = trainer.step([&] {
+        opt.zero_grad();
+        loss = loss_and_backward(net, d, sampler, before, rt.rank(), rt.world_size())
+                   .item<double>();
+      });
+      if (done) {
+        losses.push_back(loss);
+        continue;
+      }
+      std::cout << "slot " << rt.slot() << " completed " << before << " in generation "
+                << generation << std::endl;
+      formed("re-formed");
+    }
+    // Every member has ended its last step before any drains its last round (D-PSGD with
+    // overlap posts one after each step) and before any leaves (a leave opens a generation).
+    rt.comm().barrier();
+    const int64_t done_steps = trainer.steps();
+    const std::string name = trainer.algorithm_name();
+    owned.reset();
+    rt.comm().barrier();
+    const auto g = rt.generation();
+    auto mean = [&](size_t from, size_t to) {
+      double sum = 0;
+      for (size_t i = from; i < to; ++i) sum += losses[i];
+      return to > from ? sum / static_cast<double>(to - from) : 0.0;
+    };
+    const size_t k = std::min<size_t>(5, losses.size());
+    std::cout << "slot " << rt.slot() << " finished " << done_steps << " steps of " << name
+              << " as rank " << rt.rank() << " of " << rt.world_size() << " in generation "
+              << g.number << "; loss " << mean(0, k) << " -> "
+              << mean(losses.size() - k, losses.size()) << "; params:" << hex_floats(flat(*net))
+              << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "elastic gossip rank: " << e.what() << std::endl;
+    return 1;
+  }
+}
