@@ -407,8 +407,9 @@ int main(int argc, char** argv) {
     }
     Runtime rt(o);
     if (rt.elastic()) {
-      // troupe launch --elastic: a bucket algorithm, DiLoCo or SparseLoCo through an
-      // ElasticTrainer (examples/fashion_mnist/elastic.h), which refuses the others by name.
+      // troupe launch --elastic: a bucket algorithm, DiLoCo, Streaming DiLoCo or SparseLoCo
+      // through an ElasticTrainer (examples/fashion_mnist/elastic.h), which refuses the others by
+      // name.
       examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
                                t.seed};
       run.algorithm = s.algorithm;
