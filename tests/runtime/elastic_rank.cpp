@@ -111,13 +111,15 @@ DiLoCo make_diloco() {
   return c;
 }
 
-// Two fragments: fragment 0 starts after steps 2, 6, 10, ... and lands a step later, fragment 1
-// starts after steps 4, 8, ... and lands after 5, 9, ...: a sync lands after every odd step.
+// Two fragments, each in flight for two steps: fragment 0 starts after steps 2, 6, 10, ... and
+// lands after 4, 8, 12, ..., fragment 1 starts after 4, 8, ... and lands after 6, 10, ...: a
+// sync lands after every even step, and the other fragment starts right after it, so one is
+// always in flight but at the landing points (where a re-form goes on by starting it again).
 StreamingDiLoCo make_streaming() {
   StreamingDiLoCo c;
   c.inner_steps = kH;
   c.fragments = 2;
-  c.delay = 1;
+  c.delay = 2;
   c.fragment_update_alpha = 0.5;
   c.outer_lr = 0.5;
   c.outer_momentum = 0.5;
@@ -139,7 +141,7 @@ SparseLoCo make_sparseloco() {
 
 // Whether a sync lands after step t (where an elastic job may end, and goes back to).
 bool lands_after(const std::string& algorithm, int64_t t) {
-  if (algorithm == "streaming-diloco") return t % 2 == 1;
+  if (algorithm == "streaming-diloco") return t % 2 == 0;
   return t % kH == 0;
 }
 
@@ -492,10 +494,19 @@ int run_local_update(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential
   auto mine = flat(*net);
   bool same = false;
   if (streaming) {
-    std::string shared;
-    comm::StateWriter out(shared);
-    trainer.local_update().save_state(out, StatePart::shared);
-    same = same_everywhere(rt, shared);
+    // A fragment is in flight at every step's end: the whole state (which waits for it, not
+    // applying it), of which the global weights (after the name and the counters).
+    std::string state;
+    comm::StateWriter out(state);
+    trainer.local_update().save_state(out, StatePart::all);
+    comm::StateReader in(state, "a Streaming DiLoCo state");
+    in.string();
+    in.value<int64_t>();
+    in.value<int64_t>();
+    in.value<uint64_t>();
+    const auto global = in.vector<float>();
+    same = same_everywhere(
+        rt, std::string(reinterpret_cast<const char*>(global.data()), global.size() * 4));
   } else {
     same = same_as_rank0(rt, mine);
   }
