@@ -6,11 +6,14 @@
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "runtime/fault.h"
 #include "runtime/gossip/decentralized.h"
 #include "runtime/local_update/diloco.h"
 #include "runtime/local_update/sparseloco.h"
+#include "runtime/local_update/streaming_diloco.h"
 #include "runtime/runtime_internal.h"
 
 namespace troupe {
@@ -21,6 +24,22 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Loads into `module` `own` (this rank's state; empty on a fresh rank), then `shared` (the
+// source's part every member holds equal; empty before the first module).
+template <typename Module>
+void load_states(Module& module, const std::string& own, const std::string& shared) {
+  if (!own.empty()) {
+    comm::StateReader in(own, "ElasticTrainer's own algorithm state");
+    module.load_state(in, StatePart::all);
+    in.expect_end();
+  }
+  if (!shared.empty()) {
+    comm::StateReader in(shared, "the algorithm state shared by the generation's source");
+    module.load_state(in, StatePart::shared);
+    in.expect_end();
+  }
 }
 
 }  // namespace
@@ -48,7 +67,17 @@ struct ElasticTrainer::Driver {
   /// across a re-form whatever the source's step, and only a rank without state (restarted)
   /// takes the source's.
   virtual bool own_replicas() const { return false; }
+  /// A driver that rolls back, before its module goes at a failure: the module's live state
+  /// (StatePart::all; empty where it cannot be saved) and its steps, from which a member behind
+  /// the source lands the synchronisation it missed (land()).
+  virtual std::pair<std::string, int64_t> live() const { return {{}, -1}; }
+  /// Lands in the caller's weights the synchronisation that completed on the source only, with
+  /// the source's shared state loaded (LocalUpdateModule::land_missed_sync).
+  virtual void land() {}
   virtual std::string algorithm_name() const = 0;
+  /// The module, of the driver's kind; null for the other kind, or between worlds.
+  virtual DistributedModule* bucket_module() { return nullptr; }
+  virtual LocalUpdateModule* local_update_module() { return nullptr; }
 };
 
 ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
@@ -75,24 +104,27 @@ ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
 }
 
 void check_elastic_algorithm(const JobAlgorithm& algorithm) {
+  const auto* streaming = std::get_if<StreamingDiLoCo>(&algorithm);
   if (std::holds_alternative<comm::Compression>(algorithm) ||
       std::holds_alternative<DiLoCo>(algorithm) || std::holds_alternative<SparseLoCo>(algorithm) ||
       std::holds_alternative<Decentralized>(algorithm) ||
-      std::holds_alternative<LowPrecisionDecentralized>(algorithm))
+      std::holds_alternative<LowPrecisionDecentralized>(algorithm) ||
+      (streaming && !streaming->eager))
     return;
   const std::string name = job_algorithm_name(algorithm);
   std::string why;
-  if (std::holds_alternative<StreamingDiLoCo>(algorithm))
-    why = ": its fragments in flight cannot be rolled back to an outer sync yet";
+  if (streaming)
+    why = " with eager updates: their provisional outer step changes the weights a fragment "
+          "starts from, which a rollback point does not hold yet";
   else if (std::holds_alternative<AsyncModelAverage>(algorithm) ||
            std::holds_alternative<AsyncGossip>(algorithm))
     why = ": its background rounds are not yet ended at a re-form, nor a rejoining rank healed";
   throw comm::Error("algorithm " + name +
                     ": elastic training (troupe launch --elastic) runs the bucket algorithms "
                     "(allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, "
-                    "blockk, powersgd), diloco, sparseloco, decentralized and "
-                    "low_precision_decentralized, not " + name + why + "; run " + name +
-                    " without --elastic");
+                    "blockk, powersgd), diloco, streaming-diloco without eager updates, "
+                    "sparseloco, decentralized and low_precision_decentralized, not " + name +
+                    why + "; run " + name + " without --elastic");
 }
 
 /// The bucket algorithms: a DistributedModule per world, whose state is kept after every step.
@@ -113,20 +145,12 @@ struct BucketDriver : ElasticTrainer::Driver {
     // the end of its last completed step; the bucket layout does not depend on the world size, so
     // it fits the new module. Then the source's shared part (the step, the layout, PowerSGD's Qs)
     // makes every member agree; a restarted rank has only that, and zero error feedback.
-    if (!own.empty()) {
-      comm::StateReader in(own, "ElasticTrainer's own algorithm state");
-      ddp->load_state(in, StatePart::all);
-      in.expect_end();
-    }
-    if (!shared.empty()) {
-      const auto before = ddp->bucket_parameters();
-      comm::StateReader in(shared, "the algorithm state shared by the generation's source");
-      ddp->load_state(in, StatePart::shared);
-      in.expect_end();
-      if (!own.empty() && ddp->bucket_parameters() != before)
-        std::cerr << "troupe: elastic: rank " << rt.rank() << ": the source's bucket layout "
-                  << "differs from this rank's; its error feedback starts from zero\n";
-    }
+    load_states(*ddp, own, {});
+    const auto before = ddp->bucket_parameters();
+    load_states(*ddp, {}, shared);
+    if (!own.empty() && !shared.empty() && ddp->bucket_parameters() != before)
+      std::cerr << "troupe: elastic: rank " << rt.rank() << ": the source's bucket layout "
+                << "differs from this rank's; its error feedback starts from zero\n";
     ddp->resume_at(static_cast<uint64_t>(step));
   }
   void destroy() override { ddp.reset(); }
@@ -150,6 +174,7 @@ struct BucketDriver : ElasticTrainer::Driver {
   }
   bool rolls_back() const override { return false; }
   std::string algorithm_name() const override { return ddp->algorithm_name(); }
+  DistributedModule* bucket_module() override { return ddp.get(); }
 
   Runtime& rt;
   std::shared_ptr<torch::nn::Module> module;
@@ -158,8 +183,8 @@ struct BucketDriver : ElasticTrainer::Driver {
   std::unique_ptr<DistributedModule> ddp;
 };
 
-/// DiLoCo and SparseLoCo: a LocalUpdateModule per world, whose state is kept after every
-/// completed outer sync; a re-form rolls the caller's state back to that sync.
+/// DiLoCo, Streaming DiLoCo and SparseLoCo: a LocalUpdateModule per world, whose state is kept
+/// each time a synchronisation lands; a re-form rolls the caller's state back to that point.
 struct LocalUpdateDriver : ElasticTrainer::Driver {
   LocalUpdateDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module,
                     JobAlgorithm algorithm)
@@ -168,32 +193,36 @@ struct LocalUpdateDriver : ElasticTrainer::Driver {
   void build(const std::string& own, const std::string& shared, int64_t step) override {
     if (const auto* diloco = std::get_if<DiLoCo>(&algorithm))
       lu = std::make_unique<DiLoCoModule>(rt, module, *diloco);
+    else if (const auto* streaming = std::get_if<StreamingDiLoCo>(&algorithm))
+      lu = std::make_unique<StreamingDiLoCoModule>(rt, module, *streaming);
     else
       lu = std::make_unique<SparseLoCoModule>(rt, module, std::get<SparseLoCo>(algorithm));
-    // The own state (residual or error-feedback memory) as of this rank's last completed sync,
-    // then the source's shared part (global weights, outer momentum, the counters, numbering the
-    // steps from `step`); a restarted rank has only that.
-    if (!own.empty()) {
-      comm::StateReader in(own, "ElasticTrainer's own algorithm state");
-      lu->load_state(in, StatePart::all);
-      in.expect_end();
-    }
-    if (!shared.empty()) {
-      comm::StateReader in(shared, "the algorithm state shared by the generation's source");
-      lu->load_state(in, StatePart::shared);
-      in.expect_end();
-    }
-    (void)step;
+    // The own state (residual or error-feedback memory) as of this rank's last landed sync,
+    // then the source's shared part (global weights, outer momentum, the counters); a restarted
+    // rank has only that.
+    load_states(*lu, own, shared);
+    if (lu->inner_steps() != step)
+      throw comm::Error("ElasticTrainer: the algorithm state loaded is at inner step " +
+                        std::to_string(lu->inner_steps()) + ", expected the job's step " +
+                        std::to_string(step));
   }
   void destroy() override { lu.reset(); }
   void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
             const std::function<void()>& snapshot) override {
-    const int64_t outer = lu->outer_steps();
-    lu->step(optimizer);
-    if (lu->outer_steps() == outer) return;
-    completed();
-    snapshot();
+    lu->step(optimizer, [&] {
+      completed();
+      snapshot();
+    });
   }
+  std::pair<std::string, int64_t> live() const override {
+    if (!lu) return {{}, -1};
+    try {
+      return {save(StatePart::all), lu->inner_steps()};
+    } catch (const comm::Error&) {  // Streaming DiLoCo's fragment in flight failed
+      return {{}, lu->inner_steps()};
+    }
+  }
+  void land() override { lu->land_missed_sync(); }
   std::string save(StatePart part) const override {
     std::string bytes;
     comm::StateWriter out(bytes);
@@ -202,6 +231,7 @@ struct LocalUpdateDriver : ElasticTrainer::Driver {
   }
   bool rolls_back() const override { return true; }
   std::string algorithm_name() const override { return lu->algorithm_name(); }
+  LocalUpdateModule* local_update_module() override { return lu.get(); }
 
   Runtime& rt;
   std::shared_ptr<torch::nn::Module> module;
@@ -222,7 +252,9 @@ struct GossipDriver : ElasticTrainer::Driver {
   GossipDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
                const DdpOptions& ddp)
       : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {
-    options.timeout = ddp.stall_timeout;
+    // Each round's deadline: the step's (unset: the Runtime's collective timeout).
+    options.timeout =
+        ddp.stall_timeout.value_or(detail::RuntimeAccess::collective_timeout(rt));
     // The members' weights differ after a re-form: the module must not replace them with rank
     // 0's. (The first generation's members took the source's in heal().) Choco-SGD's public
     // copies then start at zero on every rank (decentralized.h).
@@ -306,25 +338,33 @@ ElasticTrainer::ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Modu
 ElasticTrainer::~ElasticTrainer() = default;
 
 DistributedModule& ElasticTrainer::module() {
-  auto* bucket = dynamic_cast<BucketDriver*>(driver_.get());
-  if (!bucket || !bucket->ddp)
+  auto* ddp = driver_->bucket_module();
+  if (!ddp)
     throw comm::Error("ElasticTrainer::module(): the trainer runs " + algorithm_name() +
-                      ", not a bucket algorithm (local_update() is its module)");
-  return *bucket->ddp;
+                      ", not a bucket algorithm");
+  return *ddp;
 }
 
 LocalUpdateModule& ElasticTrainer::local_update() {
-  auto* local = dynamic_cast<LocalUpdateDriver*>(driver_.get());
-  if (!local || !local->lu)
+  auto* lu = driver_->local_update_module();
+  if (!lu)
     throw comm::Error("ElasticTrainer::local_update(): the trainer runs " + algorithm_name() +
-                      ", not a local-update algorithm (module() is its module)");
-  return *local->lu;
+                      ", not a local-update algorithm");
+  return *lu;
 }
 
 std::string ElasticTrainer::algorithm_name() const { return driver_->algorithm_name(); }
 
 void ElasticTrainer::build() {
+  // A gossip member's caller state (its own replica, or the source's on a restarted rank) goes
+  // in before its module, which takes the weights into its flat buffer; a local-update one's
+  // after, since the module's construction may broadcast rank 0's weights. Either is the state
+  // at the step the job goes on from (heal() chose it).
+  const bool before = driver_->own_replicas();
+  if (before && !caller_.empty()) state_.load(caller_);
   driver_->build(own_, shared_, completed_);
+  if (!before && driver_->rolls_back() && !caller_.empty()) state_.load(caller_);
+  if (land_) driver_->land();
   built_ = true;
   steps_ = completed_;
   snapshot();
@@ -334,6 +374,7 @@ void ElasticTrainer::snapshot() {
   own_ = driver_->save(StatePart::all);
   shared_ = driver_->save(StatePart::shared);
   if (driver_->rolls_back()) caller_ = state_.save();
+  land_ = false;
 }
 
 void ElasticTrainer::heal(const ElasticGeneration& generation) {
@@ -342,10 +383,12 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
   std::string bytes;
   int64_t size = 0;
   if (source) {
-    // The caller's state (parameters, buffers, optimizer), then the module's shared state (empty
-    // before the first module).
+    // The caller's state (parameters, buffers, optimizer) at the step the job goes on from, and
+    // whether the sync of that step is still to land in it; then the module's shared state
+    // (empty before the first module).
     comm::StateWriter out(bytes);
-    out.string(state_.save());
+    out.string(driver_->rolls_back() && !caller_.empty() ? caller_ : state_.save());
+    out.value(static_cast<uint8_t>(land_));
     out.string(shared_);
     size = static_cast<int64_t>(bytes.size());
   }
@@ -358,20 +401,39 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
   if (!source) {
     comm::StateReader in(bytes, "the state of generation " + std::to_string(generation.number) +
                                     "'s source (rank " + std::to_string(generation.source) + ")");
-    const std::string caller = in.string();
+    std::string caller = in.string();
+    const bool caller_lands = in.value<uint8_t>() != 0;
     std::string shared = in.string();
     in.expect_end();
-    // A local-update member at the source's sync keeps its own inner optimizer and buffers
-    // (rolled back to that sync; its parameters are the source's); a restarted member, or one
-    // behind the source, takes the source's.
-    // A gossip survivor keeps its own replica (rolled back to its last completed step) whatever
-    // the source's step: the replicas differ by design.
-    const bool keeps_own =
-        (driver_->own_replicas() && built_) ||
-        (driver_->rolls_back() && !own_.empty() && completed_ == generation.step);
-    if (!keeps_own) state_.load(caller);
-    // A member behind the source by a step (or a sync) keeps its own residual of the one before
-    // (the unsent remainder of the step it missed is dropped, never sent twice).
+    if (!driver_->rolls_back()) {
+      // The bucket algorithms: every member takes the source's. A member behind it by a step
+      // keeps its own residual of the step before (the unsent remainder of the step it missed
+      // is dropped, never sent twice).
+      state_.load(caller);
+    } else if (driver_->own_replicas()) {
+      // Gossip: a survivor keeps its own replica (caller_, its last completed step) whatever the
+      // source's step, since the replicas differ by design; a restarted member takes the
+      // source's.
+      if (!built_) caller_ = std::move(caller);
+    } else if (own_.empty() || (completed_ != generation.step && live_step_ != generation.step)) {
+      // A restarted member takes the source's parameters, buffers and inner optimizer (and
+      // zero residual). One behind by more than the sync it was in cannot be: it would too.
+      if (!own_.empty())
+        std::cerr << "troupe: elastic: rank " << rt_.rank() << " at step " << completed_
+                  << " (live " << live_step_ << ") is behind the source's step "
+                  << generation.step << " by more than a sync: it takes the source's state\n";
+      caller_ = std::move(caller);
+      land_ = caller_lands;
+    } else if (completed_ != generation.step) {
+      // Behind the source: its sync after step generation.step failed here and completed there.
+      // It goes on from its live state of that step (its own inner optimizer and weights, and
+      // own algorithm state where it could be saved), and lands the sync with the source's
+      // shared state (build()), as the sync would have.
+      caller_ = std::move(live_caller_);
+      if (!live_own_.empty()) own_ = std::move(live_own_);
+      land_ = true;
+    }
+    // Else at the source's step: its own state of that step (rolled back to it).
     shared_ = std::move(shared);
   }
   completed_ = generation.step;
@@ -379,16 +441,20 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
 
 void ElasticTrainer::recover(const std::string& why) {
   const auto start = Clock::now();
+  // A local-update algorithm goes back to the last point where a sync landed (build() loads the
+  // caller state of that point); a member behind the source goes on from its live state.
+  if (driver_->rolls_back() && !driver_->own_replicas()) {
+    std::tie(live_own_, live_step_) = driver_->live();
+    live_caller_ = state_.save();
+  }
   driver_->destroy();
-  // A local-update algorithm goes back to its last completed outer sync: this rank's parameters,
-  // buffers and inner optimizer as they were then.
-  if (driver_->rolls_back() && !caller_.empty()) state_.load(caller_);
   for (int attempt = 1;; ++attempt) {
     const ElasticGeneration generation = rt_.reform(completed_);  // throws when the job stops
     try {
       heal(generation);
       build();
-      recoveries_.push_back({generation.number, rt_.world_size(), completed_, since(start), why});
+      recoveries_.push_back({generation.number, rt_.world_size(), completed_, generation.source,
+                             since(start), why});
       std::cerr << "troupe: elastic: rank " << rt_.rank() << " of " << rt_.world_size()
                 << " (launch slot " << rt_.slot() << ") goes on in generation "
                 << generation.number << " from step " << completed_ << " after "

@@ -42,15 +42,29 @@
 /// 29-66 us for the example's models with error feedback, docs/benchmarks.md; nothing for
 /// allreduce).
 ///
-/// The local-update algorithms (DiLoCo and SparseLoCo, runtime/local_update) go on too, from the
-/// last completed outer sync, where every rank's parameters are equal: the trainer keeps each
-/// rank's caller state (parameters, buffers, inner optimizer: ElasticState) and its module's
-/// state as they were after each completed sync (not each step), and a re-form rolls every
-/// survivor back to it; the steps since are redone on the new shards. What every rank holds equal
-/// (the global weights, the outer momentum, the counters, an outer PowerSGD's Q) travels from the
-/// source; what is a rank's own (its inner optimizer, DiLoCo's outer-compression residual,
-/// SparseLoCo's error-feedback memory) is kept by a survivor and starts at zero on a restarted
-/// rank, which takes the source's parameters and inner optimizer.
+/// The local-update algorithms (DiLoCo, Streaming DiLoCo and SparseLoCo, runtime/local_update)
+/// go on too, from the last point where a synchronisation landed (LocalUpdateModule::step(inner,
+/// landed)): DiLoCo's and SparseLoCo's outer syncs, and for Streaming DiLoCo each fragment's
+/// merge, before the fragment due at the same step starts, so that no fragment is in flight
+/// there. At each such point the trainer keeps each rank's caller state (parameters, buffers,
+/// inner optimizer: ElasticState), its module's own state and the shared one, and a re-form
+/// rolls every survivor back to its own; the steps since are redone on the new shards (a
+/// fragment due at the point starts at the first of them, in the new world). Streaming DiLoCo's
+/// replicas differ there (each merges its own weights), so each survivor goes back to its own
+/// weights, not the source's. What every rank holds equal (the global weights, the outer
+/// momentum, the counters, a fragment's reductions counted, an outer PowerSGD's Q) travels from
+/// the source; what is a rank's own (its weights between syncs, its inner optimizer, DiLoCo's
+/// outer-compression residual, SparseLoCo's error-feedback memory) is kept by a survivor and on
+/// a restarted rank is the source's weights and inner optimizer, with a zero residual and memory.
+/// A member behind the source (its sync failed where the source's completed: a re-form that
+/// lands in a sync) goes on from its live state of that step (its own inner optimizer, which a
+/// sync does not change, and its module's own state where it can be saved: a failed Streaming
+/// DiLoCo fragment's cannot, and its reductions' own state is that of the point before) and
+/// lands the sync with the source's shared state: DiLoCo and SparseLoCo take the global weights,
+/// Streaming DiLoCo merges the fragment, as the sync would have. Streaming DiLoCo with eager
+/// updates is refused (their provisional step changes the weights a fragment starts from, which
+/// the rollback point does not hold), and so are the asynchronous algorithms (their background
+/// rounds are not ended at a re-form yet: check_elastic_algorithm).
 ///
 /// The gossip algorithms (D-PSGD, both exchanges, and Choco-SGD: runtime/gossip) go on too, over
 /// the new world's topology: a DecentralizedModule per world. Their replicas differ by design, so
@@ -64,9 +78,7 @@
 /// restarted rank takes the source's parameters and optimizer. Choco-SGD's public copies start
 /// at zero on every member of the new world (its paper's start), since a copy must be the same on
 /// both ends of an edge; D-PSGD with overlap posts the current weights afresh. Keeping the copy
-/// costs serialising the caller's state after each step (ElasticState::save). Streaming DiLoCo is
-/// refused (its fragments in flight cannot be rolled back yet), and so are the asynchronous
-/// algorithms (their background rounds are not ended at a re-form yet: check_elastic_algorithm).
+/// costs serialising the caller's state after each step (ElasticState::save).
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -79,10 +91,13 @@
 
 namespace troupe {
 
-/// The caller's training state as bytes, and back: what a rejoining or lagging member receives
-/// from the generation's source. module_state() covers parameters, buffers and a torch
-/// optimizer; the trainer adds its DistributedModule's shared algorithm state (StatePart::shared)
-/// itself. Other state the members hold equal (an RNG, the data position) plugs in here.
+/// The caller's training state as bytes, and back: module_state() covers parameters, buffers and
+/// a torch optimizer; the trainer adds its module's algorithm state itself. Other state of the
+/// caller's (an RNG, the data position) plugs in here. Under a bucket algorithm it is the same on
+/// every member after each step: a restarted or lagging member takes the source's. Under a
+/// local-update algorithm it is each rank's own: the trainer saves it where a sync lands and
+/// loads it back at a re-form (a survivor its own, a member behind the source its live one, a
+/// restarted rank the source's), so `load` must restore exactly what `save` saw.
 struct ElasticState {
   std::function<std::string()> save;
   std::function<void(const std::string&)> load;
@@ -98,13 +113,14 @@ struct ElasticRecovery {
   int generation = 0;   // the generation it ended in
   int world_size = 0;   // its world
   int64_t step = 0;     // the step the job went on from
+  int source = 0;       // the rank (in that generation) whose state every member took
   double seconds = 0;   // from the failed step's error to the state healed and the module built
   std::string reason;   // the error that started it
 };
 
 /// Throws comm::Error naming `algorithm` and what elastic training runs when ElasticTrainer
-/// cannot run it: Streaming DiLoCo (its fragments in flight cannot be rolled back to an outer
-/// sync yet) and the asynchronous algorithms (AsyncModelAverage, AsyncGossip).
+/// cannot run it: Streaming DiLoCo with eager updates and the asynchronous algorithms
+/// (AsyncModelAverage, AsyncGossip).
 void check_elastic_algorithm(const JobAlgorithm& algorithm);
 
 class LocalUpdateModule;
@@ -113,9 +129,9 @@ class ElasticTrainer {
  public:
   /// Collective: every member constructs it (a restarted rank included), and receives the state
   /// of the generation's source. `algorithm`: a bucket algorithm (run by a DistributedModule with
-  /// `options`), DiLoCo or SparseLoCo (a LocalUpdateModule; `optimizer` is the inner one), D-PSGD
-  /// or Choco-SGD (a DecentralizedModule; options.stall_timeout is each round's deadline);
-  /// others are refused (check_elastic_algorithm). `state` defaults to
+  /// `options`), DiLoCo, Streaming DiLoCo or SparseLoCo (a LocalUpdateModule; `optimizer` is
+  /// the inner one), D-PSGD or Choco-SGD (a DecentralizedModule; options.stall_timeout is each
+  /// round's deadline); others are refused (check_elastic_algorithm). `state` defaults to
   /// module_state(module, optimizer).
   ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                  torch::optim::Optimizer& optimizer, JobAlgorithm algorithm = comm::Compression{},
@@ -125,8 +141,8 @@ class ElasticTrainer {
   /// Runs `forward_backward` (zero the gradients, forward, loss, backward) and the step. True:
   /// the step completed. False: the membership changed; the world has been re-formed and healed,
   /// and the caller redoes steps from steps() (rank and world size may differ; a local-update
-  /// algorithm goes back to its last completed outer sync; a gossip survivor to its own last
-  /// completed step, and steps() is the source's). Throws comm::Error when the job stops
+  /// algorithm goes back to the last point where a sync landed; a gossip survivor to its own
+  /// last completed step, and steps() is the source's). Throws comm::Error when the job stops
   /// (no quorum), and rethrows errors of a Runtime that is not elastic.
   bool step(const std::function<void()>& forward_backward);
   /// Steps the job has completed (the same on every member at each formation, and between steps
@@ -157,8 +173,15 @@ class ElasticTrainer {
   // The state a re-form goes back to, that of the end of step completed_: the module's algorithm
   // state, all of it and its shared part, and (for a driver that rolls back) the caller's state.
   // The bucket algorithms take it inside each step (a failed step has already changed the error
-  // feedback of the buckets it launched), the local-update ones at each completed outer sync.
+  // feedback of the buckets it launched), the local-update ones each time a sync lands.
   std::string own_, shared_, caller_;
+  // Whether the sync that landed at step completed_ on the source is still to land in caller_
+  // (a member that was behind the source, build()).
+  bool land_ = false;
+  // At a failure, before the module goes: a local-update member's caller state, module state
+  // and step, from which it goes on when it turns out to be behind the source (heal()).
+  std::string live_caller_, live_own_;
+  int64_t live_step_ = -1;
   int64_t steps_ = 0;      // steps done
   int64_t completed_ = 0;  // the step a re-form goes on from
   bool built_ = false;     // this process has built a module: it holds training state

@@ -416,8 +416,8 @@ int main(int argc, char** argv) {
     }
     Runtime rt(o);
     if (rt.elastic()) {
-      // troupe launch --elastic: a bucket algorithm, DiLoCo, SparseLoCo, D-PSGD or Choco-SGD
-      // (these two from a --job file) through an ElasticTrainer
+      // troupe launch --elastic: a bucket algorithm, DiLoCo, Streaming DiLoCo, SparseLoCo, D-PSGD
+      // or Choco-SGD (these two from a --job file) through an ElasticTrainer
       // (examples/fashion_mnist/elastic.h), which refuses the others by name.
       examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
                                t.seed};

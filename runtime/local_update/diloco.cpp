@@ -7,6 +7,7 @@
 
 #include "comm/compression/reduction.h"
 #include "comm/state.h"
+#include "comm/status.h"
 #include "runtime/fault.h"
 #include "runtime/local_update/outer_step.h"
 
@@ -73,7 +74,17 @@ struct DiLoCoModule::Impl : Algorithm {
   std::string name() const override { return diloco_name(config); }
   OuterStep& outer_step() override { return core; }
   void after_step(int64_t t) override {
-    if (t % config.inner_steps == 0) synchronise();
+    if (t % config.inner_steps == 0) {
+      synchronise();
+      landed();
+    }
+  }
+  void land_missed(int64_t t) override {
+    if (t % config.inner_steps != 0)
+      throw comm::Error("DiLoCo: no synchronisation lands after inner step " + std::to_string(t) +
+                        " (expected a multiple of h = " + std::to_string(config.inner_steps) +
+                        ")");
+    Algorithm::land_missed(t);
   }
   void save_rest(comm::StateWriter& out) override { reduction->save_state(out); }
   std::function<void(comm::StateReader&)> read_rest(comm::StateReader&) override {

@@ -13,8 +13,30 @@ LocalUpdateModule::LocalUpdateModule(std::unique_ptr<Algorithm> algorithm)
 
 LocalUpdateModule::~LocalUpdateModule() = default;
 
-void LocalUpdateModule::step(torch::optim::Optimizer& inner) {
-  algorithm_->after_step(algorithm_->outer_step().inner_step(inner));
+void LocalUpdateModule::step(torch::optim::Optimizer& inner) { step(inner, {}); }
+
+void LocalUpdateModule::step(torch::optim::Optimizer& inner,
+                             const std::function<void()>& landed) {
+  struct Listening {  // the listener is this call's only, whatever it throws
+    Algorithm& a;
+    ~Listening() { a.on_landed = nullptr; }
+  } listening{*algorithm_};
+  algorithm_->on_landed = &landed;
+  auto& core = algorithm_->outer_step();
+  algorithm_->before_step(core.inner);
+  algorithm_->after_step(core.inner_step(inner));
+}
+
+int64_t LocalUpdateModule::inner_steps() const { return algorithm_->outer_step().inner; }
+
+void LocalUpdateModule::land_missed_sync() { algorithm_->land_missed(inner_steps()); }
+
+void LocalUpdateModule::Algorithm::land_missed(int64_t) {
+  auto& core = outer_step();
+  std::lock_guard<std::mutex> lock(core.flat.mutex());
+  auto local = core.local();
+  local.copy_(core.global);
+  core.flat.push();
 }
 
 std::string LocalUpdateModule::algorithm_name() const { return algorithm_->name(); }

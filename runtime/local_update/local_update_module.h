@@ -25,6 +25,21 @@ class LocalUpdateModule : public DataParallel {
 
   /// Steps `inner`, then takes the part of a synchronisation the schedule puts after this step.
   void step(torch::optim::Optimizer& inner) override;
+  /// step(inner), calling `landed` each time a synchronisation has landed in this rank's weights
+  /// and nothing of the next is under way (Streaming DiLoCo: between a fragment's merge and the
+  /// start of the fragment due at the same step): a point an elastic trainer rolls back to
+  /// (runtime/elastic.h). A fragment due there and not started yet (a state saved at such a
+  /// point and loaded) starts at the next step(), before its inner step.
+  void step(torch::optim::Optimizer& inner, const std::function<void()>& landed);
+  /// Inner steps so far.
+  int64_t inner_steps() const;
+  /// Elastic training's catch-up of a rank whose synchronisation failed where it completed on
+  /// the others: with this rank's weights as they were after inner step inner_steps() and the
+  /// shared state of a rank that completed it loaded (StatePart::shared), lands that
+  /// synchronisation as it would have: DiLoCo and SparseLoCo continue from the global weights,
+  /// Streaming DiLoCo merges the fragment applied after that step. Throws comm::Error when no
+  /// synchronisation lands after that step.
+  void land_missed_sync();
   std::string algorithm_name() const override;
   CommStats stats() const override;
   /// Synchronisations so far (Streaming DiLoCo: fragment syncs applied, all fragments together).
@@ -34,8 +49,9 @@ class LocalUpdateModule : public DataParallel {
   /// StatePart::all is save_state(out); StatePart::shared only what every rank holds equal after
   /// an outer sync (the counters, the global weights, the outer momentum, the outer reduction's
   /// shared part such as PowerSGD's Q), which an elastic member that restarted takes from a peer
-  /// (runtime/elastic.h): an error-feedback residual is its owner's. Streaming DiLoCo has no
-  /// such split (its fragments in flight) and refuses with comm::Error naming it.
+  /// (runtime/elastic.h): an error-feedback residual is its owner's. Streaming DiLoCo splits it
+  /// only where no fragment is in flight (where a sync has landed, see step(inner, landed)), and
+  /// refuses elsewhere with comm::Error naming the fragment.
   void save_state(comm::StateWriter& out, StatePart part) const;
   /// Restores what save_state(out, part) wrote, checked before anything changes.
   void load_state(comm::StateReader& in, StatePart part);
@@ -48,8 +64,18 @@ class LocalUpdateModule : public DataParallel {
     /// refused.
     virtual std::string name() const = 0;
     virtual OuterStep& outer_step() = 0;
-    /// After inner step t (counted from 1): the synchronisation the schedule puts here, if any.
+    /// After inner step t (counted from 1): the synchronisation the schedule puts here, if any;
+    /// landed() once it has landed in the weights.
     virtual void after_step(int64_t t) = 0;
+    /// Before inner step t + 1: what a state loaded at a landing point still has to start.
+    virtual void before_step(int64_t t) { (void)t; }
+    /// land_missed_sync() after inner step t; by default the weights := the global weights.
+    virtual void land_missed(int64_t t);
+    /// Calls the listener of the step() under way, if any.
+    void landed() const {
+      if (on_landed && *on_landed) (*on_landed)();
+    }
+    const std::function<void()>* on_landed = nullptr;
     /// Before a save: what is in flight lands in the state. Before a load: a refusal when this
     /// module cannot take one now.
     virtual void before_save() {}

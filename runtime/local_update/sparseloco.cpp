@@ -11,6 +11,7 @@
 
 #include "comm/collectives/collectives.h"
 #include "comm/state.h"
+#include "comm/status.h"
 #include "runtime/fault.h"
 #include "runtime/local_update/outer_step.h"
 
@@ -202,7 +203,17 @@ struct SparseLoCoModule::Impl : Algorithm {
   std::string name() const override { return sparseloco_name(config); }
   OuterStep& outer_step() override { return core; }
   void after_step(int64_t t) override {
-    if (t % config.inner_steps == 0) synchronise();
+    if (t % config.inner_steps == 0) {
+      synchronise();
+      landed();
+    }
+  }
+  void land_missed(int64_t t) override {
+    if (t % config.inner_steps != 0)
+      throw comm::Error("SparseLoCo: no synchronisation lands after inner step " + std::to_string(t) +
+                        " (expected a multiple of h = " + std::to_string(config.inner_steps) +
+                        ")");
+    Algorithm::land_missed(t);
   }
   void save_rest(comm::StateWriter& out) override { out.vector(error); }
   std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {

@@ -335,11 +335,52 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
   OuterStep& outer_step() override { return core; }
 
   void after_step(int64_t t) override {
-    if (flight >= 0 && t == apply_at) apply();
-    if (const int f = due(t); f >= 0) {
-      start(f);
-      if (config.delay == 0) apply();
+    if (flight >= 0 && t == apply_at) {
+      apply();
+      landed();
     }
+    if (const int f = due(t); f >= 0) start_due(f);
+  }
+
+  void start_due(int f) {
+    start(f);
+    if (config.delay == 0) {
+      apply();
+      landed();
+    }
+  }
+
+  // How many reductions of fragment f start in the first t inner steps.
+  int64_t starts_by(int f, int64_t t) const {
+    const int64_t offset = fragments[static_cast<size_t>(f)].offset, H = config.inner_steps;
+    if (offset == 0) return t / H;
+    return t >= offset ? (t - offset) / H + 1 : 0;
+  }
+
+  // A state saved where a sync landed (landed()) and loaded: the fragment due at that step has
+  // not started yet.
+  void before_step(int64_t t) override {
+    if (flight >= 0 || t < 1) return;
+    const int f = due(t);
+    if (f >= 0 && fragments[static_cast<size_t>(f)].syncs < starts_by(f, t)) start_due(f);
+  }
+
+  // The fragment whose reduction started `delay` steps before t, merged as apply() would.
+  void land_missed(int64_t t) override {
+    const int f = t - config.delay >= 1 ? due(t - config.delay) : -1;
+    if (f < 0)
+      throw comm::Error("Streaming DiLoCo: no fragment lands after inner step " +
+                        std::to_string(t) + " (h = " + std::to_string(config.inner_steps) +
+                        ", delay = " + std::to_string(config.delay) + ")");
+    auto& frag = fragments[static_cast<size_t>(f)];
+    std::lock_guard<std::mutex> lock(core.flat.mutex());
+    auto local = slice(core.local(), frag);
+    const double alpha = config.fragment_update_alpha;
+    if (alpha == 0)
+      local.copy_(slice(core.global, frag));
+    else
+      local.mul_(alpha).add_(slice(core.global, frag), 1 - alpha);
+    core.flat.push();
   }
 
   void before_save() override { await(); }  // a fragment in flight: its average is saved
@@ -364,6 +405,36 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
       out.value(static_cast<uint8_t>(f.has_average));
     }
     for (const auto& f : fragments) f.reduction->save_state(out);
+  }
+
+  // Shared, where no fragment is in flight (a sync has just landed): each fragment's count of
+  // reductions and eager updates' flag, and each reduction's shared part. The outer gradient in
+  // flight, eager updates' memories and the reductions' error feedback are the rank's own.
+  void save_shared_rest(comm::StateWriter& out) override {
+    if (flight >= 0)
+      throw comm::Error("Streaming DiLoCo: fragment " + std::to_string(flight) +
+                        " is in flight (after inner step " + std::to_string(core.inner) +
+                        "): its shared state is saved where a sync has landed and none is");
+    for (const auto& f : fragments) {
+      out.value(f.syncs);
+      out.value(static_cast<uint8_t>(f.has_average));
+    }
+    for (const auto& f : fragments) f.reduction->save_shared_state(out);
+  }
+
+  std::function<void(comm::StateReader&)> read_shared_rest(comm::StateReader& in) override {
+    std::vector<std::pair<int64_t, bool>> per_fragment;
+    for (size_t f = 0; f < fragments.size(); ++f) {
+      const auto syncs = in.value<int64_t>();
+      per_fragment.emplace_back(syncs, in.value<uint8_t>() != 0);
+    }
+    return [this, per_fragment = std::move(per_fragment)](comm::StateReader& rest) {
+      for (auto& f : fragments) f.reduction->load_shared_state(rest);
+      for (size_t f = 0; f < fragments.size(); ++f) {
+        fragments[f].syncs = per_fragment[f].first;
+        fragments[f].has_average = per_fragment[f].second;
+      }
+    };
   }
 
   std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {

@@ -11,14 +11,19 @@
 // reports what happened to its algorithm state: after a re-form a survivor's must be what it was
 // after its last completed step ("kept"), a restarted rank's error feedback must be zero, and
 // the shared part (PowerSGD's Qs) is printed as a hash per step for the test to compare.
-// argv[3] = diloco runs DiLoCo (h = 4, allreduce outer reduction; inner SGD with momentum, each
-// rank's own): the job ends at an outer sync (where the replicas are equal), and each member that
-// lived through every change compares its parameters with a one-process reference of the same
-// run (reference_diloco: each rank's replica on its shard, the world of each recovery from its
-// rollback step on; the highest launch slots are the ones that died, and a rank that rejoins
-// takes rank 0's replica, the generation's source, as the real one does). When a re-form caught
-// a member behind the source (its outer sync failed where the source's completed), that member
-// took the source's inner optimizer, which the reference does not model: no member compares then.
+// argv[3] = diloco, streaming-diloco or sparseloco runs that local-update algorithm (h = 4,
+// allreduce outer reduction for the DiLoCos, exact top-25% values for SparseLoCo; inner SGD with
+// momentum, each rank's own): the job ends where a sync has landed, and each member that lived
+// through every change compares every member's weights with a one-process reference of the same
+// run (reference_local_update: each rank's replica on its shard, the world of each recovery from
+// its rollback step on; the highest launch slots are the ones that died, and a rank that rejoins
+// takes the replica of the generation's source, as the real one does). A member behind the source
+// at a re-form (its sync failed where the source's completed) lands that sync itself, so the
+// reference holds for it too. DiLoCo and SparseLoCo end with bit-identical replicas; Streaming
+// DiLoCo's replicas differ (each merges its own), and its members compare their global weights.
+// diloco-topk runs DiLoCo with a top-k outer reduction with error feedback, not compared with the
+// reference: each member reports its residual after a re-form ("kept": the one of the sync it
+// went back to) and a restarted rank's ("zero").
 // Exit: 0 held, 2 replicas differ, 3 off the reference, 1 an error (printed).
 #include <torch/torch.h>
 
@@ -27,10 +32,14 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "comm/state.h"
 #include "runtime/elastic.h"
+#include "runtime/local_update/local_update_module.h"
+#include "runtime/local_update/streaming_diloco.h"
 #include "runtime/runtime.h"
 
 using namespace troupe;
@@ -89,11 +98,11 @@ torch::Tensor reference(const Data& d, int64_t steps) {
   return flat(*net);
 }
 
-constexpr int kDiLoCoH = 4;
+constexpr int kH = 4;  // the local-update algorithms' inner steps
 
 DiLoCo make_diloco() {
   DiLoCo c;
-  c.inner_steps = kDiLoCoH;
+  c.inner_steps = kH;
   // Milder than the paper's 0.7 and 0.9: a survivor trains alone for hundreds of steps until the
   // restarted rank is back, and this small problem diverges under the paper's.
   c.outer_lr = 0.5;
@@ -102,72 +111,190 @@ DiLoCo make_diloco() {
   return c;
 }
 
+// Two fragments, each in flight for two steps: fragment 0 starts after steps 2, 6, 10, ... and
+// lands after 4, 8, 12, ..., fragment 1 starts after 4, 8, ... and lands after 6, 10, ...: a
+// sync lands after every even step, and the other fragment starts right after it, so one is
+// always in flight but at the landing points (where a re-form goes on by starting it again).
+StreamingDiLoCo make_streaming() {
+  StreamingDiLoCo c;
+  c.inner_steps = kH;
+  c.fragments = 2;
+  c.delay = 2;
+  c.fragment_update_alpha = 0.5;
+  c.outer_lr = 0.5;
+  c.outer_momentum = 0.5;
+  return c;
+}
+
+// Top quarter of each 64-element chunk as exact floats (32 bits): the reference needs no
+// quantiser, and the error-feedback memory keeps three quarters of every outer gradient.
+SparseLoCo make_sparseloco() {
+  SparseLoCo c;
+  c.inner_steps = kH;
+  c.outer_lr = 0.5;
+  c.ratio = 0.25;
+  c.chunk = 64;
+  c.value_bits = 32;
+  c.ef_decay = 0.9;
+  return c;
+}
+
+// Whether a sync lands after step t (where an elastic job may end, and goes back to).
+bool lands_after(const std::string& algorithm, int64_t t) {
+  if (algorithm == "streaming-diloco") return t % 2 == 0;
+  return t % kH == 0;
+}
+
 // The world from a step on: {0, launch world}, then one per recovery (a later one at the same
-// step replaces an earlier).
+// step replaces an earlier), with the rank whose state a new member took.
 struct Segment {
   int64_t from;
   int world;
+  int source;
 };
 
-// One process running the elastic DiLoCo job: a replica (model and inner optimizer) per rank,
-// each stepping on its shard of the global batch; at every 4th step the outer step of
-// diloco.h (the mean of global - local, Nesterov SGD into the global weights) and every replica
-// goes on from the global weights. From a segment's step on the world is its size: the first
-// ranks' replicas go on as they were at that (rolled-back) step, a new rank takes rank 0's.
-torch::Tensor reference_diloco(const Data& d, std::vector<Segment> segments, int64_t steps) {
+// One process running the elastic local-update job (diloco, streaming-diloco or sparseloco): a
+// replica (model, inner optimizer, SparseLoCo's error-feedback memory) per rank, each stepping on
+// its shard of the global batch, and the outer steps of diloco.h, streaming_diloco.h and
+// sparseloco.h on the shared global weights. At a segment's step (where a sync has landed, before
+// the fragment due there starts) the world becomes the segment's: the first ranks' replicas go
+// on as they were, a new rank takes the source's model and inner optimizer and zero memory.
+// Returns each rank's weights at the end.
+std::vector<torch::Tensor> reference_local_update(const Data& d, const std::string& algorithm,
+                                                  std::vector<Segment> segments, int64_t steps) {
   struct Replica {
     torch::nn::Sequential net;
     std::unique_ptr<torch::optim::SGD> opt;
+    torch::Tensor memory, sent;  // SparseLoCo's; Streaming DiLoCo's outer gradient in flight
   };
-  auto make_replica = [] {
-    Replica r{make_model(), nullptr};
+  torch::Tensor global = flat(*make_model()).clone();
+  auto make_replica = [&] {
+    Replica r{make_model(), nullptr, torch::zeros_like(global), torch::zeros_like(global)};
     r.opt = std::make_unique<torch::optim::SGD>(make_sgd(*r.net));
     return r;
   };
+  auto set_flat = [](torch::nn::Module& m, const torch::Tensor& v, int64_t first, int64_t n) {
+    torch::NoGradGuard no_grad;
+    int64_t at = 0;
+    for (auto& p : m.parameters()) {
+      auto pf = p.view({-1});
+      const int64_t lo = std::max(at, first), hi = std::min(at + p.numel(), first + n);
+      if (lo < hi) pf.narrow(0, lo - at, hi - lo).copy_(v.narrow(0, lo, hi - lo));
+      at += p.numel();
+    }
+  };
+  const int64_t count = global.numel();
   std::vector<Replica> replicas;
-  torch::Tensor global = flat(*make_model()).clone();
   torch::Tensor momentum = torch::zeros_like(global);
   ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
-  const DiLoCo c = make_diloco();
-  segments.push_back({steps, 0});
-  for (size_t i = 0; i + 1 < segments.size(); ++i) {
-    const int world = segments[i].world;
-    while (static_cast<int>(replicas.size()) > world) replicas.pop_back();
-    while (static_cast<int>(replicas.size()) < world) {
+  const DiLoCo dc = make_diloco();
+  const StreamingDiLoCo sc = make_streaming();
+  const SparseLoCo lc = make_sparseloco();
+  // Outer SGD with Nesterov momentum on [first, first + n), as runtime/local_update/outer_step.h.
+  auto outer_sgd = [&](double lr, double mu, torch::Tensor mean, int64_t first, int64_t n) {
+    auto x = global.narrow(0, first, n), buf = momentum.narrow(0, first, n);
+    buf.mul_(mu).add_(mean);
+    x.sub_(mean.add(buf, mu), lr);
+  };
+  // Streaming DiLoCo's fragments and schedule, as streaming_diloco.h cuts them.
+  std::vector<std::pair<size_t, size_t>> cuts;
+  {
+    std::vector<size_t> rows, cols;
+    for (auto& p : make_model()->parameters()) {
+      const auto n = static_cast<size_t>(p.numel());
+      const size_t r = p.dim() >= 2 ? static_cast<size_t>(p.size(0)) : n;
+      rows.push_back(r);
+      cols.push_back(n / r);
+    }
+    cuts = streaming_fragments(rows, cols, sc.fragments);
+  }
+  auto due = [&](int64_t t) {
+    for (int f = 0; f < sc.fragments; ++f)
+      if ((f + 1) * sc.inner_steps / sc.fragments % sc.inner_steps == t % sc.inner_steps) return f;
+    return -1;
+  };
+  int flight = -1;
+  int64_t apply_at = 0;
+  size_t next = 0;  // the next segment
+  auto switch_world = [&] {
+    const Segment& seg = segments[next++];
+    while (static_cast<int>(replicas.size()) > seg.world) replicas.pop_back();
+    while (static_cast<int>(replicas.size()) < seg.world) {
       auto r = make_replica();
       if (!replicas.empty()) {
-        auto from = troupe::module_state(replicas[0].net.ptr(), *replicas[0].opt);
-        troupe::module_state(r.net.ptr(), *r.opt).load(from.save());
+        auto& from = replicas.at(static_cast<size_t>(seg.source));
+        auto state = troupe::module_state(from.net.ptr(), *from.opt);
+        troupe::module_state(r.net.ptr(), *r.opt).load(state.save());
       }
       replicas.push_back(std::move(r));
     }
-    for (int64_t s = segments[i].from; s < segments[i + 1].from; ++s) {
-      for (int r = 0; r < world; ++r) {
-        auto& rep = replicas[static_cast<size_t>(r)];
-        auto idx = as_index(sampler.indices(s, r, world));
-        rep.opt->zero_grad();
-        torch::nn::functional::cross_entropy(rep.net->forward(d.x.index({idx})),
-                                             d.y.index({idx}))
-            .backward();
-        rep.opt->step();
-      }
-      if ((s + 1) % c.inner_steps != 0) continue;
+  };
+  switch_world();
+  for (int64_t t = 1; t <= steps; ++t) {
+    const int world = static_cast<int>(replicas.size());
+    for (int r = 0; r < world; ++r) {
+      auto& rep = replicas[static_cast<size_t>(r)];
+      auto idx = as_index(sampler.indices(t - 1, r, world));
+      rep.opt->zero_grad();
+      torch::nn::functional::cross_entropy(rep.net->forward(d.x.index({idx})), d.y.index({idx}))
+          .backward();
+      rep.opt->step();
+    }
+    if (algorithm == "diloco" && t % dc.inner_steps == 0) {
       torch::Tensor mean = torch::zeros_like(global);
       for (auto& rep : replicas) mean += global - flat(*rep.net);
       mean /= world;
-      momentum.mul_(c.outer_momentum).add_(mean);
-      global.sub_(mean.add(momentum, c.outer_momentum), c.outer_lr);
-      for (auto& rep : replicas) {
-        torch::NoGradGuard no_grad;
-        int64_t at = 0;
-        for (auto& p : rep.net->parameters()) {
-          p.copy_(global.narrow(0, at, p.numel()).view(p.sizes()));
-          at += p.numel();
+      outer_sgd(dc.outer_lr, dc.outer_momentum, mean, 0, count);
+      for (auto& rep : replicas) set_flat(*rep.net, global, 0, count);
+    }
+    if (algorithm == "sparseloco" && t % lc.inner_steps == 0) {
+      torch::Tensor sum = torch::zeros_like(global);
+      for (auto& rep : replicas) {  // in rank order, as the module sums
+        rep.memory.mul_(static_cast<float>(lc.ef_decay)).add_(global - flat(*rep.net));
+        torch::Tensor sent = torch::zeros_like(global);
+        for (int64_t c = 0; c < count; c += static_cast<int64_t>(lc.chunk)) {
+          const int64_t len = std::min<int64_t>(static_cast<int64_t>(lc.chunk), count - c);
+          const int64_t k = std::clamp<int64_t>(std::llround(lc.ratio * len), 1, len);
+          auto e = rep.memory.narrow(0, c, len);
+          auto top = std::get<1>(e.abs().topk(k));
+          sent.narrow(0, c, len).index_put_({top}, e.index({top}));
+          e.index_put_({top}, 0.0f);
         }
+        sum += sent;
       }
+      global.sub_(sum * static_cast<float>(lc.outer_lr / world));
+      for (auto& rep : replicas) set_flat(*rep.net, global, 0, count);
+    }
+    if (algorithm == "streaming-diloco") {
+      auto land = [&] {
+        const auto first = static_cast<int64_t>(cuts[static_cast<size_t>(flight)].first);
+        const auto n = static_cast<int64_t>(cuts[static_cast<size_t>(flight)].second) - first;
+        torch::Tensor mean = torch::zeros({n});
+        for (auto& rep : replicas) mean += rep.sent.narrow(0, first, n);
+        mean /= world;
+        outer_sgd(sc.outer_lr, sc.outer_momentum, mean, first, n);
+        const double alpha = sc.fragment_update_alpha;
+        for (auto& rep : replicas) {
+          auto mine = flat(*rep.net);
+          mine.narrow(0, first, n).mul_(alpha).add_(global.narrow(0, first, n), 1 - alpha);
+          set_flat(*rep.net, mine, first, n);
+        }
+        flight = -1;
+      };
+      if (flight >= 0 && t == apply_at) land();
+      if (next < segments.size() && segments[next].from == t) switch_world();
+      if (const int f = due(t); f >= 0) {
+        for (auto& rep : replicas) rep.sent = global - flat(*rep.net);
+        flight = f;
+        apply_at = t + sc.delay;
+      }
+    } else if (next < segments.size() && segments[next].from == t) {
+      switch_world();
     }
   }
-  return global;
+  std::vector<torch::Tensor> out;
+  for (auto& rep : replicas) out.push_back(flat(*rep.net));
+  return out;
 }
 
 Algorithm make_algorithm(const std::string& name) {
@@ -189,13 +316,26 @@ Algorithm make_algorithm(const std::string& name) {
 
 JobAlgorithm make_job_algorithm(const std::string& name) {
   if (name == "diloco") return make_diloco();
-  if (name == "streaming-diloco") {  // refused by ElasticTrainer
-    StreamingDiLoCo c;
-    c.inner_steps = kDiLoCoH;
-    c.fragments = 2;
+  if (name == "diloco-topk") {
+    DiLoCo c = make_diloco();
+    Sparsification topk;
+    topk.ratio = 0.1;
+    c.outer_compression = topk;
     return c;
   }
+  if (name == "streaming-diloco") return make_streaming();
+  if (name == "streaming-diloco-eager") {  // refused by ElasticTrainer
+    StreamingDiLoCo c = make_streaming();
+    c.eager = true;
+    return c;
+  }
+  if (name == "sparseloco") return make_sparseloco();
   return make_algorithm(name);
+}
+
+bool local_update(const std::string& name) {
+  return name.rfind("diloco", 0) == 0 || name.rfind("streaming-diloco", 0) == 0 ||
+         name == "sparseloco";
 }
 
 std::string module_state(const DistributedModule& ddp, StatePart part) {
@@ -244,25 +384,79 @@ long long unix_ms() {
       .count();
 }
 
-// The DiLoCo mode: trains to `steps` (and on while the world is smaller than `until_world`),
-// always ending at an outer sync; then the replicas and the reference.
-int run_diloco(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential& net,
-               torch::optim::SGD& opt, const Data& d, int64_t steps, int until_world,
-               int launch_world, bool restarted) {
+// A local-update module's state past OuterStep's (name, counters, global weights, outer
+// momentum): DiLoCo's outer reduction's own state (top-k's error feedback).
+std::string outer_residual(LocalUpdateModule& lu) {
+  std::string bytes;
+  comm::StateWriter out(bytes);
+  lu.save_state(out, StatePart::all);
+  comm::StateReader in(bytes, "a DiLoCo state");
+  in.string();
+  in.value<int64_t>();
+  in.value<int64_t>();
+  in.value<uint64_t>();
+  in.vector<float>();
+  in.vector<float>();
+  const size_t rest = in.remaining();
+  return std::string(in.take(rest), rest);
+}
+
+bool all_zero(const std::string& residual) {
+  comm::StateReader in(residual, "a residual");
+  while (in.remaining() > 0)
+    for (float x : in.vector<float>())
+      if (x != 0.0f) return false;
+  return true;
+}
+
+// Whether rank 0 holds the same weights as this member, bit for bit.
+bool same_as_rank0(Runtime& rt, const torch::Tensor& mine) {
+  auto theirs = mine.clone();
+  rt.comm().broadcast(theirs.data_ptr(), static_cast<size_t>(theirs.numel()),
+                      comm::DataType::float32, 0);
+  return torch::equal(mine, theirs);
+}
+
+// Whether every member holds the same `bytes` (rank 0's hash against each member's).
+bool same_everywhere(Runtime& rt, const std::string& bytes) {
+  int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(bytes));
+  int64_t theirs = mine;
+  rt.comm().broadcast(&theirs, 1, comm::DataType::int64, 0);
+  int32_t differ = mine != theirs;
+  for (int r = 0; r < rt.world_size(); ++r) {
+    int32_t flag = differ;
+    rt.comm().broadcast(&flag, 1, comm::DataType::int32, r);
+    if (flag) return false;
+  }
+  return true;
+}
+
+// The local-update modes: trains to `steps` (and on while the world is smaller than
+// `until_world`), always ending where a sync has landed; then the replicas and the reference.
+int run_local_update(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential& net,
+                     torch::optim::SGD& opt, const Data& d, const std::string& algorithm,
+                     int64_t steps, int until_world, int launch_world, bool restarted) {
   ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
+  const bool streaming = algorithm == "streaming-diloco";
+  const bool compressed = algorithm == "diloco-topk";
   bool after_change = false;
-  // Whether this rank was behind the source at a re-form (its outer sync failed where the
-  // source's completed): it took the source's inner optimizer, which the reference does not model.
-  int32_t behind = 0;
   // Once the world is whole again, two more outer syncs, so that a rank that rejoined trains:
   // every member sees the same steps() when a generation starts, so they agree on the end.
   int64_t end = steps;
   auto whole = [&] {
     if (until_world > 0 && rt.world_size() >= until_world)
-      end = std::max(end, trainer.steps() + 2 * kDiLoCoH);
+      end = std::max(end, trainer.steps() + 2 * kH);
   };
   whole();
-  while (trainer.steps() < end || trainer.steps() % kDiLoCoH != 0 ||
+  // The compressed outer reduction: this rank's residual where each sync landed, by step.
+  std::map<int64_t, std::string> residuals;
+  if (compressed) {
+    const std::string residual = outer_residual(trainer.local_update());
+    std::cout << "slot " << rt.slot() << " outer residual at step " << trainer.steps() << ": "
+              << (all_zero(residual) ? "zero" : "nonzero") << std::endl;
+    residuals[trainer.steps()] = residual;
+  }
+  while (trainer.steps() < end || !lands_after(algorithm, trainer.steps()) ||
          (rt.world_size() < until_world && trainer.steps() < kMaxSteps)) {
     const int64_t before = trainer.steps();
     auto idx = as_index(sampler.indices(before, rt.rank(), rt.world_size()));
@@ -273,42 +467,77 @@ int run_diloco(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential& net,
     });
     if (!done) {
       after_change = true;
-      if (trainer.steps() > before) behind = 1;
       whole();
       std::cout << "slot " << rt.slot() << " rolled back from step " << before << " to step "
                 << trainer.steps() << ", world " << rt.world_size() << std::endl;
-    } else if (after_change) {
-      std::cout << "slot " << rt.slot() << " stepping again in generation "
-                << rt.generation().number << " at unix ms " << unix_ms() << std::endl;
+      if (compressed) {
+        // A member at its own landed sync keeps its residual of then; one that was behind the
+        // source (its sync failed where the source's completed) has its live one of the sync.
+        auto kept = residuals.find(trainer.steps());
+        const std::string now = outer_residual(trainer.local_update());
+        std::cout << "slot " << rt.slot() << " outer residual after re-form: "
+                  << (kept == residuals.end() ? "behind the source"
+                                              : kept->second == now ? "kept" : "LOST")
+                  << std::endl;
+      }
+    } else {
+      if (after_change)
+        std::cout << "slot " << rt.slot() << " stepping again in generation "
+                  << rt.generation().number << " at unix ms " << unix_ms() << std::endl;
       after_change = false;
+      if (compressed && lands_after(algorithm, trainer.steps()))
+        residuals[trainer.steps()] = outer_residual(trainer.local_update());
     }
   }
+  // DiLoCo and SparseLoCo make the replicas equal at a sync; Streaming DiLoCo keeps them apart
+  // (each merges its own weights), and only its global weights (the shared state) agree.
   auto mine = flat(*net);
-  auto theirs = mine.clone();
-  rt.comm().broadcast(theirs.data_ptr(), static_cast<size_t>(theirs.numel()),
-                      comm::DataType::float32, 0);
-  const bool same = torch::equal(mine, theirs);
-  int32_t any_behind = behind;
+  bool same = false;
+  if (streaming) {
+    // A fragment is in flight at every step's end: the whole state (which waits for it, not
+    // applying it), of which the global weights (after the name and the counters).
+    std::string state;
+    comm::StateWriter out(state);
+    trainer.local_update().save_state(out, StatePart::all);
+    comm::StateReader in(state, "a Streaming DiLoCo state");
+    in.string();
+    in.value<int64_t>();
+    in.value<int64_t>();
+    in.value<uint64_t>();
+    const auto global = in.vector<float>();
+    same = same_everywhere(
+        rt, std::string(reinterpret_cast<const char*>(global.data()), global.size() * 4));
+  } else {
+    same = same_as_rank0(rt, mine);
+  }
+  // Every member's weights, to compare each with its replica in the reference.
+  std::vector<torch::Tensor> all;
   for (int r = 0; r < rt.world_size(); ++r) {
-    int32_t flag = behind;
-    rt.comm().broadcast(&flag, 1, comm::DataType::int32, r);
-    any_behind |= flag;
+    auto w = r == rt.rank() ? mine.clone() : torch::empty_like(mine);
+    rt.comm().broadcast(w.data_ptr(), static_cast<size_t>(w.numel()), comm::DataType::float32, r);
+    all.push_back(w);
   }
   std::cout << "slot " << rt.slot() << " finished " << trainer.steps() << " steps of "
             << trainer.algorithm_name() << " as rank " << rt.rank() << " of " << rt.world_size()
             << " in generation " << rt.generation().number << " after "
-            << trainer.recoveries().size() << " recoveries; replicas "
-            << (same ? "identical" : "DIFFER");
+            << trainer.recoveries().size() << " recoveries; "
+            << (streaming ? "global weights " : "replicas ") << (same ? "identical" : "DIFFER");
   double off = 0;
-  if (any_behind) {
-    std::cout << "; reference not compared (a member was behind the source at a re-form)";
+  if (compressed) {
+    std::cout << "; reference not compared (its outer reduction is top-k)";
   } else if (!restarted) {
-    std::vector<Segment> segments{{0, launch_world}};
+    std::vector<Segment> segments{{0, launch_world, 0}};
     for (auto& r : trainer.recoveries()) {
       while (!segments.empty() && segments.back().from >= r.step) segments.pop_back();
-      segments.push_back({r.step, r.world_size});
+      segments.push_back({r.step, r.world_size, r.source});
     }
-    off = (mine - reference_diloco(d, segments, trainer.steps())).abs().max().item<double>();
+    const auto ref = reference_local_update(d, algorithm, segments, trainer.steps());
+    if (ref.size() != all.size()) {
+      std::cout << "; the reference has " << ref.size() << " ranks" << std::endl;
+      return 3;
+    }
+    for (size_t r = 0; r < all.size(); ++r)
+      off = std::max(off, (all[r] - ref[r]).abs().max().item<double>());
     std::cout << "; max |param - reference| = " << off;
   } else {
     std::cout << "; reference not compared (this rank joined late)";
@@ -343,7 +572,7 @@ int main(int argc, char** argv) {
     auto opt = make_sgd(*net);
     DdpOptions ddp;
     ddp.stall_timeout = std::chrono::seconds(20);
-    const bool diloco = algorithm == "diloco";
+    const bool diloco = local_update(algorithm);
     const int launch_world = rt.rank_info().world_size;
     ElasticTrainer trainer(rt, net.ptr(), opt, make_job_algorithm(algorithm), ddp);
     const bool restarted = rt.generation().number > 1 || !trainer.recoveries().empty();
@@ -362,8 +591,9 @@ int main(int argc, char** argv) {
         report_shared();
       }
     }
-    if (diloco) return run_diloco(rt, trainer, net, opt, d, steps, until_world, launch_world,
-                                  restarted);
+    if (diloco)
+      return run_local_update(rt, trainer, net, opt, d, algorithm, steps, until_world,
+                              launch_world, restarted);
     // This rank's algorithm state after its last completed step: what a re-form must keep.
     std::vector<std::string> last = bucket_states(module_state(trainer.module(), StatePart::all));
     int64_t last_step = trainer.steps();
@@ -404,10 +634,7 @@ int main(int argc, char** argv) {
     }
     // Bit-identical replicas: rank 0's parameters against each member's.
     auto mine = flat(*net);
-    auto theirs = mine.clone();
-    rt.comm().broadcast(theirs.data_ptr(), static_cast<size_t>(theirs.numel()),
-                        comm::DataType::float32, 0);
-    const bool same = torch::equal(mine, theirs);
+    const bool same = same_as_rank0(rt, mine);
     const double off = (mine - reference(d, trainer.steps())).abs().max().item<double>();
     std::cout << "slot " << rt.slot() << " finished " << trainer.steps() << " steps as rank "
               << rt.rank() << " of " << rt.world_size() << " in generation "
