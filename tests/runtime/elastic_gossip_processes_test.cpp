@@ -18,6 +18,7 @@
 
 #include "comm/gossip/topology.h"
 #include "runtime/launch.h"
+#include "tests/support/elastic_launch.h"
 #include "tests/runtime/elastic_gossip_job.h"
 
 using namespace troupe;
@@ -25,35 +26,13 @@ using namespace troupe::test::elastic_gossip;
 
 namespace {
 
-struct Run {
-  LaunchResult result;
-  std::string out, err;
-  size_t count(const std::string& what) const {
-    size_t n = 0;
-    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
-    return n;
-  }
-};
+using Run = test::ElasticRun;
 
 Run run_elastic(int ranks, int max_restarts, const std::string& faults, int until_world,
                 const std::string& algorithm) {
-  LaunchOptions o;
-  o.nprocs = ranks;
-  o.elastic = true;
-  o.min_ranks = 2;
-  o.max_restarts = max_restarts;
-  o.membership_timeout_sec = 20;
-  o.timeout_sec = 120;  // the whole job's deadline
-  o.grace_sec = 2;
-  o.command = {TROUPE_ELASTIC_GOSSIP_RANK_BIN, "40", std::to_string(until_world), algorithm};
-  o.extra_env = {{"TROUPE_FAULT", faults}, {"OMP_NUM_THREADS", "1"}};
-  std::ostringstream out, err;
-  Run run;
-  run.result = launch(o, out, err);
-  run.out = out.str();
-  run.err = err.str();
-  if (std::getenv("TROUPE_TEST_SHOW_OUTPUT")) MESSAGE(run.out << run.err << run.result.message);
-  return run;
+  return test::launch_elastic_job(
+      {TROUPE_ELASTIC_GOSSIP_RANK_BIN, "40", std::to_string(until_world), algorithm}, ranks,
+      /*min_ranks=*/2, max_restarts, faults);
 }
 
 // What the ranks printed.

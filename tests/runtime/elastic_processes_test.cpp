@@ -12,43 +12,19 @@
 #include <string>
 
 #include "runtime/launch.h"
+#include "tests/support/elastic_launch.h"
 
 using namespace troupe;
 
 namespace {
 
-struct Run {
-  LaunchResult result;
-  std::string out, err;
-  size_t count(const std::string& what) const {
-    size_t n = 0;
-    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
-    return n;
-  }
-};
+using Run = test::ElasticRun;
 
 Run run_elastic(int ranks, int min_ranks, int max_restarts, const std::string& faults,
                 int until_world = 0, const std::string& algorithm = "allreduce", int spares = 0) {
-  LaunchOptions o;
-  o.nprocs = ranks;
-  o.spares = spares;
-  o.elastic = true;
-  o.min_ranks = min_ranks;
-  o.max_restarts = max_restarts;
-  o.membership_timeout_sec = 20;
-  o.timeout_sec = 120;  // the whole job's deadline
-  o.grace_sec = 2;
-  o.command = {TROUPE_ELASTIC_RANK_BIN, "40", std::to_string(until_world), algorithm};
-  o.extra_env = {{"TROUPE_FAULT", faults}, {"OMP_NUM_THREADS", "1"}};
-  std::ostringstream out, err;
-  Run run;
-  run.result = launch(o, out, err);
-  run.out = out.str();
-  run.err = err.str();
-  // TROUPE_TEST_SHOW_OUTPUT=1 prints what the job said (timings for docs/benchmarks.md).
-  if (std::getenv("TROUPE_TEST_SHOW_OUTPUT")) MESSAGE(run.out << run.err << run.result.message);
-  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
-  return run;
+  return test::launch_elastic_job(
+      {TROUPE_ELASTIC_RANK_BIN, "40", std::to_string(until_world), algorithm}, ranks, min_ranks,
+      max_restarts, faults, spares);
 }
 
 /// Every finisher's line says the replicas (`what`) were identical and matched the reference.
