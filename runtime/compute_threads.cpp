@@ -1,10 +1,15 @@
 #include "runtime/compute_threads.h"
 
+#include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 namespace troupe {
 namespace {
@@ -22,7 +27,35 @@ int thread_count(const char* value) {
   return static_cast<int>(count);
 }
 
+/// OpenBLAS's entry points, looked up in the process rather than linked: the BLAS is whatever
+/// libblas.so.3 the system's alternatives chose (reference BLAS, OpenBLAS, BLIS...). First in the
+/// global scope (a program linked with LibTorch), then in a libblas.so.3 already loaded without
+/// it (LibTorch opened with RTLD_LOCAL, as a plugin may); never loads a library itself.
+template <typename Function>
+Function* openblas_function(const char* name) {
+  if (void* found = dlsym(RTLD_DEFAULT, name)) return reinterpret_cast<Function*>(found);
+  void* blas = dlopen("libblas.so.3", RTLD_LAZY | RTLD_NOLOAD);
+  if (blas == nullptr) return nullptr;
+  void* found = dlsym(blas, name);
+  dlclose(blas);  // drops the reference NOLOAD took; the library stays loaded
+  return reinterpret_cast<Function*>(found);
+}
+
 }  // namespace
+
+int openblas_threads() {
+  auto* get = openblas_function<int()>("openblas_get_num_threads");
+  return get != nullptr ? get() : 0;
+}
+
+int set_compute_threads(int threads) {
+  if (threads < 1)
+    throw std::invalid_argument("compute threads " + std::to_string(threads) +
+                                ": expected at least 1");
+  at::set_num_threads(threads);
+  if (auto* set = openblas_function<void(int)>("openblas_set_num_threads")) set(threads);
+  return openblas_threads();
+}
 
 ComputeThreads compute_threads(int local_ranks, int cores, const GetEnv& getenv) {
   ComputeThreads threads;

@@ -36,4 +36,16 @@ ComputeThreads compute_threads(int local_ranks, int cores, const GetEnv& getenv)
 /// The cores this process may run on (its CPU affinity), at least 1.
 int available_cores();
 
+/// Makes this process compute with `threads` threads (at least 1): torch's intra-op threads
+/// (at::set_num_threads) and, where the process's BLAS is OpenBLAS, OpenBLAS's own thread pool,
+/// which at::set_num_threads does not reach. Without the second, a trainer asked for one thread
+/// still runs OpenBLAS's pool of a thread per core, whose workers spin between calls: on a host
+/// whose cores several ranks share, that spinning takes CPU from the ranks' compute. Returns
+/// OpenBLAS's thread count afterwards, or 0 where OpenBLAS is not loaded. Throws
+/// std::invalid_argument for a count below 1.
+int set_compute_threads(int threads);
+
+/// OpenBLAS's thread count (openblas_get_num_threads), or 0 where OpenBLAS is not loaded.
+int openblas_threads();
+
 }  // namespace troupe

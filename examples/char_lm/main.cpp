@@ -21,6 +21,7 @@
 #include "examples/char_lm/corpus.h"
 #include "examples/char_lm/model.h"
 #include "runtime/cli/option_checks.h"
+#include "runtime/compute_threads.h"
 #include "runtime/data_parallel.h"
 #include "runtime/job_config.h"
 
@@ -242,7 +243,7 @@ int main(int argc, char** argv) {
     } else {
       s.algorithm = parse_algorithm_argument(algorithm);
     }
-    torch::set_num_threads(s.threads);
+    troupe::set_compute_threads(s.threads);
     Runtime rt(o);
     try {
       train(rt, s);

@@ -30,6 +30,7 @@
 #include "examples/fashion_mnist/models.h"
 #include "runtime/checkpoint.h"
 #include "runtime/cli/option_checks.h"
+#include "runtime/compute_threads.h"
 #include "runtime/data_parallel.h"
 #include "runtime/elastic.h"
 #include "runtime/job_config.h"
@@ -400,7 +401,7 @@ int main(int argc, char** argv) {
       s.algorithm = parse_algorithm_argument(algorithm);
     }
     check_momentum_once(s);
-    torch::set_num_threads(t.threads);
+    troupe::set_compute_threads(t.threads);
     torch::manual_seed(t.seed);
     if (s.ranks_as_threads) return run_threads(s, world, links);
     RuntimeOptions o;

@@ -15,6 +15,7 @@
 /// runtime/troupe.h (in the source tree) says how each rank reads its own shard.
 #include <troupe/algorithms.h>
 #include <troupe/checkpoint.h>
+#include <troupe/compute_threads.h>
 #include <troupe/data_parallel.h>
 #include <troupe/distributed_module.h>
 #include <troupe/launch.h>

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "runtime/cli/option_checks.h"
+#include "runtime/compute_threads.h"
 #include "runtime/distributed_module.h"
 #include "runtime/launch.h"
 
@@ -93,7 +94,7 @@ DdpOptions ddp_options(const DdpBench& bench) {
 }
 
 torch::nn::Sequential seeded_mlp(int rank) {
-  torch::set_num_threads(1);
+  set_compute_threads(1);
   torch::manual_seed(1234 + rank);
   return make_mlp();
 }

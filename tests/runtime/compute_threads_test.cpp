@@ -3,6 +3,9 @@
 // exceed the host's cores.
 #include "runtime/compute_threads.h"
 
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
 #include <doctest/doctest.h>
 
 #include <map>
@@ -93,4 +96,26 @@ TEST_CASE("an unreadable thread count is left to the library and counted as a th
 TEST_CASE("available_cores counts the cores this process may run on, no more than the host has") {
   CHECK(troupe::available_cores() >= 1);
   CHECK(troupe::available_cores() <= static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+TEST_CASE("set_compute_threads reaches OpenBLAS's pool, which torch's own thread count does not") {
+  auto* set_blas = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  const int torch_before = at::get_num_threads(), blas_before = troupe::openblas_threads();
+  if (set_blas == nullptr) {
+    MESSAGE("this process's BLAS is not OpenBLAS: only torch's thread count is checked");
+    CHECK(troupe::openblas_threads() == 0);
+  } else {
+    set_blas(2);  // OpenBLAS's default on these 2-core machines: a thread per core
+    at::set_num_threads(1);
+    REQUIRE(troupe::openblas_threads() == 2);  // torch's thread count leaves OpenBLAS's pool alone
+  }
+  CHECK(troupe::set_compute_threads(1) == (set_blas != nullptr ? 1 : 0));
+  CHECK(at::get_num_threads() == 1);
+  if (set_blas != nullptr) CHECK(troupe::openblas_threads() == 1);
+  CHECK(troupe::set_compute_threads(3) == (set_blas != nullptr ? 3 : 0));
+  CHECK(at::get_num_threads() == 3);
+  CHECK_THROWS_WITH_AS(troupe::set_compute_threads(0), "compute threads 0: expected at least 1",
+                       std::invalid_argument);
+  at::set_num_threads(torch_before);  // as the other tests of this program expect
+  if (set_blas != nullptr) set_blas(blas_before);
 }
