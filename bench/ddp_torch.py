@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 
-from gloo_job import gloo_group, spawn
+from gloo_job import gloo_group, one_compute_thread, spawn
 
 MODELS = ("mlp",)
 WARMUP_STEPS = 5
@@ -205,7 +205,7 @@ def register_hook(torch, model, args):
 def run_alone(args):
     import torch
 
-    torch.set_num_threads(1)
+    one_compute_thread(torch)
     torch.manual_seed(SEED)
     model = build_mlp(torch)
     params = sum(p.numel() for p in model.parameters())

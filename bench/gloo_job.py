@@ -1,5 +1,6 @@
 """Shared by the PyTorch baselines: local ranks joined in a gloo process group on loopback."""
 import contextlib
+import ctypes
 import os
 import socket
 
@@ -11,6 +12,17 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def one_compute_thread(torch):
+    """One compute thread, as troupe's set_compute_threads(1) gives its side: torch's intra-op
+    threads, and OpenBLAS's own pool (a thread per core otherwise), which torch.set_num_threads
+    does not reach, where the BLAS is OpenBLAS."""
+    torch.set_num_threads(1)
+    try:
+        ctypes.CDLL("libblas.so.3", mode=os.RTLD_NOLOAD).openblas_set_num_threads(1)
+    except (OSError, AttributeError):
+        pass  # no libblas.so.3 loaded, or not OpenBLAS: nothing more to set
+
+
 @contextlib.contextmanager
 def gloo_group(rank, world, port, master_addr="127.0.0.1", ifname="lo"):
     """One intra-op thread, and a gloo process group (on loopback unless told otherwise) for the
@@ -18,7 +30,7 @@ def gloo_group(rank, world, port, master_addr="127.0.0.1", ifname="lo"):
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    one_compute_thread(torch)
     os.environ["MASTER_ADDR"] = master_addr
     os.environ["MASTER_PORT"] = str(port)
     # Keep gloo on that interface even where the host name resolves to another one.
