@@ -124,13 +124,13 @@ run_one() {  # run_one RATE ROUND LABEL EPOCHS [netbed run options] -- PROG ARGS
 
 # Compute alone: every host trains its quarter of the images by itself (world 1, no
 # communication), all at the same time, so the CPU is shared as in the jobs. Its epoch time is the
-# hosts' mean.
+# hosts' mean; the row also shows the slowest host's (a synchronous job cannot end before it).
 run_alone() {  # run_alone RATE ROUND
   local rate=$1 round=$2 label="compute alone (world 1 per host)"
   local logs="$results/${rate}${straggler:+_straggler$straggler}_r${round}_alone"
   rm -rf "$logs"; mkdir -p "$logs"
   echo "== $(date -u +%H:%M:%S) links $rate, round $round: $label" >&2
-  local load status=0 time acc
+  local load status=0 time slowest acc
   load=$(cut -d' ' -f1 /proc/loadavg)
   "$netbed" run --quiet --timeout "$timeout" --logs "$logs" --env RANK=0 --env LOCAL_RANK=0 \
     --env WORLD_SIZE=1 --env LOCAL_WORLD_SIZE=1 -- "$bin/fashion_mnist" --model cnn \
@@ -138,12 +138,15 @@ run_alone() {  # run_alone RATE ROUND
   load="$load-$(cut -d' ' -f1 /proc/loadavg)"
   time=$(cat "$logs"/rank*.log | sed -nE 's/.*epoch time ([0-9.]+) s.*/\1/p' |
     awk -v e="$epochs" '{s += $1} END {if (NR) printf "%.1f", s / (NR / e)}')
+  # Per host, its epochs' total; the largest, per epoch.
+  slowest=$(for log in "$logs"/rank*.log; do sed -nE 's/.*epoch time ([0-9.]+) s.*/\1/p' "$log" |
+    awk '{s += $1} END {if (NR) print s}'; done | awk -v e="$epochs" '$1 > m {m = $1} END {if (NR) printf "%.1f", m / e}')
   acc=$(sed -nE 's/.*accuracy ([0-9.]+)%.*/\1/p' "$logs/rank0.log" | tail -1)
   local shown="$acc (host 0's model)"
-  [ -n "$time" ] || { time="-"; acc=""; shown="failed (status $status, $logs)"; }
-  echo "| $rate | $round | $label | $time | $shown | - | - | 100% | $(sent_mb "$logs/bytes" 1) | $load |" |
+  [ -n "$time" ] || { time="-"; slowest="-"; acc=""; shown="failed (status $status, $logs)"; }
+  echo "| $rate | $round | $label | $time (slowest host $slowest) | $shown | - | - | 100% | $(sent_mb "$logs/bytes" 1) | $load |" |
     tee -a "$table" >&2
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$rate" "alone" "$time" "$acc" "$epochs" "-" >>"$summary"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rate" "alone" "$time" "$acc" "$epochs" "-" "$slowest" >>"$summary"
 }
 
 # troupe's best run at RATE (fastest per epoch within 1 point of torch DDP without a hook, when
@@ -154,8 +157,8 @@ run_alone() {  # run_alone RATE ROUND
 ratios() {  # ratios RATE
   awk -F'\t' -v rate="$1" '
     $1 != rate || $3 == "-" {next}
-    $2 == "alone" {e = $3 / $5; alone = (alone == "" || e < alone) ? e : alone; next}
-    $2 == "torch DDP none" {ddp = (ddp == "" || $4 > ddp) ? $4 : ddp; next}
+    $2 == "alone" {e = $3 / $5; if (alone == "" || e < alone) {alone = e; slowest = $7}; next}
+    $2 == "torch DDP none" {ddp = (ddp == "" || $4 > ddp) ? $4 : ddp; e = $3 / $5; ddp_time = (ddp_time == "" || e < ddp_time) ? e : ddp_time; next}
     $2 == "troupe allreduce" {if (target == "" || $4 > target) {target = $4; target_time = $3}}
     $2 ~ /^troupe/ {n++; label[n] = $2; time[n] = $3; acc[n] = $4; epochs[n] = $5; by[n] = $6}
     END {
@@ -167,10 +170,12 @@ ratios() {  # ratios RATE
       else {
         line = sprintf("links %s: troupe best %s, %.1f s per epoch at %s%%", rate, label[best],
                        time[best] / epochs[best], acc[best])
-        if (ddp != "") line = line sprintf(" (torch DDP none %s%%)", ddp)
+        if (ddp != "") line = line sprintf(" (torch DDP none %s%%, %.1f s per epoch: %.2fx faster)", ddp,
+                                           ddp_time, ddp_time / (time[best] / epochs[best]))
         if (alone != "")
-          line = line sprintf("; compute alone %.1f s per epoch; best / alone = %.2f", alone,
-                              time[best] / epochs[best] / alone)
+          line = line sprintf("; compute alone %.1f s per epoch, slowest host %s s; best / alone = %.2f, / slowest host = %.2f",
+                              alone, slowest, time[best] / epochs[best] / alone,
+                              time[best] / epochs[best] / slowest)
         print line
       }
       if (target == "") exit
