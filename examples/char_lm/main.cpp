@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
       ->check(cli::integer_in(1, max_int));
   app.add_option("--eval-windows", s.eval_windows, "Held-out windows scored per evaluation")
       ->check(cli::integer_in(1, max_int));
-  app.add_option("--threads", s.threads, "Intra-op threads per rank")->check(cli::integer_in(1, 1024));
+  app.add_option("--threads", s.threads, "Compute threads per rank (torch's intra-op threads and OpenBLAS's pool)")->check(cli::integer_in(1, 1024));
   app.add_option("--seed", s.seed, "Seed of the weights and the windows");
   app.add_option("--algorithm", algorithm,
                  "allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, blockk "

@@ -344,7 +344,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   app.add_option("--log-every", t.log_every, "Steps between progress lines")
       ->check(cli::integer_in(1, max_int));
-  app.add_option("--threads", t.threads, "Intra-op threads per rank")
+  app.add_option("--threads", t.threads, "Compute threads per rank (torch's intra-op threads and OpenBLAS's pool)")
       ->check(cli::integer_in(1, 1024));
   app.add_option("--seed", t.seed, "Seed of the shards and the batch order");
   app.add_option("--algorithm", algorithm,
