@@ -3,6 +3,11 @@
 // training refuses (the asynchronous model average), and the --collective-timeout flag.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -89,7 +94,21 @@ TEST_CASE("an elastic fashion_mnist with DiLoCo loses a rank, goes back to its o
 
 TEST_CASE("an elastic fashion_mnist refuses the asynchronous model average, naming it and what "
           "it runs") {
-  auto run = launch_elastic(small_run("async_model_average"), "");
+  // --algorithm names the synchronous ones; the asynchronous ones come from a job file.
+  const auto job = std::filesystem::temp_directory_path() /
+                   ("troupe_elastic_async_" + std::to_string(::getpid()) + ".toml");
+  {
+    std::ofstream out(job);
+    out << "[job]\nworld_size = 3\nmode = \"processes\"\n\n[algorithm]\n"
+           "name = \"async_model_average\"\n";
+  }
+  auto command = small_run("allreduce");
+  const auto flag = std::find(command.begin(), command.end(), "--algorithm");
+  REQUIRE(flag + 1 < command.end());
+  *flag = "--job";
+  *(flag + 1) = job.string();
+  auto run = launch_elastic(command, "");
+  std::filesystem::remove(job);
   INFO(run.log);
   CHECK(run.result.exit_code != 0);
   CHECK(run.log.find("algorithm async_model_average: elastic training (troupe launch --elastic) "
