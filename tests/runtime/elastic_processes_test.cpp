@@ -261,6 +261,10 @@ TEST_CASE("an elastic Streaming DiLoCo job with eager updates killed in an inner
   CHECK(run.count("max |param - reference| = ") == 2);
 }
 
+// The rejoin often catches one survivor behind the other (its fragment's reduction failed where
+// the other's completed: "rolled back from step N to step N + 1"), which then lands that
+// fragment from its own provisional step (seen in 5 of 6 runs here; the reference holds either
+// way, and land_missed_sync_test checks that landing deterministically).
 TEST_CASE("a killed Streaming DiLoCo rank with eager updates is restarted, takes the source's "
           "weights and the last averages, and the job matches the reference") {
   auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "streaming-diloco-eager");
