@@ -74,6 +74,9 @@ struct ElasticTrainer::Driver {
   /// Lands in the caller's weights the synchronisation that completed on the source only, with
   /// the source's shared state loaded (LocalUpdateModule::land_missed_sync).
   virtual void land() {}
+  /// Once the module built is in place and its state kept: what its schedule starts at the
+  /// point it was loaded at, before the caller's next forward (LocalUpdateModule::start_due).
+  virtual void resume() {}
   virtual std::string algorithm_name() const = 0;
   /// The module, of the driver's kind; null for the other kind, or between worlds.
   virtual DistributedModule* bucket_module() { return nullptr; }
@@ -104,27 +107,23 @@ ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
 }
 
 void check_elastic_algorithm(const JobAlgorithm& algorithm) {
-  const auto* streaming = std::get_if<StreamingDiLoCo>(&algorithm);
   if (std::holds_alternative<comm::Compression>(algorithm) ||
       std::holds_alternative<DiLoCo>(algorithm) || std::holds_alternative<SparseLoCo>(algorithm) ||
+      std::holds_alternative<StreamingDiLoCo>(algorithm) ||
       std::holds_alternative<Decentralized>(algorithm) ||
-      std::holds_alternative<LowPrecisionDecentralized>(algorithm) ||
-      (streaming && !streaming->eager))
+      std::holds_alternative<LowPrecisionDecentralized>(algorithm))
     return;
   const std::string name = job_algorithm_name(algorithm);
   std::string why;
-  if (streaming)
-    why = " with eager updates: their provisional outer step changes the weights a fragment "
-          "starts from, which a rollback point does not hold yet";
-  else if (std::holds_alternative<AsyncModelAverage>(algorithm) ||
-           std::holds_alternative<AsyncGossip>(algorithm))
+  if (std::holds_alternative<AsyncModelAverage>(algorithm) ||
+      std::holds_alternative<AsyncGossip>(algorithm))
     why = ": its background rounds are not yet ended at a re-form, nor a rejoining rank healed";
   throw comm::Error("algorithm " + name +
                     ": elastic training (troupe launch --elastic) runs the bucket algorithms "
                     "(allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, "
-                    "blockk, powersgd), diloco, streaming-diloco without eager updates, "
-                    "sparseloco, decentralized and low_precision_decentralized, not " + name +
-                    why + "; run " + name + " without --elastic");
+                    "blockk, powersgd), diloco, streaming-diloco, sparseloco, decentralized and "
+                    "low_precision_decentralized, not " + name + why + "; run " + name +
+                    " without --elastic");
 }
 
 /// The bucket algorithms: a DistributedModule per world, whose state is kept after every step.
@@ -217,12 +216,20 @@ struct LocalUpdateDriver : ElasticTrainer::Driver {
   std::pair<std::string, int64_t> live() const override {
     if (!lu) return {{}, -1};
     try {
+      // Streaming DiLoCo's fragment whose reduction failed here is saved as such: what landing
+      // it needs (with eager updates, this rank's outer gradient and provisional step).
       return {save(StatePart::all), lu->inner_steps()};
-    } catch (const comm::Error&) {  // Streaming DiLoCo's fragment in flight failed
-      return {{}, lu->inner_steps()};
+    } catch (const comm::Error&) {
+      // A reduction still running past its deadline: no live state. Without eager updates the
+      // state of the last landing point lands the sync as well; with them this rank cannot
+      // land it (its provisional step is lost) and takes the source's state, as a restarted
+      // rank does.
+      const auto* streaming = std::get_if<StreamingDiLoCo>(&algorithm);
+      return {{}, streaming && streaming->eager ? -1 : lu->inner_steps()};
     }
   }
   void land() override { lu->land_missed_sync(); }
+  void resume() override { lu->start_due(); }
   std::string save(StatePart part) const override {
     std::string bytes;
     comm::StateWriter out(bytes);
@@ -368,6 +375,9 @@ void ElasticTrainer::build() {
   built_ = true;
   steps_ = completed_;
   snapshot();
+  // Streaming DiLoCo's fragment due at this landing point starts now, in this world, so that
+  // the caller's next backward runs on the weights it leaves (eager updates move them).
+  driver_->resume();
 }
 
 void ElasticTrainer::snapshot() {

@@ -58,13 +58,14 @@
 /// a restarted rank is the source's weights and inner optimizer, with a zero residual and memory.
 /// A member behind the source (its sync failed where the source's completed: a re-form that
 /// lands in a sync) goes on from its live state of that step (its own inner optimizer, which a
-/// sync does not change, and its module's own state where it can be saved: a failed Streaming
-/// DiLoCo fragment's cannot, and its reductions' own state is that of the point before) and
-/// lands the sync with the source's shared state: DiLoCo and SparseLoCo take the global weights,
-/// Streaming DiLoCo merges the fragment, as the sync would have. Streaming DiLoCo with eager
-/// updates is refused (their provisional step changes the weights a fragment starts from, which
-/// the rollback point does not hold), and so are the asynchronous algorithms (their background
-/// rounds are not ended at a re-form yet: check_elastic_algorithm).
+/// sync does not change, and its module's own state: a Streaming DiLoCo fragment whose reduction
+/// failed is saved as such) and lands the sync with the source's shared state: DiLoCo and
+/// SparseLoCo take the global weights, Streaming DiLoCo merges the fragment, as the sync would
+/// have. With eager updates the landing point also holds each fragment's last average and its
+/// world (shared), and each rank's others' average (its own); a restarted rank takes the whole
+/// average as the others', and a member behind replaces its provisional step with the source's
+/// global weights. The asynchronous algorithms are refused (their background rounds are not
+/// ended at a re-form yet: check_elastic_algorithm).
 ///
 /// The gossip algorithms (D-PSGD, both exchanges, and Choco-SGD: runtime/gossip) go on too, over
 /// the new world's topology: a DecentralizedModule per world. Their replicas differ by design, so
@@ -119,8 +120,7 @@ struct ElasticRecovery {
 };
 
 /// Throws comm::Error naming `algorithm` and what elastic training runs when ElasticTrainer
-/// cannot run it: Streaming DiLoCo with eager updates and the asynchronous algorithms
-/// (AsyncModelAverage, AsyncGossip).
+/// cannot run it: the asynchronous algorithms (AsyncModelAverage, AsyncGossip).
 void check_elastic_algorithm(const JobAlgorithm& algorithm);
 
 class LocalUpdateModule;

@@ -27,6 +27,10 @@ void LocalUpdateModule::step(torch::optim::Optimizer& inner,
   algorithm_->after_step(core.inner_step(inner));
 }
 
+void LocalUpdateModule::start_due() {
+  algorithm_->before_step(algorithm_->outer_step().inner);
+}
+
 int64_t LocalUpdateModule::inner_steps() const { return algorithm_->outer_step().inner; }
 
 void LocalUpdateModule::land_missed_sync() { algorithm_->land_missed(inner_steps()); }

@@ -31,6 +31,14 @@ class LocalUpdateModule : public DataParallel {
   /// (runtime/elastic.h). A fragment due there and not started yet (a state saved at such a
   /// point and loaded) starts at the next step(), before its inner step.
   void step(torch::optim::Optimizer& inner, const std::function<void()>& landed);
+  /// With a state loaded where a sync had landed (step(inner, landed)) and the caller's weights
+  /// of that point in place: starts what the schedule puts right after that landing (Streaming
+  /// DiLoCo: the fragment due at that step, a collective), so that the next inner step's forward
+  /// and backward run on the weights it leaves (with eager updates, its provisional step's).
+  /// step() does it before its inner step when not done, which with eager updates is after a
+  /// backward on the weights before it: call this first. Does nothing elsewhere, and calls no
+  /// landed listener (a sync it lands, with delay 0, is not a point to go back to).
+  void start_due();
   /// Inner steps so far.
   int64_t inner_steps() const;
   /// Elastic training's catch-up of a rank whose synchronisation failed where it completed on
@@ -38,7 +46,10 @@ class LocalUpdateModule : public DataParallel {
   /// shared state of a rank that completed it loaded (StatePart::shared), lands that
   /// synchronisation as it would have: DiLoCo and SparseLoCo continue from the global weights,
   /// Streaming DiLoCo merges the fragment applied after that step. Throws comm::Error when no
-  /// synchronisation lands after that step.
+  /// synchronisation lands after that step. Streaming DiLoCo with eager updates also needs this
+  /// rank's own part of that sync (its outer gradient and provisional step): the module's state
+  /// saved after the fragment's reduction failed here, loaded (StatePart::all) before the shared
+  /// one; without it, comm::Error naming the fragment.
   void land_missed_sync();
   std::string algorithm_name() const override;
   CommStats stats() const override;

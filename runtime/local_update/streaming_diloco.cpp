@@ -110,6 +110,11 @@ class Courier {
       return comm::Status::failure(what + ": no answer by the deadline");
     return status_;
   }
+  /// Whether the last job posted has ended (its status is the one wait() returned).
+  bool done() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
 
  private:
   void loop() {
@@ -152,6 +157,7 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     int offset = 0;           // syncs after inner step t when t % H == offset
     int64_t syncs = 0;        // reductions started
     bool has_average = false; // eager: `others` holds the others' last average
+    int average_world = 0;    // eager: the world that took `average`, the fragment's last one
   };
 
   Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, StreamingDiLoCo c)
@@ -166,6 +172,7 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
       own = torch::zeros({count}, f32);
       others = torch::zeros({count}, f32);
       provisional = torch::zeros({count}, f32);
+      average = torch::zeros({count}, f32);
     }
     std::vector<size_t> rows, cols, slot_rows;
     for (auto& p : m->parameters()) {
@@ -247,6 +254,7 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     flight = f;
     apply_at = core.inner + config.delay;
     arrived = false;
+    failed = false;
     const auto step = static_cast<uint32_t>(frag.syncs++);
     if (runtime.world_size() == 1) {
       arrived = true;
@@ -255,7 +263,8 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     }
     {
       std::lock_guard<std::mutex> lock(broken_mutex);
-      if (!broken.empty())
+      failed = !broken.empty();  // never posted: nothing to wait for
+      if (failed)
         throw comm::Error("Streaming DiLoCo's reduction of fragment " + std::to_string(f) +
                               " refused: " + broken,
                           broken_peer);
@@ -282,6 +291,12 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
   // Waits for the reduction in flight; its average is then in delta.
   void await() {
     if (arrived || flight < 0) return;
+    if (failed)
+      throw comm::Error("Streaming DiLoCo: the reduction of fragment " + std::to_string(flight) +
+                        " failed (sync " +
+                        std::to_string(fragments[static_cast<size_t>(flight)].syncs - 1) +
+                        "); expected it landed from a peer's state (land_missed_sync) or a "
+                        "state loaded");
     const auto t0 = std::chrono::steady_clock::now();
     // The driver fails its peers at its own deadline; this one only guards against a driver that
     // never returns.
@@ -291,7 +306,12 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
                          " (sync " + std::to_string(fragments[static_cast<size_t>(flight)].syncs - 1) +
                          ")");
     core.count_wait(t0);
-    if (!status.ok()) throw comm::Error(status.message(), status.peer());
+    if (!status.ok()) {
+      // Ended (not past the deadline): the module's state is at rest and can be saved, with
+      // this fragment marked as never landed here.
+      failed = courier.done();
+      throw comm::Error(status.message(), status.peer());
+    }
     arrived = true;
   }
 
@@ -305,8 +325,11 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     std::lock_guard<std::mutex> lock(core.flat.mutex());
     auto local = slice(core.local(), frag);
     const double w = runtime.world_size();
-    if (config.eager && w > 1)  // the others' average, taken before the outer step spends d
-      slice(others, frag).copy_(d.mul(w).sub_(slice(own, frag)).div_(w - 1));
+    if (config.eager) {  // the averages, taken before the outer step spends d
+      if (w > 1) slice(others, frag).copy_(d.mul(w).sub_(slice(own, frag)).div_(w - 1));
+      slice(average, frag).copy_(d);
+      frag.average_world = static_cast<int>(w);
+    }
     sgd.step(g, slice(core.momentum, frag), d);
     if (config.eager) {
       // The provisional step is replaced by the real one; the delay's local progress is kept.
@@ -365,16 +388,35 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     if (f >= 0 && fragments[static_cast<size_t>(f)].syncs < starts_by(f, t)) start_due(f);
   }
 
-  // The fragment whose reduction started `delay` steps before t, merged as apply() would.
+  // The fragment whose reduction started `delay` steps before t, landed as apply() would from
+  // the global weights (and, with eager updates, the average) of the shared state loaded. Eager
+  // updates also need this rank's own part of that sync: its outer gradient and provisional
+  // step, in the state saved after the reduction failed here (flight, failed).
   void land_missed(int64_t t) override {
     const int f = t - config.delay >= 1 ? due(t - config.delay) : -1;
     if (f < 0)
       throw comm::Error("Streaming DiLoCo: no fragment lands after inner step " +
                         std::to_string(t) + " (h = " + std::to_string(config.inner_steps) +
                         ", delay = " + std::to_string(config.delay) + ")");
+    if (config.eager && !(flight == f && failed))
+      throw comm::Error("Streaming DiLoCo with eager updates: fragment " + std::to_string(f) +
+                        "'s provisional step (after inner step " +
+                        std::to_string(t - config.delay) +
+                        ") is not in this module's state (fragment in flight " +
+                        std::to_string(flight) + (failed ? ", failed" : "") +
+                        "); expected the state saved where its reduction failed on this rank");
     auto& frag = fragments[static_cast<size_t>(f)];
     std::lock_guard<std::mutex> lock(core.flat.mutex());
     auto local = slice(core.local(), frag);
+    if (config.eager) {
+      const double w = frag.average_world;
+      if (w > 1)
+        slice(others, frag).copy_(
+            slice(average, frag).mul(w).sub_(slice(own, frag)).div_(w - 1));
+      local.add_(slice(core.global, frag)).sub_(slice(provisional, frag));
+    }
+    flight = -1;
+    failed = false;
     const double alpha = config.fragment_update_alpha;
     if (alpha == 0)
       local.copy_(slice(core.global, frag));
@@ -383,10 +425,14 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     core.flat.push();
   }
 
-  void before_save() override { await(); }  // a fragment in flight: its average is saved
+  // A fragment in flight: its average is saved; one whose reduction failed here is saved as
+  // such (what land_missed_sync needs of it).
+  void before_save() override {
+    if (!failed) await();
+  }
 
   void before_load(comm::StateReader& in) override {
-    if (flight >= 0)
+    if (flight >= 0 && !failed)
       in.fail("a fragment of this module is in flight (step " + std::to_string(core.inner) +
               "): load into a module that has not stepped since construction or a sync landed");
   }
@@ -394,22 +440,27 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
   void save_rest(comm::StateWriter& out) override {
     out.value(static_cast<int64_t>(flight));
     out.value(apply_at);
+    out.value(static_cast<uint8_t>(failed));
     out.vector(values_of(core.delta));  // only the fragment in flight's slice matters
     if (config.eager) {
       out.vector(values_of(own));
       out.vector(values_of(others));
       out.vector(values_of(provisional));
+      out.vector(values_of(average));
     }
     for (const auto& f : fragments) {
       out.value(f.syncs);
       out.value(static_cast<uint8_t>(f.has_average));
+      out.value(static_cast<int64_t>(f.average_world));
     }
     for (const auto& f : fragments) f.reduction->save_state(out);
   }
 
   // Shared, where no fragment is in flight (a sync has just landed): each fragment's count of
-  // reductions and eager updates' flag, and each reduction's shared part. The outer gradient in
-  // flight, eager updates' memories and the reductions' error feedback are the rank's own.
+  // reductions, and with eager updates its last average (what every rank received) and that
+  // sync's world; each reduction's shared part. The outer gradient in flight, eager updates'
+  // own outer gradient, others' average and provisional step, and the reductions' error
+  // feedback are the rank's own.
   void save_shared_rest(comm::StateWriter& out) override {
     if (flight >= 0)
       throw comm::Error("Streaming DiLoCo: fragment " + std::to_string(flight) +
@@ -418,33 +469,69 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     for (const auto& f : fragments) {
       out.value(f.syncs);
       out.value(static_cast<uint8_t>(f.has_average));
+      out.value(static_cast<int64_t>(f.average_world));
     }
+    if (config.eager) out.vector(values_of(average));
     for (const auto& f : fragments) f.reduction->save_shared_state(out);
   }
 
-  std::function<void(comm::StateReader&)> read_shared_rest(comm::StateReader& in) override {
-    std::vector<std::pair<int64_t, bool>> per_fragment;
+  struct PerFragment {
+    int64_t syncs = 0;
+    bool has_average = false;
+    int average_world = 0;
+  };
+  std::vector<PerFragment> read_per_fragment(comm::StateReader& in) const {
+    std::vector<PerFragment> out;
     for (size_t f = 0; f < fragments.size(); ++f) {
-      const auto syncs = in.value<int64_t>();
-      per_fragment.emplace_back(syncs, in.value<uint8_t>() != 0);
+      PerFragment p;
+      p.syncs = in.value<int64_t>();
+      p.has_average = in.value<uint8_t>() != 0;
+      const auto world = in.value<int64_t>();
+      if (world < 0 || world > (1 << 20))
+        in.fail("fragment " + std::to_string(f) + "'s average world " + std::to_string(world) +
+                ", expected 0 (none yet) or a world size");
+      p.average_world = static_cast<int>(world);
+      out.push_back(p);
     }
-    return [this, per_fragment = std::move(per_fragment)](comm::StateReader& rest) {
+    return out;
+  }
+  void set_per_fragment(const std::vector<PerFragment>& per_fragment) {
+    for (size_t f = 0; f < fragments.size(); ++f) {
+      fragments[f].syncs = per_fragment[f].syncs;
+      fragments[f].has_average = per_fragment[f].has_average;
+      fragments[f].average_world = per_fragment[f].average_world;
+    }
+  }
+
+  std::function<void(comm::StateReader&)> read_shared_rest(comm::StateReader& in) override {
+    auto per_fragment = read_per_fragment(in);
+    std::vector<float> avg;
+    if (config.eager) avg = in.vector<float>(core.flat.count(), "Streaming DiLoCo's last averages");
+    return [this, per_fragment = std::move(per_fragment), avg = std::move(avg)](
+               comm::StateReader& rest) {
       for (auto& f : fragments) f.reduction->load_shared_state(rest);
-      for (size_t f = 0; f < fragments.size(); ++f) {
-        fragments[f].syncs = per_fragment[f].first;
-        fragments[f].has_average = per_fragment[f].second;
+      if (config.eager) {
+        set_values(average, avg);
+        // A fragment whose average this rank never took (a rank without its own state: a
+        // restarted one) takes the whole average as the others' (it had no part in it).
+        for (size_t f = 0; f < fragments.size(); ++f)
+          if (per_fragment[f].has_average && !fragments[f].has_average)
+            slice(others, fragments[f]).copy_(slice(average, fragments[f]));
       }
+      set_per_fragment(per_fragment);
     };
   }
 
   std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {
     struct Saved {
       int64_t flight = -1, apply_at = 0;
-      std::vector<float> delta, own, others, provisional;
-      std::vector<std::pair<int64_t, bool>> per_fragment;
+      bool failed = false;
+      std::vector<float> delta, own, others, provisional, average;
+      std::vector<PerFragment> per_fragment;
     } s;
     s.flight = in.value<int64_t>();
     s.apply_at = in.value<int64_t>();
+    s.failed = in.value<uint8_t>() != 0;
     if (s.flight < -1 || s.flight >= static_cast<int64_t>(fragments.size()))
       in.fail("fragment in flight " + std::to_string(s.flight) +
               ", expected -1 (none) or one of the " + std::to_string(fragments.size()) +
@@ -455,11 +542,9 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
       s.own = in.vector<float>(count, "Streaming DiLoCo's own outer gradient");
       s.others = in.vector<float>(count, "Streaming DiLoCo's others' last average");
       s.provisional = in.vector<float>(count, "Streaming DiLoCo's provisional global weights");
+      s.average = in.vector<float>(count, "Streaming DiLoCo's last averages");
     }
-    for (size_t f = 0; f < fragments.size(); ++f) {
-      const auto syncs = in.value<int64_t>();
-      s.per_fragment.emplace_back(syncs, in.value<uint8_t>() != 0);
-    }
+    s.per_fragment = read_per_fragment(in);
     return [this, s = std::move(s)](comm::StateReader& rest) {
       // Each reduction checks its own state before changing it; the module's own is read
       // above, so a refusal leaves it as it was.
@@ -469,14 +554,13 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
         set_values(own, s.own);
         set_values(others, s.others);
         set_values(provisional, s.provisional);
+        set_values(average, s.average);
       }
-      for (size_t f = 0; f < fragments.size(); ++f) {
-        fragments[f].syncs = s.per_fragment[f].first;
-        fragments[f].has_average = s.per_fragment[f].second;
-      }
+      set_per_fragment(s.per_fragment);
       flight = static_cast<int>(s.flight);
       apply_at = s.apply_at;
-      arrived = true;
+      failed = s.flight >= 0 && s.failed;
+      arrived = !failed;
       traffic = {};
     };
   }
@@ -486,11 +570,15 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
   OuterSgd sgd;
   ModuleId id;  // before the courier and driver that send under its keys
   OuterStep core;
-  torch::Tensor own, others, provisional;  // eager updates only; flat float32, in host memory
+  // Eager updates only; flat float32, in host memory: this rank's outer gradient of each
+  // fragment's last sync, the others' average and the provisional weights of it, and the
+  // average every rank received.
+  torch::Tensor own, others, provisional, average;
   std::vector<Fragment> fragments;
   int flight = -1;        // the fragment in flight
   int64_t apply_at = 0;   // ... applied after this inner step
   bool arrived = false;   // ... whose average is in delta
+  bool failed = false;    // ... whose reduction failed here (ended: nothing more to wait for)
   comm::Communicator::Traffic traffic;  // ... and what its reduction sent
   std::chrono::milliseconds timeout{60000};
   std::vector<uint64_t> sync_bytes;

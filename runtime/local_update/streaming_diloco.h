@@ -45,9 +45,12 @@ std::vector<std::pair<size_t, size_t>> streaming_fragments(const std::vector<siz
 /// step() applies the fragment whose delay ends there and starts the reduction of the fragment
 /// whose turn it is. stats(): peak_sync_bytes_sent is the most one fragment's sync sent,
 /// last_step_bytes_sent what the fragment applied in this step sent. The state holds the outer
-/// momentum, eager updates' memory, each fragment's reduction state, and a fragment in flight
-/// (whose reduction is waited for first: its averaged outer gradient is saved and applied at its
-/// step after a load) besides local_update_module.h's. Every rank saves at the same step.
+/// momentum, eager updates' memory (this rank's outer gradient, the others' average and the
+/// provisional weights of each fragment's last sync, and the average every rank received with
+/// its world), each fragment's reduction state, and a fragment in flight (whose reduction is
+/// waited for first: its averaged outer gradient is saved and applied at its step after a load;
+/// one whose reduction failed on this rank is saved marked so, and only land_missed_sync lands
+/// it) besides local_update_module.h's. Every rank saves at the same step.
 class StreamingDiLoCoModule : public LocalUpdateModule {
  public:
   /// A collective: every rank wraps the same model with the same config. Throws comm::Error

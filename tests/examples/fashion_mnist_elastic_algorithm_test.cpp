@@ -1,8 +1,13 @@
 // The Fashion-MNIST example under `troupe launch --elastic` with a bucket algorithm other than
 // allreduce and with DiLoCo (--algorithm reaches its ElasticTrainer), the algorithm elastic
-// training refuses (Streaming DiLoCo with eager updates), and the --collective-timeout flag.
+// training refuses (the asynchronous model average), and the --collective-timeout flag.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -87,17 +92,30 @@ TEST_CASE("an elastic fashion_mnist with DiLoCo loses a rank, goes back to its o
   CHECK(run.log.find("2 rank(s) in generation 2") != std::string::npos);
 }
 
-TEST_CASE("an elastic fashion_mnist refuses Streaming DiLoCo with eager updates, naming it and "
-          "what it runs") {
-  auto run = launch_elastic(small_run("streaming-diloco:h=4,fragments=2,eager=true"), "");
+TEST_CASE("an elastic fashion_mnist refuses the asynchronous model average, naming it and what "
+          "it runs") {
+  // --algorithm names the synchronous ones; the asynchronous ones come from a job file.
+  const auto job = std::filesystem::temp_directory_path() /
+                   ("troupe_elastic_async_" + std::to_string(::getpid()) + ".toml");
+  {
+    std::ofstream out(job);
+    out << "[job]\nworld_size = 3\nmode = \"processes\"\n\n[algorithm]\n"
+           "name = \"async_model_average\"\n";
+  }
+  auto command = small_run("allreduce");
+  const auto flag = std::find(command.begin(), command.end(), "--algorithm");
+  REQUIRE(flag + 1 < command.end());
+  *flag = "--job";
+  *(flag + 1) = job.string();
+  auto run = launch_elastic(command, "");
+  std::filesystem::remove(job);
   INFO(run.log);
   CHECK(run.result.exit_code != 0);
-  CHECK(run.log.find("algorithm streaming_diloco: elastic training (troupe launch --elastic) "
+  CHECK(run.log.find("algorithm async_model_average: elastic training (troupe launch --elastic) "
                      "runs the bucket algorithms (allreduce, fp16, ") != std::string::npos);
-  CHECK(run.log.find("diloco, streaming-diloco without eager updates, sparseloco, decentralized "
-                     "and low_precision_decentralized, not "
-                     "streaming_diloco with eager updates: their provisional outer step changes "
-                     "the weights a fragment starts from") != std::string::npos);
+  CHECK(run.log.find("diloco, streaming-diloco, sparseloco, decentralized and "
+                     "low_precision_decentralized, not async_model_average: its background "
+                     "rounds are not yet ended at a re-form") != std::string::npos);
   CHECK(run.log.find("finished:") == std::string::npos);
 }
 

@@ -2,8 +2,8 @@
 // tests/runtime/elastic_processes_test.cpp through `troupe launch --elastic`, with faults from
 // TROUPE_FAULT. It trains a small MLP for argv[1] steps on synthetic data with an
 // ElasticTrainer (and on, while the world is smaller than argv[2], so that a restarted rank
-// rejoins before the end; at most kMaxSteps), then checks that every member holds the same parameters (bit for bit) and that
-// they match one process trained on the same global batches (the global batch divides evenly by
+// rejoins before the end; at most kMaxSteps), then checks that every member holds the same
+// parameters (bit for bit) and that they match one process trained on the same global batches (the global batch divides evenly by
 // every world size the tests reach, so the average of the ranks' means is the batch mean).
 // argv[3] picks the algorithm: allreduce (the default), topk (top-k 10% with error feedback and
 // momentum correction) or powersgd (rank 1 with error feedback, from step 2); the compressed
@@ -11,8 +11,9 @@
 // reports what happened to its algorithm state: after a re-form a survivor's must be what it was
 // after its last completed step ("kept"), a restarted rank's error feedback must be zero, and
 // the shared part (PowerSGD's Qs) is printed as a hash per step for the test to compare.
-// argv[3] = diloco, streaming-diloco or sparseloco runs that local-update algorithm (h = 4,
-// allreduce outer reduction for the DiLoCos, exact top-25% values for SparseLoCo; inner SGD with
+// argv[3] = diloco, streaming-diloco (and its -eager, -topk and -eager-topk variants:
+// tests/support/elastic_reference.h) or sparseloco runs that local-update algorithm (h = 4,
+// allreduce outer reduction for DiLoCo, exact top-25% values for SparseLoCo; inner SGD with
 // momentum, each rank's own): the job ends where a sync has landed, and each member that lived
 // through every change compares every member's weights with a one-process reference of the same
 // run (reference_local_update: each rank's replica on its shard, the world of each recovery from
@@ -41,261 +42,14 @@
 #include "runtime/local_update/local_update_module.h"
 #include "runtime/local_update/streaming_diloco.h"
 #include "runtime/runtime.h"
+#include "tests/support/elastic_reference.h"
 
 using namespace troupe;
+using namespace troupe::test::elastic;
 
 namespace {
 
-constexpr int64_t kSamples = 480;
-constexpr int64_t kGlobalBatch = 24;  // divides by 1, 2, 3, 4
-constexpr uint64_t kSeed = 7;
 constexpr int64_t kMaxSteps = 20000;
-
-struct Data {
-  torch::Tensor x, y;
-};
-
-Data make_data() {
-  torch::manual_seed(1234);
-  Data d;
-  d.x = torch::randn({kSamples, 16});
-  d.y = torch::randint(0, 4, {kSamples});
-  return d;
-}
-
-torch::nn::Sequential make_model() {
-  torch::manual_seed(99);
-  return torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::Tanh(),
-                               torch::nn::Linear(32, 4));
-}
-
-torch::Tensor flat(torch::nn::Module& m) {
-  std::vector<torch::Tensor> parts;
-  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape({-1}));
-  return torch::cat(parts);
-}
-
-torch::Tensor as_index(const std::vector<int64_t>& v) {
-  return torch::tensor(std::vector<int64_t>(v.begin(), v.end()), torch::kLong);
-}
-
-torch::optim::SGD make_sgd(torch::nn::Module& m) {
-  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-}
-
-// One process on the whole global batches: the reference trajectory.
-torch::Tensor reference(const Data& d, int64_t steps) {
-  auto net = make_model();
-  auto opt = make_sgd(*net);
-  ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
-  for (int64_t s = 0; s < steps; ++s) {
-    auto idx = as_index(sampler.indices(s, 0, 1));
-    opt.zero_grad();
-    torch::nn::functional::cross_entropy(net->forward(d.x.index({idx})), d.y.index({idx}))
-        .backward();
-    opt.step();
-  }
-  return flat(*net);
-}
-
-constexpr int kH = 4;  // the local-update algorithms' inner steps
-
-DiLoCo make_diloco() {
-  DiLoCo c;
-  c.inner_steps = kH;
-  // Milder than the paper's 0.7 and 0.9: a survivor trains alone for hundreds of steps until the
-  // restarted rank is back, and this small problem diverges under the paper's.
-  c.outer_lr = 0.5;
-  c.outer_momentum = 0.5;
-  c.nesterov = true;
-  return c;
-}
-
-// Two fragments, each in flight for two steps: fragment 0 starts after steps 2, 6, 10, ... and
-// lands after 4, 8, 12, ..., fragment 1 starts after 4, 8, ... and lands after 6, 10, ...: a
-// sync lands after every even step, and the other fragment starts right after it, so one is
-// always in flight but at the landing points (where a re-form goes on by starting it again).
-StreamingDiLoCo make_streaming() {
-  StreamingDiLoCo c;
-  c.inner_steps = kH;
-  c.fragments = 2;
-  c.delay = 2;
-  c.fragment_update_alpha = 0.5;
-  c.outer_lr = 0.5;
-  c.outer_momentum = 0.5;
-  return c;
-}
-
-// Top quarter of each 64-element chunk as exact floats (32 bits): the reference needs no
-// quantiser, and the error-feedback memory keeps three quarters of every outer gradient.
-SparseLoCo make_sparseloco() {
-  SparseLoCo c;
-  c.inner_steps = kH;
-  c.outer_lr = 0.5;
-  c.ratio = 0.25;
-  c.chunk = 64;
-  c.value_bits = 32;
-  c.ef_decay = 0.9;
-  return c;
-}
-
-// Whether a sync lands after step t (where an elastic job may end, and goes back to).
-bool lands_after(const std::string& algorithm, int64_t t) {
-  if (algorithm == "streaming-diloco") return t % 2 == 0;
-  return t % kH == 0;
-}
-
-// The world from a step on: {0, launch world}, then one per recovery (a later one at the same
-// step replaces an earlier), with the rank whose state a new member took.
-struct Segment {
-  int64_t from;
-  int world;
-  int source;
-};
-
-// One process running the elastic local-update job (diloco, streaming-diloco or sparseloco): a
-// replica (model, inner optimizer, SparseLoCo's error-feedback memory) per rank, each stepping on
-// its shard of the global batch, and the outer steps of diloco.h, streaming_diloco.h and
-// sparseloco.h on the shared global weights. At a segment's step (where a sync has landed, before
-// the fragment due there starts) the world becomes the segment's: the first ranks' replicas go
-// on as they were, a new rank takes the source's model and inner optimizer and zero memory.
-// Returns each rank's weights at the end.
-std::vector<torch::Tensor> reference_local_update(const Data& d, const std::string& algorithm,
-                                                  std::vector<Segment> segments, int64_t steps) {
-  struct Replica {
-    torch::nn::Sequential net;
-    std::unique_ptr<torch::optim::SGD> opt;
-    torch::Tensor memory, sent;  // SparseLoCo's; Streaming DiLoCo's outer gradient in flight
-  };
-  torch::Tensor global = flat(*make_model()).clone();
-  auto make_replica = [&] {
-    Replica r{make_model(), nullptr, torch::zeros_like(global), torch::zeros_like(global)};
-    r.opt = std::make_unique<torch::optim::SGD>(make_sgd(*r.net));
-    return r;
-  };
-  auto set_flat = [](torch::nn::Module& m, const torch::Tensor& v, int64_t first, int64_t n) {
-    torch::NoGradGuard no_grad;
-    int64_t at = 0;
-    for (auto& p : m.parameters()) {
-      auto pf = p.view({-1});
-      const int64_t lo = std::max(at, first), hi = std::min(at + p.numel(), first + n);
-      if (lo < hi) pf.narrow(0, lo - at, hi - lo).copy_(v.narrow(0, lo, hi - lo));
-      at += p.numel();
-    }
-  };
-  const int64_t count = global.numel();
-  std::vector<Replica> replicas;
-  torch::Tensor momentum = torch::zeros_like(global);
-  ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
-  const DiLoCo dc = make_diloco();
-  const StreamingDiLoCo sc = make_streaming();
-  const SparseLoCo lc = make_sparseloco();
-  // Outer SGD with Nesterov momentum on [first, first + n), as runtime/local_update/outer_step.h.
-  auto outer_sgd = [&](double lr, double mu, torch::Tensor mean, int64_t first, int64_t n) {
-    auto x = global.narrow(0, first, n), buf = momentum.narrow(0, first, n);
-    buf.mul_(mu).add_(mean);
-    x.sub_(mean.add(buf, mu), lr);
-  };
-  // Streaming DiLoCo's fragments and schedule, as streaming_diloco.h cuts them.
-  std::vector<std::pair<size_t, size_t>> cuts;
-  {
-    std::vector<size_t> rows, cols;
-    for (auto& p : make_model()->parameters()) {
-      const auto n = static_cast<size_t>(p.numel());
-      const size_t r = p.dim() >= 2 ? static_cast<size_t>(p.size(0)) : n;
-      rows.push_back(r);
-      cols.push_back(n / r);
-    }
-    cuts = streaming_fragments(rows, cols, sc.fragments);
-  }
-  auto due = [&](int64_t t) {
-    for (int f = 0; f < sc.fragments; ++f)
-      if ((f + 1) * sc.inner_steps / sc.fragments % sc.inner_steps == t % sc.inner_steps) return f;
-    return -1;
-  };
-  int flight = -1;
-  int64_t apply_at = 0;
-  size_t next = 0;  // the next segment
-  auto switch_world = [&] {
-    const Segment& seg = segments[next++];
-    while (static_cast<int>(replicas.size()) > seg.world) replicas.pop_back();
-    while (static_cast<int>(replicas.size()) < seg.world) {
-      auto r = make_replica();
-      if (!replicas.empty()) {
-        auto& from = replicas.at(static_cast<size_t>(seg.source));
-        auto state = troupe::module_state(from.net.ptr(), *from.opt);
-        troupe::module_state(r.net.ptr(), *r.opt).load(state.save());
-      }
-      replicas.push_back(std::move(r));
-    }
-  };
-  switch_world();
-  for (int64_t t = 1; t <= steps; ++t) {
-    const int world = static_cast<int>(replicas.size());
-    for (int r = 0; r < world; ++r) {
-      auto& rep = replicas[static_cast<size_t>(r)];
-      auto idx = as_index(sampler.indices(t - 1, r, world));
-      rep.opt->zero_grad();
-      torch::nn::functional::cross_entropy(rep.net->forward(d.x.index({idx})), d.y.index({idx}))
-          .backward();
-      rep.opt->step();
-    }
-    if (algorithm == "diloco" && t % dc.inner_steps == 0) {
-      torch::Tensor mean = torch::zeros_like(global);
-      for (auto& rep : replicas) mean += global - flat(*rep.net);
-      mean /= world;
-      outer_sgd(dc.outer_lr, dc.outer_momentum, mean, 0, count);
-      for (auto& rep : replicas) set_flat(*rep.net, global, 0, count);
-    }
-    if (algorithm == "sparseloco" && t % lc.inner_steps == 0) {
-      torch::Tensor sum = torch::zeros_like(global);
-      for (auto& rep : replicas) {  // in rank order, as the module sums
-        rep.memory.mul_(static_cast<float>(lc.ef_decay)).add_(global - flat(*rep.net));
-        torch::Tensor sent = torch::zeros_like(global);
-        for (int64_t c = 0; c < count; c += static_cast<int64_t>(lc.chunk)) {
-          const int64_t len = std::min<int64_t>(static_cast<int64_t>(lc.chunk), count - c);
-          const int64_t k = std::clamp<int64_t>(std::llround(lc.ratio * len), 1, len);
-          auto e = rep.memory.narrow(0, c, len);
-          auto top = std::get<1>(e.abs().topk(k));
-          sent.narrow(0, c, len).index_put_({top}, e.index({top}));
-          e.index_put_({top}, 0.0f);
-        }
-        sum += sent;
-      }
-      global.sub_(sum * static_cast<float>(lc.outer_lr / world));
-      for (auto& rep : replicas) set_flat(*rep.net, global, 0, count);
-    }
-    if (algorithm == "streaming-diloco") {
-      auto land = [&] {
-        const auto first = static_cast<int64_t>(cuts[static_cast<size_t>(flight)].first);
-        const auto n = static_cast<int64_t>(cuts[static_cast<size_t>(flight)].second) - first;
-        torch::Tensor mean = torch::zeros({n});
-        for (auto& rep : replicas) mean += rep.sent.narrow(0, first, n);
-        mean /= world;
-        outer_sgd(sc.outer_lr, sc.outer_momentum, mean, first, n);
-        const double alpha = sc.fragment_update_alpha;
-        for (auto& rep : replicas) {
-          auto mine = flat(*rep.net);
-          mine.narrow(0, first, n).mul_(alpha).add_(global.narrow(0, first, n), 1 - alpha);
-          set_flat(*rep.net, mine, first, n);
-        }
-        flight = -1;
-      };
-      if (flight >= 0 && t == apply_at) land();
-      if (next < segments.size() && segments[next].from == t) switch_world();
-      if (const int f = due(t); f >= 0) {
-        for (auto& rep : replicas) rep.sent = global - flat(*rep.net);
-        flight = f;
-        apply_at = t + sc.delay;
-      }
-    } else if (next < segments.size() && segments[next].from == t) {
-      switch_world();
-    }
-  }
-  std::vector<torch::Tensor> out;
-  for (auto& rep : replicas) out.push_back(flat(*rep.net));
-  return out;
-}
 
 Algorithm make_algorithm(const std::string& name) {
   if (name == "allreduce") return GradientAllReduce{};
@@ -323,19 +77,13 @@ JobAlgorithm make_job_algorithm(const std::string& name) {
     c.outer_compression = topk;
     return c;
   }
-  if (name == "streaming-diloco") return make_streaming();
-  if (name == "streaming-diloco-eager") {  // refused by ElasticTrainer
-    StreamingDiLoCo c = make_streaming();
-    c.eager = true;
-    return c;
-  }
+  if (streaming_job(name)) return make_streaming(name);
   if (name == "sparseloco") return make_sparseloco();
   return make_algorithm(name);
 }
 
 bool local_update(const std::string& name) {
-  return name.rfind("diloco", 0) == 0 || name.rfind("streaming-diloco", 0) == 0 ||
-         name == "sparseloco";
+  return name.rfind("diloco", 0) == 0 || streaming_job(name) || name == "sparseloco";
 }
 
 std::string module_state(const DistributedModule& ddp, StatePart part) {
@@ -437,7 +185,7 @@ int run_local_update(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential
                      torch::optim::SGD& opt, const Data& d, const std::string& algorithm,
                      int64_t steps, int until_world, int launch_world, bool restarted) {
   ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
-  const bool streaming = algorithm == "streaming-diloco";
+  const bool streaming = streaming_job(algorithm);
   const bool compressed = algorithm == "diloco-topk";
   bool after_change = false;
   // Once the world is whole again, two more outer syncs, so that a rank that rejoined trains:

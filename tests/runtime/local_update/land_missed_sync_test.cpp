@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,132 @@ TEST_CASE("a Streaming DiLoCo rank that missed a fragment's merge lands it from 
     CAPTURE(world);
     check_landing<StreamingDiLoCoModule>(c, world, 4, 13);
   }
+}
+
+// The state of a Streaming DiLoCo module saved with a fragment in flight, marked as if that
+// fragment's reduction had failed on this rank (the byte after the fragment in flight and its
+// step: streaming_diloco.cpp's save_rest).
+std::string as_failed(std::string bytes) {
+  comm::StateReader in(bytes, "a Streaming DiLoCo state");
+  in.string();
+  in.value<int64_t>();
+  in.value<int64_t>();
+  in.value<uint64_t>();
+  in.vector<float>();
+  in.vector<float>();
+  REQUIRE(in.value<int64_t>() >= 0);  // a fragment in flight
+  in.value<int64_t>();
+  const size_t at = bytes.size() - in.remaining();
+  REQUIRE(bytes[at] == 0);
+  bytes[at] = 1;
+  return bytes;
+}
+
+TEST_CASE("a Streaming DiLoCo rank with eager updates whose fragment's reduction failed lands it "
+          "from its own provisional step and a peer's shared state, bit-identically") {
+  // h = 4, 2 fragments, delay 2: fragment 0 starts after step 2 (its provisional step moves the
+  // weights) and lands after 4, fragment 1 after 4 and 6, fragment 0 again after 6 and 8. A
+  // shadow replica copies each rank's weights and inner optimizer after step 7, with fragment
+  // 0 in flight, and takes the module's state of then marked failed; it trains step 8 as the
+  // rank does, loads the shared state of the landing after 8, and lands the sync: its weights
+  // must be the rank's after that landing, and both must go on bit-identically.
+  StreamingDiLoCo c;
+  c.inner_steps = 4;
+  c.fragments = 2;
+  c.delay = 2;
+  c.fragment_update_alpha = 0.5;
+  c.eager = true;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    torch::manual_seed(3);
+    const auto init = flat_of(*make_net()).clone();
+    Batches b(world, 16);
+    auto errors = run_threads(world, [&](int rank, Runtime& rt) {
+      auto net = make_net(), shadow = make_net();
+      load_flat(*net, init);
+      auto opt = make_inner(*net, false), shadow_opt = make_inner(*shadow, false);
+      StreamingDiLoCoModule dp(rt, net.ptr(), c);
+      std::string shared, failed;
+      torch::Tensor landed;
+      for (int s = 0; s < 8; ++s) {
+        if (s == 7) {
+          // After step 7: the live state of a rank whose reduction of fragment 0 will fail.
+          std::string all;
+          comm::StateWriter out(all);
+          dp.save_state(out, StatePart::all);
+          failed = as_failed(all);
+          load_flat(*shadow, flat_of(*net));
+          torch::serialize::OutputArchive archive;
+          opt->save(archive);
+          std::ostringstream bytes;
+          archive.save_to(bytes);
+          torch::serialize::InputArchive in;
+          in.load_from(bytes.str().data(), bytes.str().size());
+          shadow_opt->load(in);
+        }
+        train_step(net, *opt, b.at(rank, s));
+        dp.step(*opt, [&] {
+          if (dp.inner_steps() != 8) return;
+          comm::StateWriter out(shared);
+          dp.save_state(out, StatePart::shared);
+          landed = flat_of(*net).clone();
+        });
+      }
+      REQUIRE(landed.defined());
+      train_step(shadow, *shadow_opt, b.at(rank, 7));
+      shadow_opt->step();
+      const auto live = flat_of(*shadow).clone();
+      StreamingDiLoCoModule late(rt, shadow.ptr(), c);
+      load_flat(*shadow, live);
+      comm::StateReader own(failed, "the failed state");
+      late.load_state(own, StatePart::all);
+      own.expect_end();
+      comm::StateReader in(shared, "the landing point's shared state");
+      late.load_state(in, StatePart::shared);
+      in.expect_end();
+      REQUIRE(late.inner_steps() == 8);
+      late.land_missed_sync();
+      CHECK(torch::equal(flat_of(*shadow), landed));
+      // From there both start fragment 1 (due after step 8) and go on alike.
+      late.start_due();
+      for (int s = 8; s < 16; ++s) {
+        train_step(net, *opt, b.at(rank, s));
+        dp.step(*opt);
+        train_step(shadow, *shadow_opt, b.at(rank, s));
+        late.step(*shadow_opt);
+      }
+      CHECK(torch::equal(flat_of(*shadow), flat_of(*net)));
+    });
+    for (auto& e : errors) CHECK(e.empty());
+  }
+}
+
+TEST_CASE("land_missed_sync with eager updates refuses a module without the failed fragment, "
+          "naming it") {
+  auto errors = run_threads(1, [](int, Runtime& rt) {
+    auto net = make_net();
+    StreamingDiLoCo c;
+    c.inner_steps = 4;
+    c.fragments = 2;
+    c.delay = 2;
+    c.eager = true;
+    StreamingDiLoCoModule dp(rt, net.ptr(), c);
+    auto opt = make_inner(*net, false);
+    Batches b(1, 4);
+    for (int s = 0; s < 4; ++s) {
+      train_step(net, *opt, b.at(0, s));
+      dp.step(*opt);
+    }
+    std::string error;
+    try {
+      dp.land_missed_sync();
+    } catch (const comm::Error& e) {
+      error = e.what();
+    }
+    CHECK(error.find("fragment 0's provisional step (after inner step 2) is not in this "
+                     "module's state") != std::string::npos);
+  });
+  for (auto& e : errors) CHECK(e.empty());
 }
 
 TEST_CASE("land_missed_sync refuses a step after which no sync lands, naming it") {
