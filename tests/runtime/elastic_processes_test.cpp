@@ -211,6 +211,38 @@ TEST_CASE("a killed DiLoCo rank is restarted, heals at an outer sync, and ends i
   CHECK(run.count("reference not compared (this rank joined late)") == 1);
 }
 
+namespace {
+
+// Streaming DiLoCo variants of the rank program (h = 4, 2 fragments, delay 2), killed in inner
+// step 7 (before fragment 1's start after step 8): each of the 2 survivors goes back to where a
+// fragment last landed and matches the reference. `variant_line` is what every member prints of
+// the variant's set-up ("" to skip).
+void check_streaming_kill(const char* algorithm, const std::string& variant_line) {
+  auto run = run_elastic(3, 2, 0, "kill:rank=2,step=7", 0, algorithm);
+  check_finished(run, 2, 2, "global weights");
+  CHECK(run.err.find("kills itself at step 7 (backward)") != std::string::npos);
+  CHECK(run.count("finished 40 steps of streaming_diloco(h=4, fragments=2, delay=2") == 2);
+  if (!variant_line.empty()) CHECK(run.count(variant_line) == 2);
+  CHECK(run.count("recovery: generation 2, world 2, from step 8") +
+            run.count("recovery: generation 2, world 2, from step 6") ==
+        2);
+  CHECK(run.count("max |param - reference| = ") == 2);
+}
+
+// The same variants killed in step 10 and restarted: all 3 finish, the restarted rank heals from
+// a survivor, and the survivors match the reference (the rejoined rank joined late: not compared).
+void check_streaming_restart(const char* algorithm, const std::string& variant_line) {
+  auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, algorithm);
+  check_finished(run, 3, 3, "global weights");
+  CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
+  CHECK(run.out.find("slot 2 healed, stepping from step") != std::string::npos);
+  if (!variant_line.empty()) CHECK(run.count(variant_line) == 3);
+  CHECK(run.count("max |param - reference| = ") == 2);
+  CHECK(run.count("reference not compared (this rank joined late)") == 1);
+}
+
+}  // namespace
+
 // Streaming DiLoCo (h = 4, 2 fragments, delay 2, alpha 0.5): a re-form goes back to where a
 // fragment last landed (after an even step), each survivor to its own weights and inner
 // optimizer of then; the fragment due there starts again in the new world. The replicas differ (each merges
@@ -223,24 +255,12 @@ TEST_CASE("an elastic Streaming DiLoCo job killed in an inner step goes on from 
   // back to where fragment 0 landed, after step 8, and start fragment 1 there again; or, when
   // the death reached them before fragment 0's reduction ended, to where fragment 1 landed after
   // step 6, starting fragment 0 again (seen in both ways). The reference follows either.
-  auto run = run_elastic(3, 2, 0, "kill:rank=2,step=7", 0, "streaming-diloco");
-  check_finished(run, 2, 2, "global weights");
-  CHECK(run.err.find("kills itself at step 7 (backward)") != std::string::npos);
-  CHECK(run.count("finished 40 steps of streaming_diloco(h=4, fragments=2, delay=2") == 2);
-  CHECK(run.count("recovery: generation 2, world 2, from step 8") +
-            run.count("recovery: generation 2, world 2, from step 6") ==
-        2);
-  CHECK(run.count("max |param - reference| = ") == 2);
+  check_streaming_kill("streaming-diloco", "");
 }
 
 TEST_CASE("a killed Streaming DiLoCo rank is restarted, takes the source's weights, and the job "
           "matches the reference") {
-  auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "streaming-diloco");
-  check_finished(run, 3, 3, "global weights");
-  CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
-  CHECK(run.out.find("slot 2 healed, stepping from step") != std::string::npos);
-  CHECK(run.count("max |param - reference| = ") == 2);
-  CHECK(run.count("reference not compared (this rank joined late)") == 1);
+  check_streaming_restart("streaming-diloco", "");
 }
 
 // With eager updates the landing point also holds each rank's others' average (its own: a
@@ -250,15 +270,7 @@ TEST_CASE("a killed Streaming DiLoCo rank is restarted, takes the source's weigh
 // tests/runtime/elastic_reference_test.cpp).
 TEST_CASE("an elastic Streaming DiLoCo job with eager updates killed in an inner step goes on "
           "from its last landed fragment") {
-  auto run = run_elastic(3, 2, 0, "kill:rank=2,step=7", 0, "streaming-diloco-eager");
-  check_finished(run, 2, 2, "global weights");
-  CHECK(run.err.find("kills itself at step 7 (backward)") != std::string::npos);
-  CHECK(run.count("finished 40 steps of streaming_diloco(h=4, fragments=2, delay=2") == 2);
-  CHECK(run.count(", allreduce, eager) as rank") == 2);
-  CHECK(run.count("recovery: generation 2, world 2, from step 8") +
-            run.count("recovery: generation 2, world 2, from step 6") ==
-        2);
-  CHECK(run.count("max |param - reference| = ") == 2);
+  check_streaming_kill("streaming-diloco-eager", ", allreduce, eager) as rank");
 }
 
 // The rejoin often catches one survivor behind the other (its fragment's reduction failed where
@@ -267,13 +279,7 @@ TEST_CASE("an elastic Streaming DiLoCo job with eager updates killed in an inner
 // way, and land_missed_sync_test checks that landing deterministically).
 TEST_CASE("a killed Streaming DiLoCo rank with eager updates is restarted, takes the source's "
           "weights and the last averages, and the job matches the reference") {
-  auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "streaming-diloco-eager");
-  check_finished(run, 3, 3, "global weights");
-  CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
-  CHECK(run.out.find("slot 2 healed, stepping from step") != std::string::npos);
-  CHECK(run.count(", allreduce, eager) as rank") == 3);
-  CHECK(run.count("max |param - reference| = ") == 2);
-  CHECK(run.count("reference not compared (this rank joined late)") == 1);
+  check_streaming_restart("streaming-diloco-eager", ", allreduce, eager) as rank");
 }
 
 // A top-k outer reduction (a quarter of each fragment, exact values, through an allgather) with
@@ -281,12 +287,7 @@ TEST_CASE("a killed Streaming DiLoCo rank with eager updates is restarted, takes
 // rank starts with zero ones, and the reference computes the same top-k sums in rank order.
 TEST_CASE("a killed Streaming DiLoCo rank with a top-k outer reduction is restarted with zero "
           "residuals and the job matches the reference") {
-  auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "streaming-diloco-topk");
-  check_finished(run, 3, 3, "global weights");
-  CHECK(run.out.find("slot 2 healed, stepping from step") != std::string::npos);
-  CHECK(run.count(", top-k(0.25)+ef) as rank") == 3);
-  CHECK(run.count("max |param - reference| = ") == 2);
-  CHECK(run.count("reference not compared (this rank joined late)") == 1);
+  check_streaming_restart("streaming-diloco-topk", ", top-k(0.25)+ef) as rank");
 }
 
 // SparseLoCo (h = 4, top quarter of each chunk, exact values): each survivor goes back to its
