@@ -268,6 +268,54 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
   for (auto& r : ranks) ::close(r.fd);
 }
 
+TEST_CASE("a place is filled by a spare of the dead rank's node first, then by any node's") {
+  // Two nodes of two ranks and one spare each: ranks in slots 0, 1 (node 0) and 2, 3 (node 1),
+  // spares in slots 4 (node 0) and 5 (node 1), as troupe launch numbers them.
+  std::ostringstream log;
+  MembershipServer server(6, 1, std::chrono::seconds(30), log, /*members=*/4);
+  CHECK_THROWS_WITH_AS(server.set_slot_nodes({0, 0, 1}),
+                       doctest::Contains("nodes of 3 slots (expected 6, one per slot)"),
+                       comm::Error);
+  server.set_slot_nodes({0, 0, 1, 1, 0, 1});
+  std::vector<FakeRank> ranks;
+  for (int s = 0; s < 6; ++s) ranks.push_back({server.attach(s, /*standby=*/s >= 4)});
+  for (int s : {4, 5, 0, 1, 2, 3}) join(server, ranks, s, -1);
+  expect_first_generation(server, ranks, 4);
+  for (int s = 0; s < 4; ++s) CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
+
+  // Slot 2 of node 1 dies: node 1's spare (slot 5) takes its place, not the lower slot 4.
+  ranks[2].close();
+  server.on_exit(2, "was killed by signal 9 (Killed)");
+  for (int s : {0, 1, 3}) {
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::reform);
+    join(server, ranks, s, 7);
+  }
+  expect_assign(ranks, 5, {"2", "3", "4", "0", "7"});
+  CHECK(ranks[4].idle());
+  CHECK(server.standby(4));
+  CHECK(log.str().find("spare slot 5 joins generation 2 (node 1)") != std::string::npos);
+  for (int s : {0, 1, 3, 5}) {
+    if (s != 5) expect_assign(ranks, s, {"2", std::to_string(s == 3 ? 2 : s), "4", "0", "7"});
+    ranks[static_cast<size_t>(s)].send(Message::address, {"2", "a" + std::to_string(s)});
+    server.on_readable(s);
+  }
+  for (int s : {0, 1, 3, 5}) CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
+  CHECK(server.generations() == 2);
+  CHECK(server.rank_alive());
+
+  // Slot 3 of node 1 dies too: node 1 has no spare waiting, so node 0's takes the place.
+  ranks[3].close();
+  server.on_exit(3, "was killed by signal 9 (Killed)");
+  for (int s : {0, 1, 5}) {
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::reform);
+    join(server, ranks, s, 9);
+  }
+  expect_assign(ranks, 4, {"3", "2", "4", "0", "9"});
+  CHECK(log.str().find("spare slot 4 joins generation 3 (node 0)") != std::string::npos);
+  for (auto& r : ranks)
+    if (r.fd >= 0) r.close();
+}
+
 TEST_CASE("the membership service stops a world below --min-ranks, telling every survivor why") {
   std::ostringstream log;
   MembershipServer server(3, 3, std::chrono::seconds(30), log);
@@ -350,7 +398,7 @@ TEST_CASE("elastic launch options are checked before any rank starts") {
   o.min_ranks = 2;
   o.nnodes = 2;
   o.master_addr = "node0";
-  // Several nodes: the quorum counts every node's ranks; spares are for one node.
+  // Several nodes: the quorum counts every node's ranks.
   o.min_ranks = 6;
   CHECK_NOTHROW(rank_env(o, 0, 1));
   o.min_ranks = 7;
@@ -359,11 +407,8 @@ TEST_CASE("elastic launch options are checked before any rank starts") {
                                          "1..6 for --nnodes 2 x -n 3)"),
                        comm::Error);
   o.min_ranks = 2;
-  o.spares = 1;
-  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1),
-                       doctest::Contains("spares (--spares) = 1 with nnodes (--nnodes) = 2 "
-                                         "(expected --spares 0 with several nodes"),
-                       comm::Error);
+  o.spares = 1;  // per node: each node's launcher runs its own
+  CHECK_NOTHROW(rank_env(o, 0, 1));
   o.spares = 0;
   o.nnodes = 1;
   o.elastic = false;
