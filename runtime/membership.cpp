@@ -411,7 +411,8 @@ void MembershipServer::close() {
     s.has_address = false;
     send(pending_.slots[r],
          encode(Message::assign, {std::to_string(pending_.number), std::to_string(r), world,
-                                  std::to_string(pending_.source), std::to_string(pending_.step)}));
+                                  std::to_string(pending_.source), std::to_string(pending_.step),
+                                  std::to_string(members_)}));
   }
 }
 

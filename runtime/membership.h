@@ -11,7 +11,8 @@
 ///   service -> rank  reform    (generation, why): sent to every other live rank when a
 ///                              generation opens (a rank died, or one joins), so that its
 ///                              collectives fail now instead of at their deadlines and it joins
-///   service -> rank  assign    (generation, rank, world size, source rank, step)
+///   service -> rank  assign    (generation, rank, world size, source rank, step, the ranks of
+///                              a whole world: the launch's, spares not counted)
 ///   rank -> service  address   (generation, transport address)
 ///   service -> rank  table     (generation, hosts, addresses): the generation is in force
 ///   service -> rank  stop      (why): no quorum; the rank must end with that error

@@ -492,7 +492,7 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
         std::lock_guard<std::mutex> lock(dead_mutex);
         comm = std::make_unique<comm::Communicator>(transport, options.collectives,
                                                     options.rendezvous_timeout);
-        generation = ElasticGeneration{a.generation, a.source, a.step};
+        generation = ElasticGeneration{a.generation, a.source, a.step, a.ranks};
         if (announced > a.generation) comm->abort(announced_why, -1);
       }
       comm->barrier();
