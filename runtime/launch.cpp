@@ -162,11 +162,19 @@ class Launcher {
       if (std::count(kRankVars.begin(), kRankVars.end(), name) == 0)
         env.push_back(name + "=" + value);
     }
-    // Spares have slots of their own: RANK and WORLD_SIZE count every slot.
+    // Spares have slots of their own: RANK is the launch slot (elastic::NodeShape::slot(): with
+    // several nodes every node's ranks come first, then every node's spares) and WORLD_SIZE
+    // counts every slot.
     LaunchOptions all_slots = options_;
     all_slots.nprocs += options_.spares;
-    for (const auto& [name, value] : rank_env(all_slots, rank, port))
-      env.push_back(name + "=" + value);
+    for (const auto& [name, value] : rank_env(all_slots, rank, port)) {
+      if (options_.spares > 0 && (name == "RANK" || name == "ROLE_RANK"))
+        env.push_back(name + "=" + std::to_string(global(rank)));
+      else if (options_.spares > 0 && (name == "WORLD_SIZE" || name == "ROLE_WORLD_SIZE"))
+        env.push_back(name + "=" + std::to_string(shape().slots()));
+      else
+        env.push_back(name + "=" + value);
+    }
     // One launch per host cannot agree on a secret it makes: with several nodes the user exports
     // one (rank 0 warns when its rendezvous is open).
     if (options_.nnodes == 1 && !overridden("TROUPE_JOB_SECRET") && !std::getenv("TROUPE_JOB_SECRET"))
@@ -179,7 +187,10 @@ class Launcher {
   const std::string job_secret_ = actors::wire::random_secret();
 
   /// What the user calls local rank `r`: its RANK.
-  int global(int r) const { return options_.node_rank * options_.nprocs + r; }
+  int global(int r) const { return shape().slot(options_.node_rank, r); }
+  elastic::NodeShape shape() const {
+    return {options_.nnodes, options_.nprocs, options_.node_rank, options_.spares};
+  }
 
   void start_rank(int r, int port, bool spare = false);
   int slot_count() const { return static_cast<int>(ranks_.size()); }
@@ -227,12 +238,13 @@ class Launcher {
         rank.exit_code = WEXITSTATUS(status);
         what += " exited with status " + std::to_string(rank.exit_code);
       }
-      if (membership_ && rank.dismissed) {
-        membership_->on_exit(r, what);
+      if (rank.dismissed) {
+        if (membership_) membership_->on_exit(global(r), what);
+        if (relay_) relay_->on_exit(r, rank.exit_code, what);
         continue;
       }
       if (options_.elastic) {
-        if (membership_) membership_->on_exit(r, what);
+        if (membership_) membership_->on_exit(global(r), what);
         if (relay_) relay_->on_exit(r, rank.exit_code, what);
         if (rank.exit_code == 0) finished_ = true;
         if (rank.exit_code != 0 && !stopping_ && !restart(r)) {
@@ -294,6 +306,7 @@ class Launcher {
   std::vector<int> restarts_of_;
   bool finished_ = false;
   bool lost_reported_ = false;
+  bool dismiss_sent_ = false;  // node 0 told the other nodes to stop their waiting spares
   std::string reason_;
   std::vector<int> stopped_;
   Clock::time_point kill_at_ = kNever;
@@ -353,7 +366,7 @@ void Launcher::start_rank(int r, int port, bool spare) {
   std::vector<std::string> env = child_env(r, port), args = options_.command;
   int membership_fd = -1;
   if (options_.elastic) {
-    membership_fd = relay_ ? relay_->attach(r, spare) : membership_->attach(r, spare);
+    membership_fd = relay_ ? relay_->attach(r, spare) : membership_->attach(global(r), spare);
     env.push_back("TROUPE_ELASTIC_FD=" + std::to_string(membership_fd));
     if (spare) {
       // A week without a job deadline: a spare outlives no launcher (it dies with it), but its
@@ -410,7 +423,7 @@ void Launcher::start_rank(int r, int port, bool spare) {
     _exit(e == ENOENT ? 127 : 126);
   }
   setpgid(pid, pid);  // also here, so that a stop sent at once reaches the group
-  if (membership_) membership_->started(r);
+  if (membership_) membership_->started(global(r));
   if (relay_) relay_->started(r);
   close_fd(out_pipe[1]);
   close_fd(err_pipe[1]);
@@ -460,19 +473,22 @@ bool Launcher::restart(int r) {
 }
 
 void Launcher::dismiss_spares() {
-  if (!membership_ || options_.spares == 0) return;
-  bool spare_waits = false;
-  for (int r = 0; r < slot_count(); ++r) {
-    const Rank& rank = ranks_[static_cast<size_t>(r)];
-    if (!rank.running) continue;
-    if (!membership_->standby(r)) return;  // a rank still runs
-    spare_waits = true;
+  if (!options_.elastic || options_.spares == 0) return;
+  if (membership_) {
+    // A rank of any node still runs (or, on one node, a process that is not a waiting spare).
+    if (membership_->rank_alive()) return;
+    for (int r = 0; r < slot_count(); ++r)
+      if (ranks_[static_cast<size_t>(r)].running && !membership_->standby(global(r))) return;
+    if (hub_ && !dismiss_sent_) hub_->dismiss();  // the other nodes' spares too
+    dismiss_sent_ = true;
+  } else if (!relay_ || !relay_->dismissed()) {
+    return;  // node 0's service says when no rank of the job runs
   }
-  if (!spare_waits) return;
   std::vector<int> dismissed;
   for (int r = 0; r < slot_count(); ++r) {
     Rank& rank = ranks_[static_cast<size_t>(r)];
     if (!rank.running || rank.dismissed) continue;
+    if (membership_ ? !membership_->standby(global(r)) : !relay_->standby(r)) continue;
     rank.dismissed = true;
     dismissed.push_back(global(r));
     kill(-rank.pid, SIGKILL);
@@ -491,14 +507,19 @@ LaunchResult Launcher::run(int port) {
   const std::chrono::milliseconds membership_timeout(
       static_cast<int64_t>(options_.membership_timeout_sec * 1000));
   if (options_.elastic && options_.node_rank == 0) {
-    // Slots span the nodes: node i's local rank r is slot i * nprocs + r (its RANK).
-    const int slots = options_.nnodes > 1 ? options_.nnodes * options_.nprocs : slot_count();
+    // Slots span the nodes: node i's local rank r is slot i * nprocs + r (its RANK); the spares'
+    // slots follow every node's ranks (elastic::NodeShape::slot()).
     membership_ = std::make_unique<elastic::MembershipServer>(
-        slots, options_.min_ranks, membership_timeout, *streams_[1],
+        shape().slots(), options_.min_ranks, membership_timeout, *streams_[1],
         options_.nnodes * options_.nprocs);
+    if (options_.nnodes > 1) {
+      std::vector<int> nodes;
+      for (int s = 0; s < shape().slots(); ++s) nodes.push_back(shape().node_of(s));
+      membership_->set_slot_nodes(std::move(nodes));
+    }
   }
   if (options_.elastic && options_.nnodes > 1) {
-    const elastic::NodeShape shape{options_.nnodes, options_.nprocs, options_.node_rank};
+    const elastic::NodeShape shape = this->shape();
     std::string secret;
     for (const auto& [name, value] : options_.extra_env)
       if (name == "TROUPE_JOB_SECRET") secret = value;
@@ -527,8 +548,8 @@ LaunchResult Launcher::run(int port) {
   // theirs lives, and then at most a grace period (their launchers end their ranks by then).
   auto remote_alive = [&] {
     if (!hub_) return false;
-    for (int s = options_.nprocs; s < options_.nnodes * options_.nprocs; ++s)
-      if (membership_->alive(s)) return true;
+    for (int s = 0; s < shape().slots(); ++s)
+      if (shape().node_of(s) != 0 && membership_->alive(s)) return true;
     return false;
   };
   auto bye_by = kNever;
@@ -661,6 +682,7 @@ LaunchResult Launcher::run(int port) {
                        std::to_string(finished) + " of " + std::to_string(slot_count()) +
                        " rank slots finished with status 0 after " + std::to_string(restarts_) +
                        " restarts (membership service at " + relay_->where() + ")";
+    if (dismissed > 0) what += "; " + std::to_string(dismissed) + " waiting spares stopped";
     if (!reason_.empty()) what += "; lost: " + reason_;
     const bool ok = !relay_->stopped() && !relay_->lost() && finished >= 1 &&
                     result_.exit_code == 0;
@@ -750,10 +772,6 @@ void check_options(const LaunchOptions& o) {
         "1.." + std::to_string(all_ranks) + " for " +
             (o.nnodes > 1 ? "--nnodes " + std::to_string(o.nnodes) + " x " : std::string()) +
             "-n " + std::to_string(o.nprocs));
-  if (o.elastic && o.nnodes > 1 && o.spares > 0)
-    bad("spares (--spares) = " + std::to_string(o.spares) + " with nnodes (--nnodes) = " +
-            std::to_string(o.nnodes),
-        "--spares 0 with several nodes (spares are for one node so far)");
   if (o.max_restarts < 0)
     bad("max_restarts (--max-restarts) = " + std::to_string(o.max_restarts) + " is negative",
         "0 or more");
@@ -765,11 +783,16 @@ void check_options(const LaunchOptions& o) {
   if (o.spares > 0 && !o.elastic)
     bad("spares (--spares) = " + std::to_string(o.spares) + " without elastic",
         "--elastic: only an elastic job takes a spare in a dead rank's place");
-  if (o.spares > 0)
+  if (o.spares > 0) {
     check_world_size(static_cast<long long>(o.nprocs) + o.spares,
                      "LaunchOptions slots nprocs + spares (-n " + std::to_string(o.nprocs) +
                          " + --spares " + std::to_string(o.spares) + ")",
                      kMaxLocalRanks);
+    check_world_size(static_cast<long long>(o.nnodes) * (o.nprocs + o.spares),
+                     "LaunchOptions slots nnodes x (nprocs + spares) (--nnodes " +
+                         std::to_string(o.nnodes) + " x (-n " + std::to_string(o.nprocs) +
+                         " + --spares " + std::to_string(o.spares) + "))");
+  }
   if (o.elastic && !(o.membership_timeout_sec > 0))
     bad("membership_timeout_sec (--membership-timeout) = " + seconds_text(o.membership_timeout_sec),
         "more than 0");

@@ -61,15 +61,19 @@ struct LaunchOptions {
   /// How long a generation waits for its members at each round (`--membership-timeout`); with
   /// several nodes also how long node i > 0's launcher tries to reach node 0's service.
   double membership_timeout_sec = 30;
-  /// Hot spares of an elastic job (`--spares K`): K more processes of the program, started with
-  /// the ranks in launch slots nprocs..nprocs+K-1 (RANK and WORLD_SIZE count every slot), that
+  /// Hot spares of an elastic job (`--spares K`, per node): K more processes of the program,
+  /// started with the ranks in launch slots nprocs..nprocs+K-1 (with several nodes, node i's in
+  /// slots nnodes * nprocs + i * K + k, after every node's ranks; RANK is the slot and WORLD_SIZE
+  /// counts every slot), that
   /// go through their start-up (libraries, the actor system) and wait at the membership join as
   /// standby (TROUPE_ELASTIC_SPARE: the seconds a spare waits; timeout_sec, or a week without
   /// one). A generation that lost a rank takes a spare in its place at once, and the spare heals
   /// from a live peer with the others; the launcher then starts a new spare in the dead rank's
-  /// slot (a restart, counted against max_restarts; a dead rank is never restarted as a rank
-  /// then). Spares still waiting when no rank runs any more are stopped (SIGKILL: they hold no
-  /// state) and are not counted as finished or failed. One node only.
+  /// slot (a restart, counted against this node's max_restarts; a dead rank is never restarted
+  /// as a rank then). With several nodes a place is filled by a spare of the dead rank's node
+  /// when one waits there, else by one of another node (runtime/membership.h). Spares still
+  /// waiting when no rank of the job runs any more are stopped (SIGKILL: they hold no state; node
+  /// 0 tells the other nodes) and are not counted as finished or failed.
   int spares = 0;
 };
 

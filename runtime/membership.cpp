@@ -169,6 +169,51 @@ bool MembershipServer::standby(int slot) const {
   return slots_.at(static_cast<size_t>(slot)).standby;
 }
 
+bool MembershipServer::rank_alive() const {
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (alive(static_cast<int>(s)) && !slots_[s].standby) return true;
+  return false;
+}
+
+void MembershipServer::set_slot_nodes(std::vector<int> nodes) {
+  if (nodes.size() != slots_.size())
+    throw comm::Error("membership: nodes of " + std::to_string(nodes.size()) + " slots (expected " +
+                      std::to_string(slots_.size()) + ", one per slot)");
+  slot_nodes_ = std::move(nodes);
+}
+
+std::vector<int> MembershipServer::spares_for(const std::vector<Report>& reports) const {
+  auto node = [&](int slot) { return slot_nodes_.empty() ? 0 : slot_nodes_[static_cast<size_t>(slot)]; };
+  // Each node's places: the launch's rank slots on it (the first `members_` slots). Its empty
+  // places: those minus the members it has in the forming generation.
+  std::vector<int> empty;
+  auto add = [&](int slot, int count) {
+    const size_t n = static_cast<size_t>(node(slot));
+    if (empty.size() <= n) empty.resize(n + 1, 0);
+    empty[n] += count;
+  };
+  for (int s = 0; s < members_; ++s) add(s, 1);
+  for (const Report& r : reports) add(r.slot, -1);
+  std::vector<int> waiting;  // joined spares, in slot order
+  for (size_t s = 0; s < slots_.size(); ++s)
+    if (slots_[s].joined && slots_[s].standby) {
+      waiting.push_back(static_cast<int>(s));
+      add(static_cast<int>(s), 0);
+    }
+  std::vector<int> taken;
+  for (int places = members_ - static_cast<int>(reports.size()); places > 0 && !waiting.empty();
+       --places) {
+    // The spare on the node with the most empty places (the lowest slot among equals).
+    auto best = waiting.begin();
+    for (auto it = waiting.begin(); it != waiting.end(); ++it)
+      if (empty[static_cast<size_t>(node(*it))] > empty[static_cast<size_t>(node(*best))]) best = it;
+    add(*best, -1);
+    taken.push_back(*best);
+    waiting.erase(best);
+  }
+  return taken;
+}
+
 void MembershipServer::started(int slot) {
   Slot& s = slots_.at(static_cast<size_t>(slot));
   if (s.child_fd >= 0) ::close(s.child_fd);
@@ -324,13 +369,16 @@ void MembershipServer::close() {
   std::vector<Report> reports;
   for (size_t s = 0; s < slots_.size(); ++s)
     if (slots_[s].joined && !slots_[s].standby) reports.push_back(slots_[s].report);
-  // Spares fill the places of the ranks lost, in slot order; the others wait on.
-  for (size_t s = 0; s < slots_.size() && static_cast<int>(reports.size()) < members_; ++s)
-    if (slots_[s].joined && slots_[s].standby) {
-      slots_[s].standby = false;
-      reports.push_back(slots_[s].report);
-      log_ << "troupe: elastic: spare slot " << s << " joins generation " << number_ << "\n";
-    }
+  // Spares fill the places of the ranks lost, each from the node that lost it when it can; the
+  // others wait on.
+  for (int s : spares_for(reports)) {
+    Slot& spare = slots_[static_cast<size_t>(s)];
+    spare.standby = false;
+    reports.push_back(spare.report);
+    log_ << "troupe: elastic: spare slot " << s << " joins generation " << number_;
+    if (!slot_nodes_.empty()) log_ << " (node " << slot_nodes_[static_cast<size_t>(s)] << ")";
+    log_ << "\n";
+  }
   int ended = 0;
   for (size_t i = 0; i < committed_.size(); ++i) {
     const Slot& m = slots_[static_cast<size_t>(committed_[i])];
@@ -363,7 +411,8 @@ void MembershipServer::close() {
     s.has_address = false;
     send(pending_.slots[r],
          encode(Message::assign, {std::to_string(pending_.number), std::to_string(r), world,
-                                  std::to_string(pending_.source), std::to_string(pending_.step)}));
+                                  std::to_string(pending_.source), std::to_string(pending_.step),
+                                  std::to_string(members_)}));
   }
 }
 

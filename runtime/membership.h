@@ -11,7 +11,8 @@
 ///   service -> rank  reform    (generation, why): sent to every other live rank when a
 ///                              generation opens (a rank died, or one joins), so that its
 ///                              collectives fail now instead of at their deadlines and it joins
-///   service -> rank  assign    (generation, rank, world size, source rank, step)
+///   service -> rank  assign    (generation, rank, world size, source rank, step, the ranks of
+///                              a whole world: the launch's, spares not counted)
 ///   rank -> service  address   (generation, transport address)
 ///   service -> rank  table     (generation, hosts, addresses): the generation is in force
 ///   service -> rank  stop      (why): no quorum; the rank must end with that error
@@ -32,7 +33,10 @@
 /// as it has started and waits there without opening a generation (unless the generation in
 /// force is short of the launch's ranks): the next generation that forms takes it in while it
 /// has fewer members than the launch's ranks, so a dead rank's place is taken at once by a
-/// process already past its start-up.
+/// process already past its start-up. With several nodes each node's launcher starts its own
+/// spares, and a place is filled from the node that has the most places empty (its own rank died:
+/// the node's cores and devices were given to -n ranks, so its own spare takes the freed share),
+/// else from any node (set_slot_nodes()).
 #include <poll.h>
 
 #include <chrono>
@@ -109,6 +113,14 @@ class MembershipServer {
   bool alive(int slot) const;
   /// Whether `slot`'s process is a spare that no generation has taken yet.
   bool standby(int slot) const;
+  /// Whether a process that is not a waiting spare lives in any slot (local or remote): when none
+  /// does, the waiting spares are not needed any more.
+  bool rank_alive() const;
+  /// Several nodes: the node of each slot (by slot; without it every slot is on one node). A
+  /// generation short of the launch's ranks takes a spare from the node with the most of its
+  /// ranks' places empty (the node of a dead rank), the lowest slot first; when that node has no
+  /// spare waiting, from the next such node, and at last from any node.
+  void set_slot_nodes(std::vector<int> nodes);
   /// Closes the rank's end in the launcher once the child has it.
   void started(int slot);
   /// The launcher's ends to poll, and the slot of each.
@@ -161,7 +173,11 @@ class MembershipServer {
   // not joined.
   bool awaited(int slot) const;
 
+  // The waiting spares that close() takes into the forming generation, beside `reports`.
+  std::vector<int> spares_for(const std::vector<Report>& reports) const;
+
   RemoteSend remote_send_;
+  std::vector<int> slot_nodes_;  // node by slot; empty: one node
   int min_ranks_;
   int members_;  // the most members a generation takes (the launch's ranks)
   std::chrono::milliseconds deadline_;

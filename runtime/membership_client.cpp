@@ -91,13 +91,14 @@ Assignment MembershipClient::join(int64_t step, const std::string& host,
   send(encode(Message::join, {std::to_string(step), host}));
   for (;;) {
     auto [type, fields] = next(deadline, "this rank's assignment in a new generation");
-    if (type != Message::assign || fields.size() != 5) continue;  // notices already acted on
+    if (type != Message::assign || fields.size() != 6) continue;  // notices already acted on
     Assignment a;
     a.generation = std::stoi(fields[0]);
     a.rank = std::stoi(fields[1]);
     a.world_size = std::stoi(fields[2]);
     a.source = std::stoi(fields[3]);
     a.step = std::stoll(fields[4]);
+    a.ranks = std::stoi(fields[5]);
     return a;
   }
 }

@@ -25,6 +25,7 @@ struct Assignment {
   int world_size = 1;
   int source = 0;    // the rank whose state every member adopts
   int64_t step = 0;  // the step the job continues from
+  int ranks = 0;     // the ranks of a whole world of the job (the launch's, spares not counted)
 };
 
 /// A generation's peer table: host and transport address by rank.

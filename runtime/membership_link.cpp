@@ -19,7 +19,7 @@ namespace troupe::elastic {
 
 namespace {
 
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the hello names the spares per node
 constexpr size_t kHeaderBytes = 4 + 1 + 4;
 // The largest frame: one membership message (a table of every rank's address) and its header.
 constexpr size_t kMaxFrameBytes = kMaxMessageBytes + 64;
@@ -37,7 +37,8 @@ int above_stdio(int fd) {
 void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 std::string shape_text(const NodeShape& s) {
-  return "--nnodes " + std::to_string(s.nnodes) + " -n " + std::to_string(s.nprocs);
+  return "--nnodes " + std::to_string(s.nnodes) + " -n " + std::to_string(s.nprocs) +
+         (s.spares > 0 ? " --spares " + std::to_string(s.spares) : std::string());
 }
 
 // The IPv4 address of `host` (a dotted quad or a name), or "" with `error` set.
@@ -69,7 +70,7 @@ std::string hello_proof(const std::string& secret, const std::string& nonce, con
   if (secret.empty()) return "";
   return actors::wire::mac(secret, "node", nonce,
                            std::to_string(s.node_rank) + "/" + std::to_string(s.nnodes) + "/" +
-                               std::to_string(s.nprocs));
+                               std::to_string(s.nprocs) + "/" + std::to_string(s.spares));
 }
 
 // ---- LinkStream
@@ -262,16 +263,18 @@ void MembershipHub::handle(int tag, const LinkStream::Frame& f) {
     }
     NodeShape theirs;
     try {
-      if (fields.size() != 6 || std::stoul(fields[0]) != kVersion)
+      if (fields.size() != 7 || std::stoul(fields[0]) != kVersion)
         return refuse("a hello of another version (expected version " +
                       std::to_string(kVersion) + ")");
       theirs.node_rank = std::stoi(fields[1]);
       theirs.nnodes = std::stoi(fields[2]);
       theirs.nprocs = std::stoi(fields[3]);
+      theirs.spares = std::stoi(fields[4]);
     } catch (const std::logic_error&) {
       return refuse("a malformed hello");
     }
-    if (theirs.nnodes != shape_.nnodes || theirs.nprocs != shape_.nprocs)
+    if (theirs.nnodes != shape_.nnodes || theirs.nprocs != shape_.nprocs ||
+        theirs.spares != shape_.spares)
       return refuse("node " + std::to_string(theirs.node_rank) + " was launched with " +
                     shape_text(theirs) + " (expected " + shape_text(shape_) +
                     ", as node 0 was)");
@@ -283,7 +286,7 @@ void MembershipHub::handle(int tag, const LinkStream::Frame& f) {
         return refuse("node " + std::to_string(theirs.node_rank) +
                       " is connected already (expected each --node-rank once)");
     if (!secret_.empty() &&
-        !actors::wire::same_mac(fields[5], hello_proof(secret_, fields[4], theirs)))
+        !actors::wire::same_mac(fields[6], hello_proof(secret_, fields[5], theirs)))
       return refuse("node " + std::to_string(theirs.node_rank) +
                     " did not prove it holds this job's TROUPE_JOB_SECRET (expected the same "
                     "value on every node)");
@@ -293,15 +296,21 @@ void MembershipHub::handle(int tag, const LinkStream::Frame& f) {
     log_.flush();
     return;
   }
-  const int first = link.node * shape_.nprocs;
   if (f.type == LinkFrame::bye) {
     link.stream.reset();
     return;
   }
-  if (f.slot < first || f.slot >= first + shape_.nprocs)
-    return lose(tag, "it named rank slot " + std::to_string(f.slot) + " (expected " +
-                         std::to_string(first) + ".." + std::to_string(first + shape_.nprocs - 1) +
+  if (f.slot < 0 || f.slot >= shape_.slots() || shape_.node_of(f.slot) != link.node) {
+    const int first = link.node * shape_.nprocs;
+    std::string expected = std::to_string(first) + ".." + std::to_string(first + shape_.nprocs - 1);
+    if (shape_.spares > 0) {
+      const int spare = shape_.slot(link.node, shape_.nprocs);
+      expected += " or its spares' " + std::to_string(spare) + ".." +
+                  std::to_string(spare + shape_.spares - 1);
+    }
+    return lose(tag, "it named rank slot " + std::to_string(f.slot) + " (expected " + expected +
                          ")");
+  }
   switch (f.type) {
     case LinkFrame::attach: server_.attach_remote(f.slot, tag, f.payload == "1"); break;
     case LinkFrame::relay: server_.on_message(f.slot, f.payload); break;
@@ -331,13 +340,18 @@ void MembershipHub::lose(int link, const std::string& why) {
   if (node < 0) return;
   log_ << "troupe: elastic: lost " << who << ": " << why << "\n";
   log_.flush();
-  for (int s = node * shape_.nprocs; s < (node + 1) * shape_.nprocs; ++s)
-    server_.on_closed(s, "its node's launcher was lost (" + why + ")");
+  for (int local = 0; local < shape_.nprocs + shape_.spares; ++local)
+    server_.on_closed(shape_.slot(node, local), "its node's launcher was lost (" + why + ")");
 }
 
 void MembershipHub::stopped(const std::string& why) {
   for (Link& l : links_)
     if (l.stream && l.node >= 0) l.stream->send(LinkFrame::stopped, -1, why);
+}
+
+void MembershipHub::dismiss() {
+  for (Link& l : links_)
+    if (l.stream && l.node >= 0) l.stream->send(LinkFrame::dismiss, -1, "");
 }
 
 void MembershipHub::drop_all(const std::string& why) {
@@ -350,10 +364,11 @@ void MembershipHub::drop_all(const std::string& why) {
 MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, int port,
                                  std::string secret, std::chrono::milliseconds deadline)
     : shape_(shape), where_(address + ":" + std::to_string(port)),
-      locals_(static_cast<size_t>(shape.nprocs)) {
+      locals_(static_cast<size_t>(shape.nprocs + shape.spares)) {
   const std::string expected =
       " (expected node 0's launcher of this job, `troupe launch --elastic --nnodes " +
       std::to_string(shape.nnodes) + " --node-rank 0 -n " + std::to_string(shape.nprocs) +
+      (shape.spares > 0 ? " --spares " + std::to_string(shape.spares) : std::string()) +
       "`, listening at --master-addr:--master-port)";
   auto fail = [&](const std::string& why) {
     return comm::Error("node " + std::to_string(shape.node_rank) +
@@ -400,7 +415,7 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
   stream_->send(LinkFrame::hello, -1,
                 encode(Message::join, {std::to_string(kVersion), std::to_string(shape.node_rank),
                                        std::to_string(shape.nnodes), std::to_string(shape.nprocs),
-                                       nonce, hello_proof(secret, nonce, shape)})
+                                       std::to_string(shape.spares), nonce, hello_proof(secret, nonce, shape)})
                     .substr(1));
   // The answer, within the deadline.
   std::vector<LinkStream::Frame> frames;
@@ -438,6 +453,7 @@ int MembershipRelay::attach(int local, bool standby) {
     throw comm::Error(std::string("membership relay: socketpair: ") + strerror(errno));
   l.fd = above_stdio(fds[0]);
   l.child_fd = above_stdio(fds[1]);
+  l.standby = standby;
   set_nonblocking(l.fd);
   if (stream_) stream_->send(LinkFrame::attach, global(local), standby ? "1" : "0");
   return l.child_fd;
@@ -482,12 +498,17 @@ void MembershipRelay::on_ready(int tag, short revents) {
     const bool open = stream_->read(frames);
     for (const auto& f : frames) {
       if (f.type == LinkFrame::relay) {
-        const int local = f.slot - shape_.node_rank * shape_.nprocs;
-        if (local < 0 || local >= shape_.nprocs) continue;
-        const Local& l = locals_[static_cast<size_t>(local)];
+        if (f.slot < 0 || f.slot >= shape_.slots() || shape_.node_of(f.slot) != shape_.node_rank)
+          continue;
+        Local& l = locals_[static_cast<size_t>(shape_.local_of(f.slot))];
+        // An assignment takes a spare into a generation: it is a rank from now on.
+        if (!f.payload.empty() && f.payload[0] == static_cast<char>(Message::assign))
+          l.standby = false;
         if (l.fd >= 0) (void)!::send(l.fd, f.payload.data(), f.payload.size(), MSG_NOSIGNAL);
       } else if (f.type == LinkFrame::stopped) {
         stop_reason_ = f.payload;
+      } else if (f.type == LinkFrame::dismiss) {
+        dismissed_ = true;
       }
     }
     if (!open || !stream_->flush()) lose(stream_->error());

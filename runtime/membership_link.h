@@ -15,7 +15,7 @@
 ///
 ///   u32 length of what follows (little-endian), u8 type, i32 slot, payload
 ///
-///   relay -> hub   hello     version, node rank, nnodes, nprocs, nonce,
+///   relay -> hub   hello     version, node rank, nnodes, nprocs, spares, nonce,
 ///                            HMAC-SHA256(TROUPE_JOB_SECRET, nonce | shape) when a secret is set
 ///   hub -> relay   welcome   / refuse (why): a wrong shape, a node already connected, a bad proof
 ///   relay -> hub   attach    slot's process started (payload "1": as a spare)
@@ -23,6 +23,8 @@
 ///   relay -> hub   closed    slot's socket closed (its process ended), payload: why
 ///   relay -> hub   exited    slot's process was reaped: payload: exit code, how
 ///   hub -> relay   stopped   the job has no quorum (why): the relay restarts nobody
+///   hub -> relay   dismiss   no rank of the job runs any more: the relay's launcher stops the
+///                            spares still waiting (a spare a generation took is not one)
 ///   relay -> hub   bye       every rank of the node has ended; the connection closes
 ///
 /// A relay that goes without bye is a lost node: its ranks count as dead.
@@ -44,11 +46,31 @@ struct NodeShape {
   int nnodes = 1;
   int nprocs = 1;  // ranks per node
   int node_rank = 0;
+  int spares = 0;  // hot spares per node (`--spares`)
+
+  /// The launch slot of node `node`'s local process `local` (0..nprocs-1: its ranks,
+  /// nprocs..nprocs+spares-1: its spares). The ranks' slots come first, node by node (node i's
+  /// local rank r is slot i * nprocs + r, its RANK, as without spares), then the spares', node by
+  /// node: slot nnodes * nprocs + i * spares + k. With one node that is the local index.
+  int slot(int node, int local) const {
+    return local < nprocs ? node * nprocs + local : nnodes * nprocs + node * spares + local - nprocs;
+  }
+  /// The node whose launcher starts `slot`'s processes.
+  int node_of(int slot) const {
+    return slot < nnodes * nprocs ? slot / nprocs : (slot - nnodes * nprocs) / spares;
+  }
+  /// The local index of `slot` on its node (the inverse of slot()).
+  int local_of(int slot) const {
+    return slot < nnodes * nprocs ? slot % nprocs
+                                  : nprocs + (slot - nnodes * nprocs) % spares;
+  }
+  /// Every launch slot of the job: its ranks and its spares.
+  int slots() const { return nnodes * (nprocs + spares); }
 };
 
 enum class LinkFrame : uint8_t {
   hello = 1, welcome = 2, refuse = 3, attach = 4, relay = 5, closed = 6, exited = 7, stopped = 8,
-  bye = 9
+  bye = 9, dismiss = 10
 };
 
 /// One end of a link: frames in and out of a non-blocking TCP socket.
@@ -98,6 +120,8 @@ class MembershipHub {
   void on_ready(int tag, short revents);
   /// Tells every node the job stopped (no quorum).
   void stopped(const std::string& why);
+  /// Tells every node that no rank of the job runs: their waiting spares are not needed.
+  void dismiss();
   /// Whether a node's launcher is still connected (it has not said bye).
   bool connected() const;
   /// Drops every connection (the launcher gives up waiting for their bye).
@@ -138,8 +162,8 @@ class MembershipRelay {
   MembershipRelay(const MembershipRelay&) = delete;
   MembershipRelay& operator=(const MembershipRelay&) = delete;
 
-  /// A fresh socket pair for local slot `local` (a rank about to start or restart); returns the
-  /// rank's end, close-on-exec (as MembershipServer::attach()).
+  /// A fresh socket pair for local slot `local` (0..nprocs+spares-1: a rank or a spare about to
+  /// start or restart); returns the rank's end, close-on-exec (as MembershipServer::attach()).
   int attach(int local, bool standby);
   /// Closes the rank's end in the launcher once the child has it.
   void started(int local);
@@ -154,6 +178,11 @@ class MembershipRelay {
   const std::string& lost_reason() const { return lost_reason_; }
   /// The service said the job has no quorum.
   bool stopped() const { return !stop_reason_.empty(); }
+  /// The service said no rank of the job runs any more: stop the waiting spares.
+  bool dismissed() const { return dismissed_; }
+  /// Whether local slot `local`'s process is a spare that no generation has taken yet (the relay
+  /// saw no assignment go to it).
+  bool standby(int local) const { return locals_.at(static_cast<size_t>(local)).standby; }
   const std::string& stop_reason() const { return stop_reason_; }
   /// "10.0.0.1:29500"
   const std::string& where() const { return where_; }
@@ -161,7 +190,7 @@ class MembershipRelay {
  private:
   void close_local(int local, const std::string& why);
   void lose(const std::string& why);
-  int global(int local) const { return shape_.node_rank * shape_.nprocs + local; }
+  int global(int local) const { return shape_.slot(shape_.node_rank, local); }
 
   NodeShape shape_;
   std::string where_;
@@ -169,9 +198,11 @@ class MembershipRelay {
   struct Local {
     int fd = -1;
     int child_fd = -1;
+    bool standby = false;
   };
-  std::vector<Local> locals_;
+  std::vector<Local> locals_;  // ranks, then spares
   std::string lost_reason_, stop_reason_;
+  bool dismissed_ = false;
 };
 
 /// The proof a hello carries: empty without a secret.

@@ -448,6 +448,11 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
   for (int attempt = 1;; ++attempt) {
     const bool spare = attempt == 1 && standby.count() > 0;
     auto deadline = elastic::Clock::now() + (spare ? standby : options.rendezvous_timeout);
+    // A spare makes its UCX context and worker before it waits, so that the generation that
+    // takes it does not wait for them (its world size is not known yet: the launch's slots are
+    // the estimate UCX sizes its tables by).
+    std::unique_ptr<comm::UcxWorker> made;
+    if (spare) made = std::make_unique<comm::UcxWorker>(launch_single_host, info.world_size);
     elastic::Assignment a;
     {
       // A waiting spare is named troupe-spare (ps, pgrep) until a generation takes it.
@@ -462,7 +467,8 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
       }
     }
     if (spare) deadline = elastic::Clock::now() + options.rendezvous_timeout;
-    auto ucx = std::make_shared<comm::UcxTransport>(a.rank, a.world_size, launch_single_host);
+    auto ucx = made ? std::make_shared<comm::UcxTransport>(a.rank, a.world_size, std::move(made))
+                    : std::make_shared<comm::UcxTransport>(a.rank, a.world_size, launch_single_host);
     auto table = membership->exchange(a.generation, ucx->local_address(), deadline);
     if (!table) continue;  // a newer generation opened: join it
     info.rank = a.rank;
@@ -486,7 +492,7 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
         std::lock_guard<std::mutex> lock(dead_mutex);
         comm = std::make_unique<comm::Communicator>(transport, options.collectives,
                                                     options.rendezvous_timeout);
-        generation = ElasticGeneration{a.generation, a.source, a.step};
+        generation = ElasticGeneration{a.generation, a.source, a.step, a.ranks};
         if (announced > a.generation) comm->abort(announced_why, -1);
       }
       comm->barrier();

@@ -90,6 +90,11 @@ struct ElasticGeneration {
   int source = 0;
   /// The steps the source has completed: where the job goes on.
   int64_t step = 0;
+  /// The ranks of a whole world of the job: the launch's (`-n` x `--nnodes`, spares not
+  /// counted), the same on every member of every generation. What a job fixes once by its world
+  /// (a global batch) comes from this, not from the world a process first joins: a restarted rank
+  /// or a spare may first join a world short of ranks.
+  int ranks = 0;
 };
 
 class Runtime {

@@ -50,8 +50,13 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
   torch::optim::SGD opt(module->parameters(),
                         torch::optim::SGDOptions(run.lr).momentum(run.momentum));
   ElasticTrainer trainer(rt, module, opt, run.algorithm, run.ddp);
-  // The global batch is fixed by the first world; a restarted rank learns it from the launch.
-  const int64_t first_world = rt.rank_info().source == "default" ? 1 : rt.rank_info().world_size;
+  // The global batch is fixed by a whole world of the job (the launch's ranks), which every
+  // member knows from its generation: not by the world this process first joined, which for a
+  // restarted rank or a spare may be short of ranks (its batches would then differ from the
+  // others', and so would its step count).
+  const int64_t first_world = rt.elastic() ? rt.generation().ranks
+                              : rt.rank_info().source == "default" ? 1
+                                                                   : rt.rank_info().world_size;
   ElasticSampler sampler(size(train), run.batch * std::max<int64_t>(first_world, 1), run.seed);
   const int64_t steps = run.epochs * sampler.steps_per_epoch();
   if (rt.rank() == 0) {

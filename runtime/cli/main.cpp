@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
                          "Elastic: seconds a new generation waits for its members (default 30)");
   launch_cmd->add_option("--spares", launch.spares,
                          "Elastic: start this many spare processes that wait, past their "
-                         "start-up, to take a dead rank's place at once (default 0)");
+                         "start-up, to take a dead rank's place at once (default 0; per node: "
+                         "each node's launcher runs its own)");
   std::string link;
   std::vector<std::string> link_ranks;
   launch_cmd->add_option("--link", link,

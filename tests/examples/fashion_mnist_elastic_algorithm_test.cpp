@@ -33,9 +33,11 @@ std::vector<std::string> small_run(const std::string& algorithm) {
           algorithm, "--collective-timeout", "120"};
 }
 
-Run launch_elastic(const std::vector<std::string>& command, const std::string& faults) {
+Run launch_elastic(const std::vector<std::string>& command, const std::string& faults,
+                   int spares = 0) {
   LaunchOptions o;
   o.nprocs = 3;
+  o.spares = spares;
   o.elastic = true;
   o.min_ranks = 2;
   o.membership_timeout_sec = 20;
@@ -74,6 +76,23 @@ TEST_CASE("an elastic fashion_mnist with PowerSGD loses a rank, finishes, and sa
   CHECK(sums.size() == 2);
   CHECK(std::set<std::string>(sums.begin(), sums.end()).size() == 1);
   CHECK(run.log.find("2 rank(s) in generation 2") != std::string::npos);
+}
+
+TEST_CASE("a spare taken into a world short of ranks keeps the job's global batch, and finishes "
+          "with the survivor") {
+  // Slots 1 and 2 die in step 10 and one spare waits: generation 2 has two members, the survivor
+  // and the spare. The spare's batches (3 x 16 images, 32 steps an epoch) must be the job's, not
+  // 2 x 16 from the world it first joined: it then ends at step 64 with the survivor, identical.
+  std::vector<std::string> command = small_run("allreduce");
+  command.back() = "20";  // --collective-timeout: a spare that expects more steps waits this long
+  auto run = launch_elastic(command, "kill:rank=1,step=10;kill:rank=2,step=10", 1);
+  INFO(run.log);
+  CHECK(run.result.exit_code == 0);
+  CHECK(run.log.find("spare slot 3 joins generation 2") != std::string::npos);
+  CHECK(run.log.find("2 ranks (launch slots 0, 3)") != std::string::npos);
+  const auto sums = finished_checksums(run.log, "allreduce");
+  CHECK(sums.size() == 2);
+  CHECK(std::set<std::string>(sums.begin(), sums.end()).size() == 1);
 }
 
 TEST_CASE("an elastic fashion_mnist with DiLoCo loses a rank, goes back to its outer sync, and "

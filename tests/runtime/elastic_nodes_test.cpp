@@ -65,8 +65,10 @@ Node run_node(LaunchOptions o) {
   return node;
 }
 
-/// Two nodes of two ranks of troupe_elastic_rank (40 steps; on until the world is `until_world`).
-std::pair<Node, Node> run_two_nodes(int max_restarts, const std::string& faults, int until_world) {
+/// Two nodes of two ranks (and `spares` spares each) of troupe_elastic_rank (40 steps; on until
+/// the world is `until_world`).
+std::pair<Node, Node> run_two_nodes(int max_restarts, const std::string& faults, int until_world,
+                                    int spares = 0) {
   const int port = pick_free_port();
   std::vector<std::string> command = {TROUPE_ELASTIC_RANK_BIN, "40", std::to_string(until_world),
                                       "allreduce"};
@@ -74,6 +76,7 @@ std::pair<Node, Node> run_two_nodes(int max_restarts, const std::string& faults,
       {"TROUPE_FAULT", faults}, {"OMP_NUM_THREADS", "1"},
       {"TROUPE_JOB_SECRET", "elastic-nodes-test-secret-0123456789"}};
   LaunchOptions o0 = node_options(0, port, max_restarts), o1 = node_options(1, port, max_restarts);
+  o0.spares = o1.spares = spares;
   o0.command = o1.command = command;
   o0.extra_env = o1.extra_env = env;
   auto first = std::async(std::launch::async, run_node, o0);
@@ -120,6 +123,33 @@ TEST_CASE("a rank killed on node 1 of an elastic job is restarted there and heal
   CHECK(out.find("DIFFER") == std::string::npos);
   CHECK(node1.err.find("restarting rank slot 3 (restart 1 of 1") != std::string::npos);
   CHECK(out.find("slot 3 healed, stepping from step") != std::string::npos);
+}
+
+TEST_CASE("a rank killed on node 1 is replaced at once by node 1's spare, which heals, and the replicas are identical") {
+  // Slots: ranks 0, 1 (node 0) and 2, 3 (node 1); spares 4 (node 0) and 5 (node 1). Slot 3 dies
+  // at step 10: generation 2 takes node 1's spare (slot 5), not the lower slot 4 of node 0, and
+  // node 1's launcher starts a new spare in slot 3 (its own restart); at the end each launcher
+  // stops its waiting spare (node 0 tells node 1 when no rank of the job runs).
+  auto [node0, node1] = run_two_nodes(1, "kill:rank=3,step=10", 4, 1);
+  INFO("node 0:\n" << describe(node0) << "\nnode 1:\n" << describe(node1));
+  CHECK(node0.error.empty());
+  CHECK(node1.error.empty());
+  CHECK(node0.result.exit_code == 0);
+  CHECK(node1.result.exit_code == 0);
+  const std::string out = node0.out + node1.out;
+  CHECK(count(out, " finished ") == 4);
+  CHECK(count(out, "of 4 in generation 2") == 4);
+  CHECK(count(out, "replicas identical") == 4);
+  CHECK(out.find("DIFFER") == std::string::npos);
+  CHECK(node0.err.find("spare slot 5 joins generation 2 (node 1)") != std::string::npos);
+  CHECK(node1.out.find("slot 5 healed, stepping from step") != std::string::npos);
+  CHECK(node1.err.find("restarting rank slot 3 (restart 1 of 1; this slot's 1) as a spare") !=
+        std::string::npos);
+  CHECK(node0.err.find("restarting") == std::string::npos);
+  CHECK(node0.err.find("stopping the waiting spare in slot 4") != std::string::npos);
+  CHECK(node1.err.find("stopping the waiting spare in slot 3") != std::string::npos);
+  CHECK(node0.result.message.find("4 of 4 rank slots finished") != std::string::npos);
+  CHECK(node1.result.message.find("1 waiting spares stopped") != std::string::npos);
 }
 
 TEST_CASE("an elastic node that cannot reach node 0's membership service fails at its deadline naming the address") {

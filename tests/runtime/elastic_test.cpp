@@ -68,13 +68,15 @@ void join(MembershipServer& server, const std::vector<FakeRank>& ranks, int slot
 }
 
 // Slot `slot`'s next message is an assignment with these fields (generation, rank, world size,
-// source, step).
-void expect_assign(const std::vector<FakeRank>& ranks, int slot,
-                   const std::vector<std::string>& fields) {
+// source, step), then the ranks of a whole world, which it returns.
+std::string expect_assign(const std::vector<FakeRank>& ranks, int slot,
+                          const std::vector<std::string>& fields) {
   CAPTURE(slot);
   auto [type, f] = ranks[static_cast<size_t>(slot)].receive();
   CHECK(type == Message::assign);
-  CHECK(f == fields);
+  REQUIRE(f.size() == fields.size() + 1);
+  CHECK(std::vector<std::string>(f.begin(), f.end() - 1) == fields);
+  return f.back();
 }
 
 // Slots 0..members-1 are assigned generation 1 (ranks by slot, healed from slot 0 at step 0) and
@@ -229,7 +231,8 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
   server.on_exit(1, "was killed by signal 9 (Killed)");
   CHECK(ranks[0].receive().first == Message::reform);
   join(server, ranks, 0, 5);
-  expect_assign(ranks, 0, {"2", "0", "1", "0", "5"});
+  // A world of one, of a job whose whole world has two ranks (what fixes its global batch).
+  CHECK(expect_assign(ranks, 0, {"2", "0", "1", "0", "5"}) == "2");
   ranks[0].send(Message::address, {"2", "a"});
   server.on_readable(0);
   CHECK(ranks[0].receive().first == Message::table);
@@ -241,7 +244,7 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
   CHECK(f.at(0) == "3");
   join(server, ranks, 0, 6);
   expect_assign(ranks, 0, {"3", "0", "2", "0", "6"});
-  expect_assign(ranks, 2, {"3", "1", "2", "0", "6"});
+  CHECK(expect_assign(ranks, 2, {"3", "1", "2", "0", "6"}) == "2");
 }
 
 TEST_CASE_FIXTURE(TwoMembersAndSpare,
@@ -266,6 +269,54 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
   CHECK_THROWS_WITH_AS(MembershipServer(2, 1, std::chrono::seconds(1), log, 3),
                        doctest::Contains("3 members of 2 slots"), comm::Error);
   for (auto& r : ranks) ::close(r.fd);
+}
+
+TEST_CASE("a place is filled by a spare of the dead rank's node first, then by any node's") {
+  // Two nodes of two ranks and one spare each: ranks in slots 0, 1 (node 0) and 2, 3 (node 1),
+  // spares in slots 4 (node 0) and 5 (node 1), as troupe launch numbers them.
+  std::ostringstream log;
+  MembershipServer server(6, 1, std::chrono::seconds(30), log, /*members=*/4);
+  CHECK_THROWS_WITH_AS(server.set_slot_nodes({0, 0, 1}),
+                       doctest::Contains("nodes of 3 slots (expected 6, one per slot)"),
+                       comm::Error);
+  server.set_slot_nodes({0, 0, 1, 1, 0, 1});
+  std::vector<FakeRank> ranks;
+  for (int s = 0; s < 6; ++s) ranks.push_back({server.attach(s, /*standby=*/s >= 4)});
+  for (int s : {4, 5, 0, 1, 2, 3}) join(server, ranks, s, -1);
+  expect_first_generation(server, ranks, 4);
+  for (int s = 0; s < 4; ++s) CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
+
+  // Slot 2 of node 1 dies: node 1's spare (slot 5) takes its place, not the lower slot 4.
+  ranks[2].close();
+  server.on_exit(2, "was killed by signal 9 (Killed)");
+  for (int s : {0, 1, 3}) {
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::reform);
+    join(server, ranks, s, 7);
+  }
+  expect_assign(ranks, 5, {"2", "3", "4", "0", "7"});
+  CHECK(ranks[4].idle());
+  CHECK(server.standby(4));
+  CHECK(log.str().find("spare slot 5 joins generation 2 (node 1)") != std::string::npos);
+  for (int s : {0, 1, 3, 5}) {
+    if (s != 5) expect_assign(ranks, s, {"2", std::to_string(s == 3 ? 2 : s), "4", "0", "7"});
+    ranks[static_cast<size_t>(s)].send(Message::address, {"2", "a" + std::to_string(s)});
+    server.on_readable(s);
+  }
+  for (int s : {0, 1, 3, 5}) CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
+  CHECK(server.generations() == 2);
+  CHECK(server.rank_alive());
+
+  // Slot 3 of node 1 dies too: node 1 has no spare waiting, so node 0's takes the place.
+  ranks[3].close();
+  server.on_exit(3, "was killed by signal 9 (Killed)");
+  for (int s : {0, 1, 5}) {
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::reform);
+    join(server, ranks, s, 9);
+  }
+  expect_assign(ranks, 4, {"3", "2", "4", "0", "9"});
+  CHECK(log.str().find("spare slot 4 joins generation 3 (node 0)") != std::string::npos);
+  for (auto& r : ranks)
+    if (r.fd >= 0) r.close();
 }
 
 TEST_CASE("the membership service stops a world below --min-ranks, telling every survivor why") {
@@ -350,7 +401,7 @@ TEST_CASE("elastic launch options are checked before any rank starts") {
   o.min_ranks = 2;
   o.nnodes = 2;
   o.master_addr = "node0";
-  // Several nodes: the quorum counts every node's ranks; spares are for one node.
+  // Several nodes: the quorum counts every node's ranks.
   o.min_ranks = 6;
   CHECK_NOTHROW(rank_env(o, 0, 1));
   o.min_ranks = 7;
@@ -359,11 +410,8 @@ TEST_CASE("elastic launch options are checked before any rank starts") {
                                          "1..6 for --nnodes 2 x -n 3)"),
                        comm::Error);
   o.min_ranks = 2;
-  o.spares = 1;
-  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1),
-                       doctest::Contains("spares (--spares) = 1 with nnodes (--nnodes) = 2 "
-                                         "(expected --spares 0 with several nodes"),
-                       comm::Error);
+  o.spares = 1;  // per node: each node's launcher runs its own
+  CHECK_NOTHROW(rank_env(o, 0, 1));
   o.spares = 0;
   o.nnodes = 1;
   o.elastic = false;

@@ -22,6 +22,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 namespace troupe::comm {
 namespace {
@@ -78,6 +79,62 @@ struct Command {
 };
 
 }  // namespace
+
+struct UcxWorker::Handles {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::string address;
+  bool single_host = false;
+  bool single_host_tls = false;  // UCX limited to kSingleHostTls
+  ~Handles() {
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (context != nullptr) ucp_cleanup(context);
+  }
+};
+
+UcxWorker::UcxWorker(bool single_host, int estimated_peers) : handles_(std::make_unique<Handles>()) {
+  Handles& h = *handles_;
+  h.single_host = single_host;
+  ucp_config_t* config = nullptr;
+  check_ucx("ucp_config_read", ucp_config_read(nullptr, nullptr, &config));
+  // Between processes of one host, shared memory without cross-memory attach moved large
+  // messages ~1.5x faster here than UCX's default (which adds cma); UCX_TLS, when set, wins.
+  if (single_host && std::getenv("UCX_TLS") == nullptr) {
+    check_ucx("ucp_config_modify", ucp_config_modify(config, "TLS", kSingleHostTls));
+    h.single_host_tls = true;
+  }
+  if (!single_host && std::getenv("UCX_RNDV_THRESH") == nullptr)
+    check_ucx("ucp_config_modify", ucp_config_modify(config, "RNDV_THRESH", kAcrossHostsRndvThresh));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.estimated_num_eps = static_cast<size_t>(std::max(estimated_peers, 1));
+  ucs_status_t status = ucp_init(&params, config, &h.context);
+  ucp_config_release(config);
+  if (status != UCS_OK) {
+    const char* tls = std::getenv("UCX_TLS");
+    throw Error("ucp_init failed: " + std::string(ucs_status_string(status)) + " (UCX_TLS=" +
+                (tls != nullptr ? "\"" + std::string(tls) + "\"" : "unset") +
+                "; `ucx_info -d` lists the transports this machine has)");
+  }
+
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  check_ucx("ucp_worker_create", ucp_worker_create(h.context, &worker_params, &h.worker));
+
+  ucp_address_t* address = nullptr;
+  size_t length = 0;
+  check_ucx("ucp_worker_get_address", ucp_worker_get_address(h.worker, &address, &length));
+  h.address.assign(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(h.worker, address);
+}
+
+UcxWorker::~UcxWorker() = default;
+
+const std::string& UcxWorker::address() const { return handles_->address; }
+
+bool UcxWorker::single_host() const { return handles_->single_host; }
 
 struct UcxTransport::Impl {
   const int rank_;
@@ -138,41 +195,12 @@ struct UcxTransport::Impl {
     if (wake_fd_ >= 0) ::close(wake_fd_);
   }
 
-  void start(bool single_host) {
-    ucp_config_t* config = nullptr;
-    check_ucx("ucp_config_read", ucp_config_read(nullptr, nullptr, &config));
-    // Between processes of one host, shared memory without cross-memory attach moved large
-    // messages ~1.5x faster here than UCX's default (which adds cma); UCX_TLS, when set, wins.
-    if (single_host && std::getenv("UCX_TLS") == nullptr) {
-      check_ucx("ucp_config_modify", ucp_config_modify(config, "TLS", kSingleHostTls));
-      single_host_tls_ = true;
-    }
-    if (!single_host && std::getenv("UCX_RNDV_THRESH") == nullptr)
-      check_ucx("ucp_config_modify", ucp_config_modify(config, "RNDV_THRESH", kAcrossHostsRndvThresh));
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
-    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-    params.estimated_num_eps = static_cast<size_t>(world_size_);
-    ucs_status_t status = ucp_init(&params, config, &context_);
-    ucp_config_release(config);
-    if (status != UCS_OK) {
-      const char* tls = std::getenv("UCX_TLS");
-      throw Error("ucp_init failed: " + std::string(ucs_status_string(status)) + " (UCX_TLS=" +
-                  (tls != nullptr ? "\"" + std::string(tls) + "\"" : "unset") +
-                  "; `ucx_info -d` lists the transports this machine has)");
-    }
-
-    ucp_worker_params_t worker_params{};
-    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-    check_ucx("ucp_worker_create", ucp_worker_create(context_, &worker_params, &worker_));
-
-    ucp_address_t* address = nullptr;
-    size_t length = 0;
-    check_ucx("ucp_worker_get_address", ucp_worker_get_address(worker_, &address, &length));
-    address_.assign(reinterpret_cast<const char*>(address), length);
-    ucp_worker_release_address(worker_, address);
-
+  // Takes the context and worker of `made` (this transport destroys them).
+  void start(UcxWorker::Handles& made) {
+    context_ = std::exchange(made.context, nullptr);
+    worker_ = std::exchange(made.worker, nullptr);
+    address_ = made.address;
+    single_host_tls_ = made.single_host_tls;
     check_ucx("ucp_worker_get_efd", ucp_worker_get_efd(worker_, &worker_fd_));
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -554,7 +582,11 @@ struct UcxTransport::Impl {
   }
 };
 
-UcxTransport::UcxTransport(int rank, int world_size, bool single_host) {
+UcxTransport::UcxTransport(int rank, int world_size, bool single_host)
+    : UcxTransport(rank, world_size, std::make_unique<UcxWorker>(single_host, world_size)) {}
+
+UcxTransport::UcxTransport(int rank, int world_size, std::unique_ptr<UcxWorker> worker) {
+  if (!worker) throw Error("UcxTransport: no UcxWorker (expected one made by UcxWorker's constructor)");
   if (world_size < 1 || world_size > kMaxWorldSize) {
     throw Error("UcxTransport: world_size " + std::to_string(world_size) + " must be in [1, " +
                 std::to_string(kMaxWorldSize) + "]");
@@ -563,8 +595,8 @@ UcxTransport::UcxTransport(int rank, int world_size, bool single_host) {
     throw Error("UcxTransport: rank " + std::to_string(rank) + " must be in [0, " +
                 std::to_string(world_size) + ")");
   }
-  impl_ = std::make_unique<Impl>(rank, world_size, progress_for(single_host));
-  impl_->start(single_host);
+  impl_ = std::make_unique<Impl>(rank, world_size, progress_for(worker->single_host()));
+  impl_->start(*worker->handles_);
 }
 
 UcxTransport::Progress UcxTransport::progress_for(bool single_host) {

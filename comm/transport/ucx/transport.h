@@ -23,6 +23,30 @@
 
 namespace troupe::comm {
 
+/// The ucp context and worker of a UcxTransport, made before the transport knows its rank and
+/// world: a process that waits for its place in a world (an elastic job's hot spare) makes them
+/// during its start-up, so that the world that takes it does not wait for UCX's start-up
+/// (ucp_init, ucp_worker_create: the transports' resources). One UcxTransport takes it.
+class UcxWorker {
+ public:
+  /// Creates the context and worker as UcxTransport(rank, world_size, single_host) does (the
+  /// same UCX_TLS and UCX_RNDV_THRESH choices); `estimated_peers` sizes UCX's endpoint tables (a
+  /// hint). Throws comm::Error naming the UCX call and status when UCX cannot start.
+  UcxWorker(bool single_host, int estimated_peers);
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+  /// The worker's address: what the local_address() of the transport that takes it returns.
+  const std::string& address() const;
+  bool single_host() const;
+
+  struct Handles;  // UCX's handles (transport.cpp), taken by the transport
+
+ private:
+  friend class UcxTransport;
+  std::unique_ptr<Handles> handles_;
+};
+
 class UcxTransport final : public Transport {
  public:
   /// Creates the ucp context and worker and starts the progress thread. With `single_host` (every
@@ -32,6 +56,9 @@ class UcxTransport final : public Transport {
   /// rendezvous round trip per message: 94-95% of a 1 Gbit/s ring's bound against ~90%).
   /// Throws comm::Error naming the UCX call and status when UCX cannot start.
   UcxTransport(int rank, int world_size, bool single_host = false);
+  /// The same with a context and worker made earlier (UcxWorker): only the progress thread
+  /// starts here. Throws comm::Error when `worker` is null.
+  UcxTransport(int rank, int world_size, std::unique_ptr<UcxWorker> worker);
   ~UcxTransport() override;
   UcxTransport(const UcxTransport&) = delete;
   UcxTransport& operator=(const UcxTransport&) = delete;

@@ -572,6 +572,36 @@ TEST_CASE("a lone ucx rank rejects bad peers and tags and fails what is pending 
   check_exit_codes(job.wait(), {0});
 }
 
+TEST_CASE("a ucx transport made from a worker made earlier takes its address and moves bytes") {
+  ProcessJob job(1, [](RankContext& ctx) {
+    // What an elastic spare does: the context and worker before its rank is known, the
+    // transport once a world takes it.
+    auto made = std::make_unique<UcxWorker>(/*single_host=*/true, /*estimated_peers=*/4);
+    const std::string address = made->address();
+    ctx.verdict.expect(!address.empty(), "a worker made earlier has no address");
+    UcxTransport t(0, 1, std::move(made));
+    ctx.verdict.expect(t.local_address() == address,
+                       "the transport did not take the worker's address");
+    t.connect({address});
+    std::vector<uint8_t> sent(1000), got(1000);
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<uint8_t>(i * 7);
+    Outcomes self;
+    t.recv(0, 3, got.data(), got.size(), self.track());
+    t.send(0, 3, sent.data(), sent.size(), self.track());
+    ctx.verdict.expect(self.wait_all(), "a self message through it did not arrive");
+    ctx.verdict.expect(got == sent, "a self message through it arrived changed");
+    bool threw = false;
+    try {
+      UcxTransport none(0, 1, std::unique_ptr<UcxWorker>());
+    } catch (const Error& e) {
+      threw = has(e.what(), "no UcxWorker");
+    }
+    ctx.verdict.expect(threw, "a transport without a worker was made");
+  }, Layout::one_host);
+  job.barrier();
+  check_exit_codes(job.wait(), {0});
+}
+
 TEST_CASE("a ucx message on an emulated link arrives no earlier than its link allows, intact") {
   ProcessJob job(2, [](RankContext& ctx) {
     const LinkShape shape = parse_link_shape("1gbit,5ms");
