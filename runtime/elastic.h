@@ -63,8 +63,7 @@
 /// lands the sync with the source's shared state: DiLoCo and SparseLoCo take the global weights,
 /// Streaming DiLoCo merges the fragment, as the sync would have. Streaming DiLoCo with eager
 /// updates is refused (their provisional step changes the weights a fragment starts from, which
-/// the rollback point does not hold), and so are the asynchronous algorithms (their background
-/// rounds are not ended at a re-form yet: check_elastic_algorithm).
+/// the rollback point does not hold: check_elastic_algorithm).
 ///
 /// The gossip algorithms (D-PSGD, both exchanges, and Choco-SGD: runtime/gossip) go on too, over
 /// the new world's topology: a DecentralizedModule per world. Their replicas differ by design, so
@@ -79,6 +78,17 @@
 /// at zero on every member of the new world (its paper's start), since a copy must be the same on
 /// both ends of an edge; D-PSGD with overlap posts the current weights afresh. Keeping the copy
 /// costs serialising the caller's state after each step (ElasticState::save).
+///
+/// The asynchronous algorithms (AsyncModelAverage and AsyncGossip: runtime/gossip) go on too: an
+/// AsynchronousModule per world. At a re-form the old world's background rounds end first,
+/// without waiting on its other members (AsynchronousModule::end_world: the round in flight
+/// fails, the neighbours are dropped, each wait has a deadline), and what the completed rounds
+/// computed lands. A step never half-completes (it throws before its optimizer runs, or
+/// completes), so each survivor keeps its live replica and nothing is serialised per step; a
+/// restarted rank takes the source's parameters and optimizer. The new module counts its steps
+/// from the job's step (the source's), so every member agrees on whether AsyncModelAverage's
+/// warm-up allreduce is still due. A dropped neighbour or an announced generation fails the
+/// step, as for gossip.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -86,6 +96,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/data_parallel.h"
 #include "runtime/distributed_module.h"
 #include "runtime/job_algorithm.h"
 
@@ -119,8 +130,7 @@ struct ElasticRecovery {
 };
 
 /// Throws comm::Error naming `algorithm` and what elastic training runs when ElasticTrainer
-/// cannot run it: Streaming DiLoCo with eager updates and the asynchronous algorithms
-/// (AsyncModelAverage, AsyncGossip).
+/// cannot run it: Streaming DiLoCo with eager updates.
 void check_elastic_algorithm(const JobAlgorithm& algorithm);
 
 class LocalUpdateModule;
@@ -131,7 +141,8 @@ class ElasticTrainer {
   /// of the generation's source. `algorithm`: a bucket algorithm (run by a DistributedModule with
   /// `options`), DiLoCo, Streaming DiLoCo or SparseLoCo (a LocalUpdateModule; `optimizer` is
   /// the inner one), D-PSGD or Choco-SGD (a DecentralizedModule; options.stall_timeout is each
-  /// round's deadline); others are refused (check_elastic_algorithm). `state` defaults to
+  /// round's deadline), AsyncModelAverage or AsyncGossip (an AsynchronousModule;
+  /// options.stall_timeout is the deadline of ending a world's rounds); others are refused (check_elastic_algorithm). `state` defaults to
   /// module_state(module, optimizer).
   ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                  torch::optim::Optimizer& optimizer, JobAlgorithm algorithm = comm::Compression{},
@@ -154,6 +165,9 @@ class ElasticTrainer {
   LocalUpdateModule& local_update();
   /// The algorithm with its settings ("powersgd(rank=1, ...)", "diloco(h=4, ...)").
   std::string algorithm_name() const;
+  /// The gossip and asynchronous algorithms' module's statistics in the current world (its
+  /// rounds, bytes, dropped neighbours); comm::Error for the other algorithms.
+  CommStats stats() const;
   const std::vector<ElasticRecovery>& recoveries() const { return recoveries_; }
 
   /// What the trainer builds for each world and steps (elastic.cpp): a DistributedModule, a

@@ -94,8 +94,8 @@ TEST_CASE("an elastic fashion_mnist refuses Streaming DiLoCo with eager updates,
   CHECK(run.result.exit_code != 0);
   CHECK(run.log.find("algorithm streaming_diloco: elastic training (troupe launch --elastic) "
                      "runs the bucket algorithms (allreduce, fp16, ") != std::string::npos);
-  CHECK(run.log.find("diloco, streaming-diloco without eager updates, sparseloco, decentralized "
-                     "and low_precision_decentralized, not "
+  CHECK(run.log.find("diloco, streaming-diloco without eager updates, sparseloco, decentralized, "
+                     "low_precision_decentralized, async_model_average and async_gossip, not "
                      "streaming_diloco with eager updates: their provisional outer step changes "
                      "the weights a fragment starts from") != std::string::npos);
   CHECK(run.log.find("finished:") == std::string::npos);

@@ -1,6 +1,7 @@
-// Elastic gossip jobs between real processes: `troupe launch --elastic` (troupe::launch) of
-// troupe_elastic_gossip_rank (D-PSGD or Choco-SGD on a ring) with a rank killed by TROUPE_FAULT,
-// and restarted where --max-restarts allows. The ranks print each formation they lived, the
+// Elastic gossip and asynchronous jobs between real processes: `troupe launch --elastic`
+// (troupe::launch) of troupe_elastic_gossip_rank (D-PSGD, Choco-SGD or AsyncGossip on a ring,
+// AsyncModelAverage) with a rank killed by TROUPE_FAULT, and restarted where --max-restarts
+// allows. The ranks print each formation they lived, the
 // steps each had completed when its world ended, and their final parameters
 // (tests/runtime/elastic_gossip_rank.cpp); for D-PSGD the test simulates that whole membership
 // history in one process (each rank's replica and optimizer; the launch world's ring until each
@@ -49,6 +50,7 @@ struct Finish {
   int slot = 0, rank = 0, world = 0, generation = 0;
   int64_t steps = 0;
   double loss_first = 0, loss_last = 0;
+  uint64_t rounds = 0;  // background rounds in its last world (the asynchronous algorithms)
   std::vector<float> params;
 };
 struct Printed {
@@ -85,9 +87,12 @@ Printed parse(const std::string& out) {
       in >> f.steps;
       const size_t as = line.find(" as rank ");
       const size_t loss = line.find("; loss ");
+      const size_t rounds = line.find("; rounds ");
       const size_t params = line.find("; params:");
-      if (as == std::string::npos || loss == std::string::npos || params == std::string::npos)
+      if (as == std::string::npos || loss == std::string::npos || rounds == std::string::npos ||
+          params == std::string::npos)
         continue;
+      f.rounds = std::stoull(line.substr(rounds + 9));
       std::istringstream tail(line.substr(as));
       tail >> word >> word >> f.rank >> word >> f.world >> word >> word >> f.generation;
       std::istringstream losses(line.substr(loss + 7));
@@ -319,10 +324,81 @@ TEST_CASE("a killed Choco-SGD rank is restarted, takes a live peer's replica, an
   CHECK(run.count("low_precision_decentralized(") == 3);
 }
 
-TEST_CASE("an elastic job refuses asynchronous model averaging, naming it") {
-  auto run = run_elastic(2, 0, "", 0, "async-model-average");
-  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err);
-  CHECK(run.result.exit_code != 0);
-  CHECK(run.err.find("algorithm async_model_average: elastic training") != std::string::npos);
-  CHECK(run.err.find("background rounds") != std::string::npos);
+// An asynchronous job of 3 ranks and 200 steps each (rank `killed` killed at its step 60, and
+// restarted when `restarts` is 1): every rank that lives to the end finishes in the whole world
+// left, with at least 3 background rounds there, and learns; a restarted rank healed from its
+// source bit for bit. AsyncModelAverage's last round (finish(), after a barrier: no rank steps
+// while it runs) averages every member's weights, so every finisher's parameters are equal
+// (within the rounding of x + (mean - x)): an independent check that the rejoined rank's
+// world averaged with it. AsyncGossip's replicas differ by design (the rounds run on their own
+// schedule, and are not deterministic): its finishers are checked for the heal, their rounds and
+// their loss.
+Run run_async(const std::string& algorithm, int killed, int restarts) {
+  return test::launch_elastic_job({TROUPE_ELASTIC_GOSSIP_RANK_BIN, "200",
+                                   std::to_string(restarts ? 3 : 0), algorithm},
+                                  3, /*min_ranks=*/2, restarts,
+                                  "kill:rank=" + std::to_string(killed) + ",step=60");
+}
+
+Printed check_async(const Run& run, const std::string& name, size_t finishers, int world) {
+  INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err << "\nlaunch: " << run.result.message);
+  REQUIRE(run.result.exit_code == 0);
+  auto printed = parse(run.out);
+  REQUIRE(printed.finishes.size() == finishers);
+  for (const auto& f : printed.finishes) {
+    CAPTURE(f.slot);
+    CHECK(f.world == world);
+    CHECK(f.steps >= 200);
+    CHECK(f.rounds >= 3);
+    for (float v : f.params) REQUIRE(std::isfinite(v));
+  }
+  check_learned(printed);
+  CHECK(run.count(name + "(") == finishers);
+  CHECK(run.err.find("kills itself at step 60 (backward)") != std::string::npos);
+  return printed;
+}
+
+// Every finisher's parameters equal the first's within `tolerance`.
+void check_equal_replicas(const Printed& printed, double tolerance) {
+  const auto first = torch::tensor(printed.finishes.front().params);
+  for (const auto& f : printed.finishes) {
+    CAPTURE(f.slot);
+    const auto got = torch::tensor(f.params);
+    REQUIRE(got.numel() == first.numel());
+    const double off = (got - first).abs().max().item<double>();
+    MESSAGE("slot " << f.slot << ": max |param - slot " << printed.finishes.front().slot
+                    << "'s| = " << off);
+    CHECK(off <= tolerance);
+  }
+}
+
+TEST_CASE("an elastic AsyncModelAverage job ends the old world's rounds when a rank dies and "
+          "its survivors average again in the new world") {
+  auto run = run_async("async-model-average", 1, 0);
+  const auto printed = check_async(run, "async_model_average", 2, 2);
+  CHECK(run.count(" completed ") == 2);  // each survivor's world ended once
+  check_equal_replicas(printed, 1e-6);
+}
+
+TEST_CASE("a killed AsyncModelAverage rank is restarted, takes a live peer's replica bit for "
+          "bit, and averages with the others") {
+  auto run = run_async("async-model-average", 2, 1);
+  const auto printed = check_async(run, "async_model_average", 3, 3);
+  check_healed(run, 2);
+  CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
+  check_equal_replicas(printed, 1e-6);
+}
+
+TEST_CASE("an elastic AsyncGossip job ends the old world's exchanges when a rank dies and its "
+          "survivors gossip over the new ring") {
+  auto run = run_async("async-gossip", 0, 0);
+  check_async(run, "async_gossip", 2, 2);
+  CHECK(run.count(" completed ") == 2);
+}
+
+TEST_CASE("a killed AsyncGossip rank is restarted, takes a live peer's replica bit for bit, and "
+          "gossips with the others") {
+  auto run = run_async("async-gossip", 1, 1);
+  check_async(run, "async_gossip", 3, 3);
+  check_healed(run, 1);
 }

@@ -1,25 +1,32 @@
-// troupe_elastic_gossip_rank: one rank of an elastic gossip test job (D-PSGD or Choco-SGD),
-// started by tests/runtime/elastic_gossip_processes_test.cpp through `troupe launch --elastic`,
-// with faults from TROUPE_FAULT. argv: steps, the world to wait for (0: none; the job trains on
-// while its world is smaller, then 6 more steps once it is whole, so that a restarted rank
-// trains), and the algorithm (elastic_gossip_job.h). It prints what the test needs to simulate
-// the job's whole membership history in one process:
+// troupe_elastic_gossip_rank: one rank of an elastic gossip or asynchronous test job (D-PSGD,
+// Choco-SGD, AsyncModelAverage, AsyncGossip), started by
+// tests/runtime/elastic_gossip_processes_test.cpp through `troupe launch --elastic`, with faults
+// from TROUPE_FAULT. argv: steps, the world to wait for (0: none; the job trains on while its
+// world is smaller, for at most 45 s, then 6 more steps once it is whole, so that a restarted
+// rank trains), and the algorithm (elastic_gossip_job.h). An asynchronous rank also trains on
+// until its module has completed 3 background rounds in its last world (within the same 45 s),
+// so that the world it finishes in has averaged. It prints what the test needs to simulate the
+// job's whole membership history in one process:
 //   slot S generation G rank R world W source Q from F how H hash X
 //       at each formation it lived (H: "first", "joined" for a restarted rank, "re-formed"),
 //       with a hash of its parameters there;
 //   slot S completed C in generation G     the steps it had completed when its world ended;
-//   slot S finished T steps of A as rank R of W in generation G; loss L0 -> L1; params: ...
-//       at the end, its parameters as hex floats, and its mean loss over its first and last 5
-//       steps.
+//   slot S finished T steps of A as rank R of W in generation G; loss L0 -> L1; rounds N;
+//   params: ...
+//       at the end, its parameters as hex floats, its mean loss over its first and last 5
+//       steps, and the background rounds its module completed in its last world (0 for the
+//       synchronous gossip algorithms).
 // Exit: 0, or 1 on an error (printed).
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "runtime/runtime.h"
 #include "tests/runtime/elastic_gossip_job.h"
@@ -29,8 +36,11 @@ using namespace troupe::test::elastic_gossip;
 
 namespace {
 
-constexpr int64_t kMaxSteps = 20000;
+// How long a rank trains on while its world is smaller than the one it waits for, or while its
+// asynchronous module has done fewer than kRoundsInLastWorld rounds in its world.
+constexpr std::chrono::seconds kWaitAtMost{45};
 constexpr int64_t kStepsWhenWhole = 6;
+constexpr uint64_t kRoundsInLastWorld = 3;
 
 std::string hash_of(const torch::Tensor& t) {
   auto c = t.contiguous();
@@ -57,6 +67,8 @@ int main(int argc, char** argv) {
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 40;
   const int until_world = argc > 2 ? std::atoi(argv[2]) : 0;
   const std::string algorithm = argc > 3 ? argv[3] : "dpsgd-overlap";
+  const bool asynchronous = algorithm.rfind("async", 0) == 0;
+  const auto deadline = std::chrono::steady_clock::now() + kWaitAtMost;
   try {
     const JobAlgorithm job = make_algorithm(algorithm);
     RuntimeOptions o;
@@ -84,8 +96,12 @@ int main(int argc, char** argv) {
     formed(rt.generation().number == 1 && trainer.recoveries().empty() ? "first" : "joined");
     ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
     std::vector<double> losses;
-    while (trainer.steps() < end ||
-           (rt.world_size() < until_world && trainer.steps() < kMaxSteps)) {
+    auto waiting = [&] {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      return rt.world_size() < until_world ||
+             (asynchronous && trainer.stats().background_rounds < kRoundsInLastWorld);
+    };
+    while (trainer.steps() < end || waiting()) {
       const int64_t before = trainer.steps();
       const int generation = rt.generation().number;
       double loss = 0;
@@ -107,6 +123,17 @@ int main(int argc, char** argv) {
     rt.comm().barrier();
     const int64_t done_steps = trainer.steps();
     const std::string name = trainer.algorithm_name();
+    const uint64_t rounds = trainer.stats().background_rounds;
+    if (algorithm == "async-model-average") {
+      // Every member's weights are final now; a round whose snapshots all come after that makes
+      // them equal, and the last round (at the trainer's end) keeps them so. A round a member
+      // started by its timer may hold a snapshot from before its last steps, but no member gets
+      // more than one round ahead of another: the third round this rank completes from here on
+      // started on every member after every member's last step.
+      while (trainer.stats().background_rounds < rounds + 3 &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+    }
     owned.reset();
     rt.comm().barrier();
     const auto g = rt.generation();
@@ -119,7 +146,8 @@ int main(int argc, char** argv) {
     std::cout << "slot " << rt.slot() << " finished " << done_steps << " steps of " << name
               << " as rank " << rt.rank() << " of " << rt.world_size() << " in generation "
               << g.number << "; loss " << mean(0, k) << " -> "
-              << mean(losses.size() - k, losses.size()) << "; params:" << hex_floats(flat(*net))
+              << mean(losses.size() - k, losses.size()) << "; rounds " << rounds
+              << "; params:" << hex_floats(flat(*net))
               << std::endl;
     return 0;
   } catch (const std::exception& e) {
