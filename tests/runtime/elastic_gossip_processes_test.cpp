@@ -334,8 +334,11 @@ TEST_CASE("a killed Choco-SGD rank is restarted, takes a live peer's replica, an
 // schedule, and are not deterministic): its finishers are checked for the heal, their rounds and
 // their loss.
 Run run_async(const std::string& algorithm, int killed, int restarts) {
+  // Every rank trains on until the death's generation (2) or the rejoin's (3) is in force: the
+  // ranks step at their own pace, and one could finish its steps before the fault happens.
   return test::launch_elastic_job({TROUPE_ELASTIC_GOSSIP_RANK_BIN, "200",
-                                   std::to_string(restarts ? 3 : 0), algorithm},
+                                   std::to_string(restarts ? 3 : 0), algorithm,
+                                   std::to_string(restarts ? 3 : 2)},
                                   3, /*min_ranks=*/2, restarts,
                                   "kill:rank=" + std::to_string(killed) + ",step=60");
 }

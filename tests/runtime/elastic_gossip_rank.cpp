@@ -3,7 +3,9 @@
 // tests/runtime/elastic_gossip_processes_test.cpp through `troupe launch --elastic`, with faults
 // from TROUPE_FAULT. argv: steps, the world to wait for (0: none; the job trains on while its
 // world is smaller, for at most 45 s, then 6 more steps once it is whole, so that a restarted
-// rank trains), and the algorithm (elastic_gossip_job.h). An asynchronous rank also trains on
+// rank trains), the algorithm (elastic_gossip_job.h), and the generation to wait for (absent or
+// 0: none; the same, while the generation in force is older: an asynchronous rank steps at its
+// own pace and could otherwise finish before a fault elsewhere happens). An asynchronous rank also trains on
 // until its module has completed 3 background rounds in its last world (within the same 45 s),
 // so that the world it finishes in has averaged. It prints what the test needs to simulate the
 // job's whole membership history in one process:
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 40;
   const int until_world = argc > 2 ? std::atoi(argv[2]) : 0;
+  const int until_generation = argc > 4 ? std::atoi(argv[4]) : 0;
   const std::string algorithm = argc > 3 ? argv[3] : "dpsgd-overlap";
   const bool asynchronous = algorithm.rfind("async", 0) == 0;
   const auto deadline = std::chrono::steady_clock::now() + kWaitAtMost;
@@ -90,7 +93,8 @@ int main(int argc, char** argv) {
                 << " world " << rt.world_size() << " source " << g.source << " from "
                 << trainer.steps() << " how " << how << " hash " << hash_of(flat(*net))
                 << std::endl;
-      if (until_world > 0 && rt.world_size() >= until_world)
+      if ((until_world > 0 || until_generation > 0) && rt.world_size() >= until_world &&
+          g.number >= until_generation)
         end = std::max(end, trainer.steps() + kStepsWhenWhole);
     };
     formed(rt.generation().number == 1 && trainer.recoveries().empty() ? "first" : "joined");
@@ -98,7 +102,7 @@ int main(int argc, char** argv) {
     std::vector<double> losses;
     auto waiting = [&] {
       if (std::chrono::steady_clock::now() >= deadline) return false;
-      return rt.world_size() < until_world ||
+      return rt.world_size() < until_world || rt.generation().number < until_generation ||
              (asynchronous && trainer.stats().background_rounds < kRoundsInLastWorld);
     };
     while (trainer.steps() < end || waiting()) {
