@@ -569,6 +569,17 @@ bool ElasticTrainer::step(const std::function<void()>& forward_backward) {
   }
 }
 
+bool ElasticTrainer::finish() {
+  try {
+    rt_.comm().barrier();
+    return true;
+  } catch (const comm::Error& e) {
+    if (!rt_.elastic()) throw;
+    recover(e.what());
+    return false;
+  }
+}
+
 ElasticSampler::ElasticSampler(int64_t size, int64_t global_batch, uint64_t seed)
     : size_(size), global_batch_(global_batch), seed_(seed) {
   if (size < 1) throw comm::Error("ElasticSampler: size " + std::to_string(size) + " (expected > 0)");

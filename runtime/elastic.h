@@ -15,6 +15,7 @@
 ///     torch::nll_loss(net->forward(x.index({idx(mine)})), y.index({idx(mine)})).backward();
 ///   });
 /// }
+/// trainer.finish();  // false: the world changed while waiting for the others; step on, again
 /// ```
 /// When a collective fails because a rank died (the membership service tells every survivor at
 /// once, runtime/membership.h), step() destroys its DistributedModule, re-forms the Runtime with
@@ -156,6 +157,14 @@ class ElasticTrainer {
   /// last completed step, and steps() is the source's). Throws comm::Error when the job stops
   /// (no quorum), and rethrows errors of a Runtime that is not elastic.
   bool step(const std::function<void()>& forward_backward);
+  /// Collective, after this rank's last step: waits until every member has ended its steps. A
+  /// change of the membership meanwhile (a death, a restarted rank joining) re-forms and heals
+  /// as step() does, and it waits again (returns false then: steps() may have changed, and the
+  /// caller may have steps to redo; true when every member was there). The gossip and
+  /// asynchronous members step at their own pace: one that left at its last step would open a
+  /// generation for those still stepping, and a death while it waited would fail it. Each wait
+  /// has the collective timeout; throws comm::Error when the job stops (no quorum).
+  bool finish();
   /// Steps the job has completed (the same on every member at each formation, and between steps
   /// of the synchronous algorithms; a gossip member may be a step ahead of a neighbour).
   int64_t steps() const { return steps_; }
