@@ -1,5 +1,6 @@
 // The Fashion-MNIST example under `troupe launch --elastic` with a bucket algorithm other than
-// allreduce and with DiLoCo (--algorithm reaches its ElasticTrainer), the algorithm elastic
+// allreduce, with DiLoCo and with asynchronous model averaging (--algorithm reaches its
+// ElasticTrainer), a gossip algorithm's bad setting, the algorithm elastic
 // training refuses (Streaming DiLoCo with eager updates), and the --collective-timeout flag.
 #include <doctest/doctest.h>
 
@@ -85,6 +86,31 @@ TEST_CASE("an elastic fashion_mnist with DiLoCo loses a rank, goes back to its o
   CHECK(sums.size() == 2);
   CHECK(std::set<std::string>(sums.begin(), sums.end()).size() == 1);
   CHECK(run.log.find("2 rank(s) in generation 2") != std::string::npos);
+}
+
+TEST_CASE("an elastic fashion_mnist takes asynchronous model averaging from --algorithm, loses a "
+          "rank and finishes") {
+  auto run = launch_elastic(small_run("async_model_average:warmup_steps=4,sync_interval_ms=20"),
+                            "kill:rank=2,step=10");
+  INFO(run.log);
+  CHECK(run.result.exit_code == 0);
+  CHECK(run.log.find("kills itself at step 10 (backward)") != std::string::npos);
+  CHECK(run.log.find("fashion_mnist: mlp, async_model_average(every 20 ms, warm-up 4 steps)") !=
+        std::string::npos);
+  CHECK(run.log.find("now 2 ranks; redoing step") != std::string::npos);
+  // Both survivors finish every step in the world of two (their replicas differ: the averages
+  // run on their own schedule).
+  CHECK(finished_checksums(run.log, "async_model_average").size() == 2);
+  CHECK(run.log.find("2 rank(s) in generation 2") != std::string::npos);
+}
+
+TEST_CASE("fashion_mnist's --algorithm names a gossip algorithm's bad setting") {
+  auto run = launch_elastic({FASHION_MNIST_BIN, "--algorithm", "async_gossip:min_interval_ms=-1"},
+                            "");
+  INFO(run.log);
+  CHECK(run.result.exit_code != 0);
+  CHECK(run.log.find("--algorithm async_gossip:min_interval_ms=-1: min_interval_ms = '-1', "
+                     "expected an integer >= 0") != std::string::npos);
 }
 
 TEST_CASE("an elastic fashion_mnist refuses Streaming DiLoCo with eager updates, naming it and "
