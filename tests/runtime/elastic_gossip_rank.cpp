@@ -5,9 +5,8 @@
 // world is smaller, for at most 45 s, then 6 more steps once it is whole, so that a restarted
 // rank trains), the algorithm (elastic_gossip_job.h), and the generation to wait for (absent or
 // 0: none; the same, while the generation in force is older: an asynchronous rank steps at its
-// own pace and could otherwise finish before a fault elsewhere happens). An asynchronous rank also trains on
-// until its module has completed 3 background rounds in its last world (within the same 45 s),
-// so that the world it finishes in has averaged. It prints what the test needs to simulate the
+// own pace and could otherwise finish before a fault elsewhere happens), and the background rounds
+// to wait for once every member has ended its steps (absent or 0: none; at most 20 s). It prints what the test needs to simulate the
 // job's whole membership history in one process:
 //   slot S generation G rank R world W source Q from F how H hash X
 //       at each formation it lived (H: "first", "joined" for a restarted rank, "re-formed"),
@@ -16,8 +15,8 @@
 //   slot S finished T steps of A as rank R of W in generation G; loss L0 -> L1; rounds N;
 //   params: ...
 //       at the end, its parameters as hex floats, its mean loss over its first and last 5
-//       steps, and the background rounds its module completed in its last world (0 for the
-//       synchronous gossip algorithms).
+//       steps, and the background rounds its module completed in its last world after every
+//       member ended its steps (0 for the synchronous gossip algorithms).
 // Exit: 0, or 1 on an error (printed).
 #include <torch/torch.h>
 
@@ -38,11 +37,10 @@ using namespace troupe::test::elastic_gossip;
 
 namespace {
 
-// How long a rank trains on while its world is smaller than the one it waits for, or while its
-// asynchronous module has done fewer than kRoundsInLastWorld rounds in its world.
+// How long a rank trains on while its world is smaller, or its generation older, than the one it
+// waits for.
 constexpr std::chrono::seconds kWaitAtMost{45};
 constexpr int64_t kStepsWhenWhole = 6;
-constexpr uint64_t kRoundsInLastWorld = 3;
 
 std::string hash_of(const torch::Tensor& t) {
   auto c = t.contiguous();
@@ -69,6 +67,7 @@ int main(int argc, char** argv) {
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 40;
   const int until_world = argc > 2 ? std::atoi(argv[2]) : 0;
   const int until_generation = argc > 4 ? std::atoi(argv[4]) : 0;
+  const uint64_t rounds_after_end = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 0;
   const std::string algorithm = argc > 3 ? argv[3] : "dpsgd-overlap";
   const bool asynchronous = algorithm.rfind("async", 0) == 0;
   const auto deadline = std::chrono::steady_clock::now() + kWaitAtMost;
@@ -102,8 +101,7 @@ int main(int argc, char** argv) {
     std::vector<double> losses;
     auto waiting = [&] {
       if (std::chrono::steady_clock::now() >= deadline) return false;
-      return rt.world_size() < until_world || rt.generation().number < until_generation ||
-             (asynchronous && trainer.stats().background_rounds < kRoundsInLastWorld);
+      return rt.world_size() < until_world || rt.generation().number < until_generation;
     };
     while (trainer.steps() < end || waiting()) {
       const int64_t before = trainer.steps();
@@ -124,19 +122,24 @@ int main(int argc, char** argv) {
     }
     // Every member has ended its last step before any drains its last round (D-PSGD with
     // overlap posts one after each step) and before any leaves (a leave opens a generation).
-    rt.comm().barrier();
+    if (!trainer.finish())
+      throw comm::Error("the world changed while this rank waited for the others' end");
     const int64_t done_steps = trainer.steps();
     const std::string name = trainer.algorithm_name();
-    const uint64_t rounds = trainer.stats().background_rounds;
-    if (algorithm == "async-model-average") {
-      // Every member's weights are final now; a round whose snapshots all come after that makes
-      // them equal, and the last round (at the trainer's end) keeps them so. A round a member
-      // started by its timer may hold a snapshot from before its last steps, but no member gets
-      // more than one round ahead of another: the third round this rank completes from here on
-      // started on every member after every member's last step.
-      while (trainer.stats().background_rounds < rounds + 3 &&
-             std::chrono::steady_clock::now() < deadline)
+    uint64_t rounds = 0;
+    if (asynchronous && rounds_after_end > 0) {
+      // The background rounds go on in the last world. Under AsyncModelAverage every member's
+      // weights are final now; a round whose snapshots all come after that makes them equal, and
+      // the last round (at the trainer's end) keeps them so. A round a member started by its
+      // timer may hold a snapshot from before its last steps, but no member gets more than one
+      // round ahead of another: the third round this rank completes from here on started on
+      // every member after every member's last step (so wait for 3 or more).
+      const uint64_t at_end = trainer.stats().background_rounds;
+      const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (trainer.stats().background_rounds < at_end + rounds_after_end &&
+             std::chrono::steady_clock::now() < wait_until)
         std::this_thread::yield();
+      rounds = trainer.stats().background_rounds - at_end;
     }
     owned.reset();
     rt.comm().barrier();
