@@ -4,7 +4,8 @@
 // run, and the ratio. One rank, no communication, so the difference is the trainer's own work;
 // batch 64 (one rank's share of the example's global batch of 256 on 4 ranks). Also the time of
 // the copy itself as ElasticTrainer takes it each step (DistributedModule::save_state of all the
-// state and of its shared part, into strings kept from step to step), median of 200.
+// state and of its shared part, into strings kept from step to step), median of 200. Then the
+// gossip driver's cost: the caller's state serialised after each step (ElasticState::save).
 //   build/bin/bench_elastic_step_cost [STEPS PER BLOCK] [ROUNDS] [ONLY: rows whose model or
 //   algorithm contains this]
 #include <torch/torch.h>
@@ -101,6 +102,41 @@ void measure(Runtime& rt, const Case& c, const std::string& algorithm_name,
   std::fflush(stdout);
 }
 
+// The gossip and Choco-SGD driver's own cost (runtime/elastic.cpp, GossipDriver): after each
+// completed step the trainer serialises the caller's state (ElasticState: parameters, buffers,
+// the SGD optimizer's momentum; torch::serialize into a string), median of 200 after 5 steps,
+// against the median of 200 local steps (forward, backward, SGD) of the same model and batch.
+void measure_caller_state(const Case& c) {
+  auto module = c.model();
+  torch::optim::SGD sgd(module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto x = torch::randn({64, 1, 28, 28});
+  auto y = torch::randint(0, 10, {64});
+  auto step = [&] {
+    sgd.zero_grad();
+    torch::Tensor out;
+    if (auto* mlp = module->as<examples::MlpNetImpl>()) out = mlp->forward(x);
+    else out = module->as<examples::CnnNetImpl>()->forward(x);
+    torch::nll_loss(out, y).backward();
+    sgd.step();
+  };
+  const ElasticState state = module_state(module, sgd);
+  for (int i = 0; i < 5; ++i) step();
+  std::vector<double> steps, saves;
+  size_t bytes = 0;
+  for (int i = 0; i < 200; ++i) {
+    auto start = Clock::now();
+    step();
+    steps.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    start = Clock::now();
+    bytes = state.save().size();
+    saves.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+  }
+  const double s = median(steps), save = median(saves);
+  std::printf("| %s | %.2f | %.0f | %.3f | %.1f%% |\n", c.name.c_str(),
+              static_cast<double>(bytes) / 1e6, save, s, 100 * save / 1000 / s);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,5 +166,11 @@ int main(int argc, char** argv) {
     for (const auto& [name, algorithm] : algorithms)
       if ((c.name + " " + name).find(only) != std::string::npos)
         measure(rt, c, name, algorithm, steps, rounds);
+  std::printf("\ngossip (D-PSGD, Choco-SGD): the caller's state serialised after each step, "
+              "median of 200, against a local step of batch 64\n\n");
+  std::printf("| model | state MB | serialise us/step | local step ms | serialise/step |\n"
+              "|---|---:|---:|---:|---:|\n");
+  for (const auto& c : cases)
+    if ((c.name + " caller state").find(only) != std::string::npos) measure_caller_state(c);
   return 0;
 }

@@ -81,6 +81,8 @@ struct ElasticTrainer::Driver {
   /// The module, of the driver's kind; null for the other kind, or between worlds.
   virtual DistributedModule* bucket_module() { return nullptr; }
   virtual LocalUpdateModule* local_update_module() { return nullptr; }
+  /// The module of the gossip and asynchronous kinds (their statistics); null for the others.
+  virtual const DataParallel* data_parallel() const { return nullptr; }
 };
 
 ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
@@ -104,26 +106,6 @@ ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
     opt->load(optimizer_archive);
   };
   return state;
-}
-
-void check_elastic_algorithm(const JobAlgorithm& algorithm) {
-  if (std::holds_alternative<comm::Compression>(algorithm) ||
-      std::holds_alternative<DiLoCo>(algorithm) || std::holds_alternative<SparseLoCo>(algorithm) ||
-      std::holds_alternative<StreamingDiLoCo>(algorithm) ||
-      std::holds_alternative<Decentralized>(algorithm) ||
-      std::holds_alternative<LowPrecisionDecentralized>(algorithm))
-    return;
-  const std::string name = job_algorithm_name(algorithm);
-  std::string why;
-  if (std::holds_alternative<AsyncModelAverage>(algorithm) ||
-      std::holds_alternative<AsyncGossip>(algorithm))
-    why = ": its background rounds are not yet ended at a re-form, nor a rejoining rank healed";
-  throw comm::Error("algorithm " + name +
-                    ": elastic training (troupe launch --elastic) runs the bucket algorithms "
-                    "(allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, "
-                    "blockk, powersgd), diloco, streaming-diloco, sparseloco, decentralized and "
-                    "low_precision_decentralized, not " + name + why + "; run " + name +
-                    " without --elastic");
 }
 
 /// The bucket algorithms: a DistributedModule per world, whose state is kept after every step.
@@ -310,6 +292,7 @@ struct GossipDriver : ElasticTrainer::Driver {
   bool rolls_back() const override { return true; }
   bool own_replicas() const override { return true; }
   std::string algorithm_name() const override { return dp->algorithm_name(); }
+  const DataParallel* data_parallel() const override { return dp.get(); }
 
   Runtime& rt;
   std::shared_ptr<torch::nn::Module> module;
@@ -319,18 +302,91 @@ struct GossipDriver : ElasticTrainer::Driver {
   int64_t step_ = 0;
 };
 
+/// AsyncModelAverage and AsyncGossip: an AsynchronousModule per world. Replicas differ (the
+/// rounds run on their own schedule), so each member keeps its own live one across a re-form:
+/// a step either throws before its optimizer runs (a failed background average, the warm-up's
+/// allreduce, a change announced) or completes, and what the completed rounds computed has
+/// landed by the time the old world's module is gone (AsynchronousModule::end_world), so
+/// nothing rolls back and nothing is serialised per step. A restarted rank takes the source's
+/// parameters and optimizer. The new module counts its steps from the job's (the source's):
+/// every member agrees on whether the warm-up's synchronous allreduce is still due.
+struct AsyncDriver : ElasticTrainer::Driver {
+  AsyncDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
+              const DdpOptions& ddp)
+      : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {
+    // The deadline of ending a world's rounds, and of the warm-up's stop: the step's.
+    options.timeout =
+        ddp.stall_timeout.value_or(detail::RuntimeAccess::collective_timeout(rt));
+    // The members' weights differ after a re-form: keep each one's own.
+    options.broadcast_parameters = !rt.elastic();
+  }
+
+  void build(const std::string&, const std::string&, int64_t step) override {
+    if (const auto* a = std::get_if<AsyncModelAverage>(&algorithm))
+      am = std::make_unique<AsynchronousModule>(rt, module, *a, options);
+    else
+      am = std::make_unique<AsynchronousModule>(rt, module, std::get<AsyncGossip>(algorithm),
+                                                options);
+    am->resume_at(static_cast<uint64_t>(step));
+    step_ = step;
+  }
+  void destroy() override {
+    if (!am) return;
+    // The old world's rounds end here, without waiting on its other members (some are dead,
+    // others step on until they hear of the change); an error ending them is reported, and the
+    // re-form goes on (the module is gone either way).
+    try {
+      am->end_world("rank " + std::to_string(rt.rank()) + "'s world ends (elastic re-form)");
+    } catch (const comm::Error& e) {
+      std::cerr << "troupe: elastic: rank " << rt.rank() << ": " << e.what() << "\n";
+    }
+    am.reset();
+  }
+  void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
+            const std::function<void()>& snapshot) override {
+    fault::at(FaultPhase::backward, step_);
+    // A change of the membership ends the world: AsyncGossip would otherwise train on alone
+    // once its neighbours were dropped, and never join the next generation.
+    if (detail::RuntimeAccess::reform_announced(rt))
+      throw comm::Error(am->algorithm_name() + " step " + std::to_string(step_) +
+                        ": the membership service announced a new generation");
+    const auto dropped = am->stats().dropped_peers;
+    if (!dropped.empty())
+      throw comm::Error(am->algorithm_name() + " step " + std::to_string(step_) +
+                        ": neighbour rank " + std::to_string(dropped.front()) + " was dropped");
+    am->step(optimizer);  // throws before the optimizer, or completes
+    ++step_;
+    completed();
+    snapshot();
+  }
+  std::string save(StatePart) const override { return {}; }
+  bool rolls_back() const override { return false; }
+  bool own_replicas() const override { return true; }
+  std::string algorithm_name() const override { return am->algorithm_name(); }
+  const DataParallel* data_parallel() const override { return am.get(); }
+
+  Runtime& rt;
+  std::shared_ptr<torch::nn::Module> module;
+  JobAlgorithm algorithm;
+  GossipOptions options;
+  std::unique_ptr<AsynchronousModule> am;
+  int64_t step_ = 0;
+};
+
 ElasticTrainer::ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                torch::optim::Optimizer& optimizer, JobAlgorithm algorithm,
                                DdpOptions options, ElasticState state)
     : rt_(runtime), optimizer_(optimizer), state_(std::move(state)) {
   if (!module) throw comm::Error("ElasticTrainer: module is null");
-  check_elastic_algorithm(algorithm);
   if (!state_.save || !state_.load) state_ = module_state(module, optimizer_);
   if (const auto* bucket = std::get_if<comm::Compression>(&algorithm))
     driver_ = std::make_unique<BucketDriver>(rt_, module, *bucket, std::move(options));
   else if (std::holds_alternative<Decentralized>(algorithm) ||
            std::holds_alternative<LowPrecisionDecentralized>(algorithm))
     driver_ = std::make_unique<GossipDriver>(rt_, module, std::move(algorithm), options);
+  else if (std::holds_alternative<AsyncModelAverage>(algorithm) ||
+           std::holds_alternative<AsyncGossip>(algorithm))
+    driver_ = std::make_unique<AsyncDriver>(rt_, module, std::move(algorithm), options);
   else
     driver_ = std::make_unique<LocalUpdateDriver>(rt_, module, std::move(algorithm));
   try {
@@ -362,6 +418,14 @@ LocalUpdateModule& ElasticTrainer::local_update() {
 
 std::string ElasticTrainer::algorithm_name() const { return driver_->algorithm_name(); }
 
+CommStats ElasticTrainer::stats() const {
+  const auto* module = driver_->data_parallel();
+  if (!module)
+    throw comm::Error("ElasticTrainer::stats(): the trainer runs " + algorithm_name() +
+                      ", not a gossip or asynchronous algorithm");
+  return module->stats();
+}
+
 void ElasticTrainer::build() {
   // A gossip member's caller state (its own replica, or the source's on a restarted rank) goes
   // in before its module, which takes the weights into its flat buffer; a local-update one's
@@ -369,6 +433,9 @@ void ElasticTrainer::build() {
   // at the step the job goes on from (heal() chose it).
   const bool before = driver_->own_replicas();
   if (before && !caller_.empty()) state_.load(caller_);
+  // Without rollback the live state is a survivor's own from here on (asynchronous algorithms):
+  // the source's bytes a restarted rank loaded are not loaded again at a later re-form.
+  if (before && !driver_->rolls_back()) caller_.clear();
   driver_->build(own_, shared_, completed_);
   if (!before && driver_->rolls_back() && !caller_.empty()) state_.load(caller_);
   if (land_) driver_->land();
@@ -415,16 +482,16 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
     const bool caller_lands = in.value<uint8_t>() != 0;
     std::string shared = in.string();
     in.expect_end();
-    if (!driver_->rolls_back()) {
+    if (driver_->own_replicas()) {
+      // Gossip and asynchronous: a survivor keeps its own replica (gossip: caller_, its last
+      // completed step; asynchronous: its live state) whatever the source's step, since the
+      // replicas differ by design; a restarted member takes the source's.
+      if (!built_) caller_ = std::move(caller);
+    } else if (!driver_->rolls_back()) {
       // The bucket algorithms: every member takes the source's. A member behind it by a step
       // keeps its own residual of the step before (the unsent remainder of the step it missed
       // is dropped, never sent twice).
       state_.load(caller);
-    } else if (driver_->own_replicas()) {
-      // Gossip: a survivor keeps its own replica (caller_, its last completed step) whatever the
-      // source's step, since the replicas differ by design; a restarted member takes the
-      // source's.
-      if (!built_) caller_ = std::move(caller);
     } else if (own_.empty() || (completed_ != generation.step && live_step_ != generation.step)) {
       // A restarted member takes the source's parameters, buffers and inner optimizer (and
       // zero residual). One behind by more than the sync it was in cannot be: it would too.
@@ -484,6 +551,17 @@ bool ElasticTrainer::step(const std::function<void()>& forward_backward) {
     forward_backward();
     driver_->step(optimizer_, [this] { completed_ = steps_ + 1; }, [this] { snapshot(); });
     ++steps_;
+    return true;
+  } catch (const comm::Error& e) {
+    if (!rt_.elastic()) throw;
+    recover(e.what());
+    return false;
+  }
+}
+
+bool ElasticTrainer::finish() {
+  try {
+    rt_.comm().barrier();
     return true;
   } catch (const comm::Error& e) {
     if (!rt_.elastic()) throw;

@@ -15,6 +15,7 @@
 ///     torch::nll_loss(net->forward(x.index({idx(mine)})), y.index({idx(mine)})).backward();
 ///   });
 /// }
+/// trainer.finish();  // false: the world changed while waiting for the others; step on, again
 /// ```
 /// When a collective fails because a rank died (the membership service tells every survivor at
 /// once, runtime/membership.h), step() destroys its DistributedModule, re-forms the Runtime with
@@ -64,8 +65,7 @@
 /// have. With eager updates the landing point also holds each fragment's last average and its
 /// world (shared), and each rank's others' average (its own); a restarted rank takes the whole
 /// average as the others', and a member behind replaces its provisional step with the source's
-/// global weights. The asynchronous algorithms are refused (their background rounds are not
-/// ended at a re-form yet: check_elastic_algorithm).
+/// global weights.
 ///
 /// The gossip algorithms (D-PSGD, both exchanges, and Choco-SGD: runtime/gossip) go on too, over
 /// the new world's topology: a DecentralizedModule per world. Their replicas differ by design, so
@@ -80,6 +80,17 @@
 /// at zero on every member of the new world (its paper's start), since a copy must be the same on
 /// both ends of an edge; D-PSGD with overlap posts the current weights afresh. Keeping the copy
 /// costs serialising the caller's state after each step (ElasticState::save).
+///
+/// The asynchronous algorithms (AsyncModelAverage and AsyncGossip: runtime/gossip) go on too: an
+/// AsynchronousModule per world. At a re-form the old world's background rounds end first,
+/// without waiting on its other members (AsynchronousModule::end_world: the round in flight
+/// fails, the neighbours are dropped, each wait has a deadline), and what the completed rounds
+/// computed lands. A step never half-completes (it throws before its optimizer runs, or
+/// completes), so each survivor keeps its live replica and nothing is serialised per step; a
+/// restarted rank takes the source's parameters and optimizer. The new module counts its steps
+/// from the job's step (the source's), so every member agrees on whether AsyncModelAverage's
+/// warm-up allreduce is still due. A dropped neighbour or an announced generation fails the
+/// step, as for gossip.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -87,6 +98,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/data_parallel.h"
 #include "runtime/distributed_module.h"
 #include "runtime/job_algorithm.h"
 
@@ -119,10 +131,6 @@ struct ElasticRecovery {
   std::string reason;   // the error that started it
 };
 
-/// Throws comm::Error naming `algorithm` and what elastic training runs when ElasticTrainer
-/// cannot run it: the asynchronous algorithms (AsyncModelAverage, AsyncGossip).
-void check_elastic_algorithm(const JobAlgorithm& algorithm);
-
 class LocalUpdateModule;
 
 class ElasticTrainer {
@@ -131,7 +139,8 @@ class ElasticTrainer {
   /// of the generation's source. `algorithm`: a bucket algorithm (run by a DistributedModule with
   /// `options`), DiLoCo, Streaming DiLoCo or SparseLoCo (a LocalUpdateModule; `optimizer` is
   /// the inner one), D-PSGD or Choco-SGD (a DecentralizedModule; options.stall_timeout is each
-  /// round's deadline); others are refused (check_elastic_algorithm). `state` defaults to
+  /// round's deadline), AsyncModelAverage or AsyncGossip (an AsynchronousModule;
+  /// options.stall_timeout is the deadline of ending a world's rounds). `state` defaults to
   /// module_state(module, optimizer).
   ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                  torch::optim::Optimizer& optimizer, JobAlgorithm algorithm = comm::Compression{},
@@ -145,6 +154,14 @@ class ElasticTrainer {
   /// last completed step, and steps() is the source's). Throws comm::Error when the job stops
   /// (no quorum), and rethrows errors of a Runtime that is not elastic.
   bool step(const std::function<void()>& forward_backward);
+  /// Collective, after this rank's last step: waits until every member has ended its steps. A
+  /// change of the membership meanwhile (a death, a restarted rank joining) re-forms and heals
+  /// as step() does, and it waits again (returns false then: steps() may have changed, and the
+  /// caller may have steps to redo; true when every member was there). The gossip and
+  /// asynchronous members step at their own pace: one that left at its last step would open a
+  /// generation for those still stepping, and a death while it waited would fail it. Each wait
+  /// has the collective timeout; throws comm::Error when the job stops (no quorum).
+  bool finish();
   /// Steps the job has completed (the same on every member at each formation, and between steps
   /// of the synchronous algorithms; a gossip member may be a step ahead of a neighbour).
   int64_t steps() const { return steps_; }
@@ -154,6 +171,9 @@ class ElasticTrainer {
   LocalUpdateModule& local_update();
   /// The algorithm with its settings ("powersgd(rank=1, ...)", "diloco(h=4, ...)").
   std::string algorithm_name() const;
+  /// The gossip and asynchronous algorithms' module's statistics in the current world (its
+  /// rounds, bytes, dropped neighbours); comm::Error for the other algorithms.
+  CommStats stats() const;
   const std::vector<ElasticRecovery>& recoveries() const { return recoveries_; }
 
   /// What the trainer builds for each world and steps (elastic.cpp): a DistributedModule, a

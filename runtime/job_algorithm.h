@@ -24,7 +24,12 @@ using JobAlgorithm = std::variant<comm::Compression, Decentralized, LowPrecision
 /// algorithm's name, with its default settings; a job file's outer_compression takes settings too),
 /// or "sparseloco[:h=50,outer_lr=1,ratio=0.015625,chunk=4096,bits=2,beta=0.95]",
 /// or "streaming-diloco[:h=50,fragments=4,delay=1,alpha=0.5,outer_lr=..,outer_momentum=..,
-/// nesterov=1,compress=fp16,eager=0]" (also spelt streaming_diloco).
+/// nesterov=1,compress=fp16,eager=0]" (also spelt streaming_diloco), or a gossip or asynchronous
+/// one: "decentralized[:topology=ring,mixing=uniform,exchange=overlap,communication_interval=1]",
+/// "low_precision_decentralized[:topology=ring,mixing=uniform,gamma=1,block=4096]",
+/// "async_model_average[:warmup_steps=0,sync_interval_ms=100]" or
+/// "async_gossip[:topology=ring,mixing=uniform,min_interval_ms=10]" (also spelt with '-'; a
+/// torus or an edge list needs a job file's [topology]).
 /// Throws comm::Error naming the key or value and what was expected.
 JobAlgorithm parse_algorithm_argument(const std::string& text);
 

@@ -737,11 +737,83 @@ S parse_local_update(const std::string& text, const std::string& head,
   return s;
 }
 
+/// A gossip or asynchronous algorithm from "name:key=value,...": its settings beside
+/// topology=KIND and mixing=uniform|metropolis (a topology that needs more than its kind, torus
+/// and edge_list, comes from a job file's [topology]).
+JobAlgorithm parse_gossip_argument(const std::string& text, const std::string& head) {
+  const std::string where = "--algorithm " + text + ": ";
+  const bool decentralized = head == "decentralized";
+  const bool choco = head == "low_precision_decentralized" || head == "low-precision-decentralized";
+  const bool average = head == "async_model_average" || head == "async-model-average";
+  std::string names = average ? "" : "topology, mixing, ";
+  if (decentralized) names += "exchange, communication_interval";
+  if (choco) names += "gamma, block";
+  if (average) names += "warmup_steps, sync_interval_ms";
+  if (!decentralized && !choco && !average) names += "min_interval_ms";
+  comm::TopologySpec topology;
+  Decentralized d;
+  LowPrecisionDecentralized l;
+  AsyncModelAverage m;
+  AsyncGossip g;
+  const auto integer = [](double x) { return x == std::floor(x) && std::abs(x) < 1e9; };
+  read_settings(text, head, names, [&](const std::string& key, const std::string& value) {
+    const SettingText v{where, key, value};
+    if (!average && key == "topology") {
+      topology.kind = comm::parse_topology_kind(value);
+      if (topology.kind == comm::TopologyKind::torus ||
+          topology.kind == comm::TopologyKind::edge_list)
+        throw Error(where + "topology = '" + value + "' needs more than its kind (rows and "
+                    "cols, or edges): give it in a job file's [topology] (troupe run / --job)");
+    } else if (!average && key == "mixing") {
+      topology.mixing = comm::parse_mixing(value);
+    } else if (decentralized && key == "exchange") {
+      if (value != "overlap" && value != "after_step")
+        throw Error(where + "exchange = '" + value + "', expected overlap or after_step");
+      d.exchange = value == "overlap" ? Decentralized::Exchange::overlap
+                                      : Decentralized::Exchange::after_step;
+    } else if (decentralized && key == "communication_interval") {
+      d.communication_interval = static_cast<int>(v.number(
+          [&](double x) { return integer(x) && x >= 1; }, "an integer >= 1"));
+    } else if (choco && key == "gamma") {
+      l.gamma = v.number([](double x) { return x > 0 && x <= 1; }, "a number in (0, 1]");
+    } else if (choco && key == "block") {
+      l.block = static_cast<int>(
+          v.number([&](double x) { return integer(x) && x >= 1; }, "an integer >= 1"));
+    } else if (average && key == "warmup_steps") {
+      m.warmup_steps = static_cast<int>(
+          v.number([&](double x) { return integer(x) && x >= 0; }, "an integer >= 0"));
+    } else if (average && key == "sync_interval_ms") {
+      m.sync_interval_ms = static_cast<int>(
+          v.number([&](double x) { return integer(x) && x >= 1; }, "an integer >= 1"));
+    } else if (!decentralized && !choco && !average && key == "min_interval_ms") {
+      g.min_interval_ms = static_cast<int>(
+          v.number([&](double x) { return integer(x) && x >= 0; }, "an integer >= 0"));
+    } else {
+      throw Error(where + "unknown key '" + key + "' (allowed: " + names + ")");
+    }
+  });
+  if (decentralized) {
+    d.topology = topology;
+    return d;
+  }
+  if (choco) {
+    l.topology = topology;
+    return l;
+  }
+  if (average) return m;
+  g.topology = topology;
+  return g;
+}
+
 }  // namespace
 
 JobAlgorithm parse_algorithm_argument(const std::string& text) {
   const std::string head = text.substr(0, text.find(':'));
   const std::string where = "--algorithm " + text + ": ";
+  if (head == "decentralized" || head == "low_precision_decentralized" ||
+      head == "low-precision-decentralized" || head == "async_model_average" ||
+      head == "async-model-average" || head == "async_gossip" || head == "async-gossip")
+    return parse_gossip_argument(text, head);
   if (head == "diloco") return parse_local_update(text, head, diloco_keys());
   if (head == "sparseloco") return parse_local_update(text, head, sparseloco_keys());
   if (head == "streaming-diloco" || head == "streaming_diloco") {

@@ -74,43 +74,55 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
   if (changed)
     std::printf("launch slot %d healed at step %lld\n", rt.slot(),
                 static_cast<long long>(trainer.steps()));
-  while (trainer.steps() < steps) {
-    const int64_t step = trainer.steps();
-    auto mine = sampler.indices(step, rt.rank(), rt.world_size());
-    auto index = torch::tensor(mine, torch::kLong);
-    torch::Tensor loss;
-    const bool done = trainer.step([&] {
-      opt.zero_grad();
-      loss = torch::nll_loss(forward(train.images.index({index})), train.labels.index({index}));
-      loss.backward();
-    });
-    if (!done) {
-      changed = true;
-      std::printf("rank %d (launch slot %d): the world changed, now %d ranks; redoing step %lld\n",
-                  rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
-      std::fflush(stdout);
-      continue;
+  // A member that left would open a generation for those still stepping (the gossip and
+  // asynchronous members step at their own pace): finish() waits for the others, re-forming
+  // when the world changes meanwhile, and the loop goes on from the steps the job has then.
+  for (;;) {
+    while (trainer.steps() < steps) {
+      const int64_t step = trainer.steps();
+      auto mine = sampler.indices(step, rt.rank(), rt.world_size());
+      auto index = torch::tensor(mine, torch::kLong);
+      torch::Tensor loss;
+      const bool done = trainer.step([&] {
+        opt.zero_grad();
+        loss = torch::nll_loss(forward(train.images.index({index})), train.labels.index({index}));
+        loss.backward();
+      });
+      if (!done) {
+        changed = true;
+        std::printf("rank %d (launch slot %d): the world changed, now %d ranks; redoing step "
+                    "%lld\n",
+                    rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
+        std::fflush(stdout);
+        continue;
+      }
+      if (changed) {
+        std::printf("launch slot %d stepping in generation %d at unix ms %lld\n", rt.slot(),
+                    rt.generation().number, unix_ms());
+        std::fflush(stdout);
+        changed = false;
+      }
+      if (rt.rank() == 0 && trainer.steps() % run.log_every == 0) {
+        std::printf("step %lld of %lld, %d ranks, loss %.4f\n",
+                    static_cast<long long>(trainer.steps()), static_cast<long long>(steps),
+                    rt.world_size(), loss.item<double>());
+        std::fflush(stdout);
+      }
+      if (trainer.steps() % sampler.steps_per_epoch() == 0 && rt.rank() == 0) {
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::printf("epoch %lld test accuracy %.2f%% (%d ranks, %.1f s)\n",
+                    static_cast<long long>(trainer.steps() / sampler.steps_per_epoch()),
+                    accuracy(*module, forward, test) * 100, rt.world_size(), sec);
+        std::fflush(stdout);
+      }
     }
-    if (changed) {
-      std::printf("launch slot %d stepping in generation %d at unix ms %lld\n", rt.slot(),
-                  rt.generation().number, unix_ms());
-      std::fflush(stdout);
-      changed = false;
-    }
-    if (rt.rank() == 0 && trainer.steps() % run.log_every == 0) {
-      std::printf("step %lld of %lld, %d ranks, loss %.4f\n",
-                  static_cast<long long>(trainer.steps()), static_cast<long long>(steps),
-                  rt.world_size(), loss.item<double>());
-      std::fflush(stdout);
-    }
-    if (trainer.steps() % sampler.steps_per_epoch() == 0 && rt.rank() == 0) {
-      const double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("epoch %lld test accuracy %.2f%% (%d ranks, %.1f s)\n",
-                  static_cast<long long>(trainer.steps() / sampler.steps_per_epoch()),
-                  accuracy(*module, forward, test) * 100, rt.world_size(), sec);
-      std::fflush(stdout);
-    }
+    if (trainer.finish()) break;
+    changed = true;
+    std::printf("rank %d (launch slot %d): the world changed while it waited for the others' "
+                "end, now %d ranks at step %lld\n",
+                rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
+    std::fflush(stdout);
   }
   // Every member says it, so that the replicas' checksums can be compared.
   std::printf("launch slot %d finished: %lld steps of %s, %d rank(s) in generation %d, "

@@ -22,8 +22,7 @@ struct ElasticRun {
   double momentum = 0.9;
   int64_t log_every = 50;
   uint64_t seed = 1;
-  /// A bucket algorithm (allreduce, fp16, ..., powersgd), DiLoCo or SparseLoCo: what
-  /// ElasticTrainer runs (runtime/elastic.h, check_elastic_algorithm).
+  /// Any algorithm of a job: ElasticTrainer runs them all (runtime/elastic.h).
   JobAlgorithm algorithm = comm::Compression{};
   DdpOptions ddp;
 };

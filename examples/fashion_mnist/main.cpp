@@ -6,8 +6,9 @@
 //   TROUPE_FAULT=kill:rank=2,step=300 build/bin/troupe launch --elastic --min-ranks 2 -n 4 --
 //       build/bin/fashion_mnist --epochs 2     (a rank dies mid-epoch; the others go on; with
 //       --algorithm, any bucket algorithm: allreduce, fp16, ..., topk, powersgd, or diloco and
-//       sparseloco, which go back to their last outer sync; with --job, a job file's
-//       decentralized or low_precision_decentralized, whose survivors keep their own replicas)
+//       sparseloco, which go back to their last outer sync; decentralized,
+//       low_precision_decentralized, async_model_average and async_gossip, whose survivors keep
+//       their own replicas)
 // With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <CLI/CLI.hpp>
@@ -352,7 +353,11 @@ int main(int argc, char** argv) {
                  "or powersgd, with settings: powersgd:rank=2,start_iter=10 or topk:ratio=0.01; "
                  "local updates: diloco:h=50,compress=int4, "
                  "streaming-diloco:h=50,fragments=4,delay=2,alpha=0.5,compress=int4,eager=0 or "
-                 "sparseloco:h=50,ratio=0.015625,bits=2");
+                 "sparseloco:h=50,ratio=0.015625,bits=2; gossip: "
+                 "decentralized:topology=ring,exchange=after_step, "
+                 "low_precision_decentralized:gamma=0.5, "
+                 "async_model_average:warmup_steps=10,sync_interval_ms=100 or "
+                 "async_gossip:topology=ring,min_interval_ms=10");
   app.add_flag("--delay-reduce", s.ddp.delay_reduce, "Reduce after backward (no overlap)");
   app.add_option("--trace", s.ddp.trace_path,
                  "Write a Chrome trace per rank here ({rank} is replaced)");
@@ -407,18 +412,14 @@ int main(int argc, char** argv) {
     RuntimeOptions o;
     if (links_from_job) o.links = links;
     o.collective_timeout = collective_timeout(s);
-    // An elastic rank checks its algorithm and loads its data before it joins the job: a hot
-    // spare waits with it loaded.
+    // An elastic rank loads its data before it joins the job: a hot spare waits with it loaded.
     const bool elastic = std::getenv("TROUPE_ELASTIC_FD") != nullptr;
     std::optional<examples::ElasticData> elastic_data;
-    if (elastic) {
-      check_elastic_algorithm(s.algorithm);
-      elastic_data = examples::load_elastic_data(t.data, s.subset);
-    }
+    if (elastic) elastic_data = examples::load_elastic_data(t.data, s.subset);
     Runtime rt(o);
     if (rt.elastic()) {
-      // troupe launch --elastic: a bucket algorithm, DiLoCo, Streaming DiLoCo, SparseLoCo, D-PSGD
-      // or Choco-SGD (these two from a --job file) through an ElasticTrainer
+      // troupe launch --elastic: a bucket algorithm, DiLoCo, Streaming DiLoCo, SparseLoCo, D-PSGD,
+      // Choco-SGD, AsyncModelAverage or AsyncGossip through an ElasticTrainer
       // (examples/fashion_mnist/elastic.h), which refuses the others by name.
       examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
                                t.seed};

@@ -32,6 +32,8 @@ struct AsynchronousModule::Impl {
   bool running = false;   // the background actor has been started and not stopped
   bool aborted = false;   // abort() called and not resumed
   bool finished = false;
+  bool ended = false;     // end_world() called
+  std::vector<int> peers;  // the ranks the background actor talks to
   std::vector<float> gradients;
   mutable std::mutex stats_mutex;
   CommStats totals;
@@ -167,6 +169,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   settings.key_prefix = m.key_prefix;
   m.actor = actors::spawn_averager(detail::actor_system(runtime), m.access(), settings,
                                    runtime.transport(), m.background);
+  for (int r = 0; r < runtime.world_size(); ++r)
+    if (r != runtime.rank()) m.peers.push_back(r);
   // Every rank takes part in every average: a dead rank ends the rounds, naming it.
   caf::actor actor = m.actor;
   m.listener = runtime.add_failure_listener([actor](int rank, const std::string& reason) {
@@ -194,6 +198,7 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   settings.min_interval = std::chrono::milliseconds(algorithm.min_interval_ms);
   settings.key_prefix = m.key_prefix;
   settings.seed = algorithm.topology.seed;
+  m.peers = settings.neighbours;
   m.actor = actors::spawn_gossiper(detail::actor_system(runtime), m.access(), settings,
                                    runtime.transport(), m.background);
   caf::actor actor = m.actor;
@@ -215,6 +220,7 @@ AsynchronousModule::~AsynchronousModule() {
 
 void AsynchronousModule::step(torch::optim::Optimizer& optimizer) {
   auto& m = *impl_;
+  if (m.ended) throw comm::Error(m.name() + ": step() after end_world()");
   {
     // The averages cannot go on without a dead rank: say so now rather than train on alone.
     std::lock_guard<std::mutex> lock(m.background->mutex);
@@ -259,7 +265,8 @@ void AsynchronousModule::abort() {
 
 void AsynchronousModule::resume() {
   auto& m = *impl_;
-  if (m.finished) throw comm::Error(m.name() + ": resume() after finish()");
+  if (m.finished)
+    throw comm::Error(m.name() + ": resume() after " + (m.ended ? "end_world()" : "finish()"));
   m.aborted = false;
   m.reattach();
   m.start_background();
@@ -271,6 +278,61 @@ void AsynchronousModule::finish() {
   m.finished = true;
   m.reattach();
   m.stop_background();
+}
+
+void AsynchronousModule::end_world(const std::string& reason) {
+  auto& m = *impl_;
+  if (m.ended) return;
+  m.ended = true;
+  m.finished = true;
+  m.reattach();
+  // A round in flight waits on peers that may never answer (dead, or stepping on in the old world
+  // until they hear of the change): its operations fail now, and no neighbour is waited for.
+  if (auto transport = m.rt.transport())
+    for (int peer : m.peers) transport->fail_peer(peer, reason);
+  const bool averager = std::holds_alternative<AsyncModelAverage>(m.algorithm);
+  if (averager)
+    caf::anon_send(m.actor, actors::abort_atom::value, reason, -1);
+  else
+    for (int peer : m.peers) caf::anon_send(m.actor, actors::drop_atom::value, peer, reason);
+  const std::string deadline = std::to_string(m.options.timeout.count()) + " ms";
+  caf::scoped_actor self{detail::actor_system(m.rt)};
+  std::string failed;
+  if (m.running) {
+    // The averager answers once the round in flight has failed (or at once between rounds); the
+    // gossiper once the sends to its dropped neighbours have ended.
+    m.running = false;
+    self->request(m.actor, m.options.timeout, actors::stop_atom::value)
+        .receive([](actors::stopped_atom, bool, const std::string&) {},
+                 [&](caf::error& e) {
+                   failed = "its background rounds did not end within " + deadline + " (" +
+                            detail::actor_system(m.rt).render(e) + ")";
+                 });
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.flat.mutex());
+    m.land();
+  }
+  // The actor's model access points into this module: it must be gone before the module is.
+  self->monitor(m.actor);
+  caf::anon_send_exit(m.actor, caf::exit_reason::user_shutdown);
+  bool gone = false;
+  self->receive([&](const caf::down_msg&) { gone = true; },
+                caf::after(m.options.timeout) >> [] {});
+  if (!gone && failed.empty())
+    failed = "its background actor did not exit within " + deadline;
+  if (!failed.empty()) throw comm::Error(m.name() + ": ending the world (" + reason + "): " + failed);
+}
+
+void AsynchronousModule::resume_at(uint64_t steps) {
+  auto& m = *impl_;
+  if (m.ended) throw comm::Error(m.name() + ": resume_at() after end_world()");
+  m.steps = steps;
+  {
+    std::lock_guard<std::mutex> lock(m.stats_mutex);
+    m.totals.steps = steps;
+  }
+  m.start_background();
 }
 
 void AsynchronousModule::save_state(comm::StateWriter& out) const {

@@ -145,6 +145,20 @@ class AsynchronousModule : public DataParallel {
   void resume();
   /// abort(), for good.
   void finish() override;
+  /// This rank's world is ending (an elastic re-form, runtime/elastic.h), and the others may
+  /// neither stop with it nor say goodbye: ends the background rounds without them. This rank's
+  /// operations with the module's peers (every rank for AsyncModelAverage, the neighbours for
+  /// AsyncGossip) fail on the Runtime's transport, with `reason`, so a round in flight ends
+  /// (AsyncModelAverage: abort_atom; AsyncGossip: every neighbour dropped); what the completed
+  /// rounds computed lands, and the call returns once the background actor is gone, so nothing
+  /// touches the model after it. Each wait has the GossipOptions::timeout deadline; the module
+  /// does not step or resume after it. The transport is the old world's, discarded by the
+  /// re-form that follows.
+  void end_world(const std::string& reason);
+  /// Numbers the next step `steps` (the warm-up counts from it): a module built for a new world
+  /// that goes on from the job's step, the same on every member. Starts the background rounds
+  /// when the warm-up has ended.
+  void resume_at(uint64_t steps);
   std::string algorithm_name() const override;
   CommStats stats() const override;
   /// "cpu", or "cuda via host staging": the background actors snapshot and change a CUDA model

@@ -55,7 +55,8 @@ inline comm::TopologySpec ring() {
 }
 
 /// "dpsgd-overlap", "dpsgd-after-step" (D-PSGD on a ring), "choco" (Choco-SGD on a ring,
-/// gamma 0.5, blocks of 64).
+/// gamma 0.5, blocks of 64), "async-model-average" (every 5 ms, 5 warm-up steps) and
+/// "async-gossip" (AD-PSGD on a ring, an exchange at most every 2 ms).
 inline JobAlgorithm make_algorithm(const std::string& name) {
   if (name == "dpsgd-overlap" || name == "dpsgd-after-step") {
     Decentralized d;
@@ -71,9 +72,21 @@ inline JobAlgorithm make_algorithm(const std::string& name) {
     c.block = 64;
     return c;
   }
-  if (name == "async-model-average") return AsyncModelAverage{};  // refused by ElasticTrainer
+  if (name == "async-model-average") {
+    AsyncModelAverage a;
+    a.warmup_steps = 5;
+    a.sync_interval_ms = 5;
+    return a;
+  }
+  if (name == "async-gossip") {
+    AsyncGossip g;
+    g.topology = ring();
+    g.min_interval_ms = 2;
+    return g;
+  }
   throw comm::Error("elastic gossip rank: algorithm '" + name +
-                    "' (expected dpsgd-overlap, dpsgd-after-step or choco)");
+                    "' (expected dpsgd-overlap, dpsgd-after-step, choco, async-model-average or "
+                    "async-gossip)");
 }
 
 /// Rank `rank` of `world`'s loss in step `step`, forward and backward on `net`.

@@ -1,25 +1,33 @@
-// troupe_elastic_gossip_rank: one rank of an elastic gossip test job (D-PSGD or Choco-SGD),
-// started by tests/runtime/elastic_gossip_processes_test.cpp through `troupe launch --elastic`,
-// with faults from TROUPE_FAULT. argv: steps, the world to wait for (0: none; the job trains on
-// while its world is smaller, then 6 more steps once it is whole, so that a restarted rank
-// trains), and the algorithm (elastic_gossip_job.h). It prints what the test needs to simulate
-// the job's whole membership history in one process:
+// troupe_elastic_gossip_rank: one rank of an elastic gossip or asynchronous test job (D-PSGD,
+// Choco-SGD, AsyncModelAverage, AsyncGossip), started by
+// tests/runtime/elastic_gossip_processes_test.cpp through `troupe launch --elastic`, with faults
+// from TROUPE_FAULT. argv: steps, the world to wait for (0: none; the job trains on while its
+// world is smaller, for at most 45 s, then 6 more steps once it is whole, so that a restarted
+// rank trains), the algorithm (elastic_gossip_job.h), and the generation to wait for (absent or
+// 0: none; the same, while the generation in force is older: an asynchronous rank steps at its
+// own pace and could otherwise finish before a fault elsewhere happens), and the background rounds
+// to wait for once every member has ended its steps (absent or 0: none; at most 20 s). It prints what the test needs to simulate the
+// job's whole membership history in one process:
 //   slot S generation G rank R world W source Q from F how H hash X
 //       at each formation it lived (H: "first", "joined" for a restarted rank, "re-formed"),
 //       with a hash of its parameters there;
 //   slot S completed C in generation G     the steps it had completed when its world ended;
-//   slot S finished T steps of A as rank R of W in generation G; loss L0 -> L1; params: ...
-//       at the end, its parameters as hex floats, and its mean loss over its first and last 5
-//       steps.
+//   slot S finished T steps of A as rank R of W in generation G; loss L0 -> L1; rounds N;
+//   params: ...
+//       at the end, its parameters as hex floats, its mean loss over its first and last 5
+//       steps, and the background rounds its module completed in its last world after every
+//       member ended its steps (0 for the synchronous gossip algorithms).
 // Exit: 0, or 1 on an error (printed).
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "runtime/runtime.h"
 #include "tests/runtime/elastic_gossip_job.h"
@@ -29,7 +37,9 @@ using namespace troupe::test::elastic_gossip;
 
 namespace {
 
-constexpr int64_t kMaxSteps = 20000;
+// How long a rank trains on while its world is smaller, or its generation older, than the one it
+// waits for.
+constexpr std::chrono::seconds kWaitAtMost{45};
 constexpr int64_t kStepsWhenWhole = 6;
 
 std::string hash_of(const torch::Tensor& t) {
@@ -56,7 +66,11 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 40;
   const int until_world = argc > 2 ? std::atoi(argv[2]) : 0;
+  const int until_generation = argc > 4 ? std::atoi(argv[4]) : 0;
+  const uint64_t rounds_after_end = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 0;
   const std::string algorithm = argc > 3 ? argv[3] : "dpsgd-overlap";
+  const bool asynchronous = algorithm.rfind("async", 0) == 0;
+  const auto deadline = std::chrono::steady_clock::now() + kWaitAtMost;
   try {
     const JobAlgorithm job = make_algorithm(algorithm);
     RuntimeOptions o;
@@ -78,14 +92,18 @@ int main(int argc, char** argv) {
                 << " world " << rt.world_size() << " source " << g.source << " from "
                 << trainer.steps() << " how " << how << " hash " << hash_of(flat(*net))
                 << std::endl;
-      if (until_world > 0 && rt.world_size() >= until_world)
+      if ((until_world > 0 || until_generation > 0) && rt.world_size() >= until_world &&
+          g.number >= until_generation)
         end = std::max(end, trainer.steps() + kStepsWhenWhole);
     };
     formed(rt.generation().number == 1 && trainer.recoveries().empty() ? "first" : "joined");
     ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
     std::vector<double> losses;
-    while (trainer.steps() < end ||
-           (rt.world_size() < until_world && trainer.steps() < kMaxSteps)) {
+    auto waiting = [&] {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      return rt.world_size() < until_world || rt.generation().number < until_generation;
+    };
+    while (trainer.steps() < end || waiting()) {
       const int64_t before = trainer.steps();
       const int generation = rt.generation().number;
       double loss = 0;
@@ -104,9 +122,25 @@ int main(int argc, char** argv) {
     }
     // Every member has ended its last step before any drains its last round (D-PSGD with
     // overlap posts one after each step) and before any leaves (a leave opens a generation).
-    rt.comm().barrier();
+    if (!trainer.finish())
+      throw comm::Error("the world changed while this rank waited for the others' end");
     const int64_t done_steps = trainer.steps();
     const std::string name = trainer.algorithm_name();
+    uint64_t rounds = 0;
+    if (asynchronous && rounds_after_end > 0) {
+      // The background rounds go on in the last world. Under AsyncModelAverage every member's
+      // weights are final now; a round whose snapshots all come after that makes them equal, and
+      // the last round (at the trainer's end) keeps them so. A round a member started by its
+      // timer may hold a snapshot from before its last steps, but no member gets more than one
+      // round ahead of another: the third round this rank completes from here on started on
+      // every member after every member's last step (so wait for 3 or more).
+      const uint64_t at_end = trainer.stats().background_rounds;
+      const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (trainer.stats().background_rounds < at_end + rounds_after_end &&
+             std::chrono::steady_clock::now() < wait_until)
+        std::this_thread::yield();
+      rounds = trainer.stats().background_rounds - at_end;
+    }
     owned.reset();
     rt.comm().barrier();
     const auto g = rt.generation();
@@ -119,7 +153,8 @@ int main(int argc, char** argv) {
     std::cout << "slot " << rt.slot() << " finished " << done_steps << " steps of " << name
               << " as rank " << rt.rank() << " of " << rt.world_size() << " in generation "
               << g.number << "; loss " << mean(0, k) << " -> "
-              << mean(losses.size() - k, losses.size()) << "; params:" << hex_floats(flat(*net))
+              << mean(losses.size() - k, losses.size()) << "; rounds " << rounds
+              << "; params:" << hex_floats(flat(*net))
               << std::endl;
     return 0;
   } catch (const std::exception& e) {
