@@ -63,8 +63,10 @@ struct RestoreChecks {
 
 class Checkpoint {
  public:
-  /// The format version this build writes and reads.
-  static constexpr uint32_t kVersion = 1;
+  /// The format version this build writes and reads. 2 (2026-11-24): Streaming DiLoCo's state
+  /// holds each fragment's failed flag, last average and its world (elastic eager updates), so a
+  /// version 1 file is refused by its version rather than misread.
+  static constexpr uint32_t kVersion = 2;
 
   /// For rank runtime.rank() of runtime.world_size().
   explicit Checkpoint(Runtime& runtime);

@@ -579,8 +579,12 @@ TEST_CASE("a checkpoint file of another format version is refused") {
   bytes[8] = 7;  // the version follows the 8-byte magic
   saved.write(bytes);
   CHECK_THROWS_WITH(saved.load(), mentions("'" + saved.file +
-                                                    "': format version 7, this build reads "
-                                                    "version 1"));
+                                           "': format version 7, this build reads version " +
+                                           std::to_string(troupe::Checkpoint::kVersion)));
+  // A file of the version before (Streaming DiLoCo's state then lacked what eager updates keep).
+  bytes[8] = 1;
+  saved.write(bytes);
+  CHECK_THROWS_WITH(saved.load(), mentions("': format version 1, this build reads version 2"));
   saved.write("not a checkpoint at all, but long enough to hold a header of sixty bytes....");
   CHECK_THROWS_WITH(saved.load(), doctest::Contains("not a troupe checkpoint"));
 }
