@@ -6,8 +6,10 @@
 // rank trains), the algorithm (elastic_gossip_job.h), and the generation to wait for (absent or
 // 0: none; the same, while the generation in force is older: an asynchronous rank steps at its
 // own pace and could otherwise finish before a fault elsewhere happens), and the background rounds
-// to wait for once every member has ended its steps (absent or 0: none; at most 20 s). It prints what the test needs to simulate the
-// job's whole membership history in one process:
+// to wait for once every member has ended its steps (absent or 0: none; at most 20 s; the members
+// end their modules only once every one has counted them), and the rounds the last world's rank 1
+// lets pass before it begins to count (absent or 0: none). It prints what the test needs to
+// simulate the job's whole membership history in one process:
 //   slot S generation G rank R world W source Q from F how H hash X
 //       at each formation it lived (H: "first", "joined" for a restarted rank, "re-formed"),
 //       with a hash of its parameters there;
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   const int until_world = argc > 2 ? std::atoi(argv[2]) : 0;
   const int until_generation = argc > 4 ? std::atoi(argv[4]) : 0;
   const uint64_t rounds_after_end = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 0;
+  const uint64_t skew = argc > 6 ? std::strtoull(argv[6], nullptr, 10) : 0;
   const std::string algorithm = argc > 3 ? argv[3] : "dpsgd-overlap";
   const bool asynchronous = algorithm.rfind("async", 0) == 0;
   const auto deadline = std::chrono::steady_clock::now() + kWaitAtMost;
@@ -134,12 +137,23 @@ int main(int argc, char** argv) {
       // timer may hold a snapshot from before its last steps, but no member gets more than one
       // round ahead of another: the third round this rank completes from here on started on
       // every member after every member's last step (so wait for 3 or more).
-      const uint64_t at_end = trainer.stats().background_rounds;
       const auto wait_until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (trainer.stats().background_rounds < at_end + rounds_after_end &&
-             std::chrono::steady_clock::now() < wait_until)
-        std::this_thread::yield();
+      auto wait_for = [&](uint64_t count) {
+        while (trainer.stats().background_rounds < count &&
+               std::chrono::steady_clock::now() < wait_until)
+          std::this_thread::yield();
+      };
+      // A rank that reads its count later than the others (as rank 1 does here when `skew` > 0,
+      // after `skew` rounds) needs rounds after theirs.
+      if (rt.rank() == 1 && skew > 0) wait_for(trainer.stats().background_rounds + skew);
+      const uint64_t at_end = trainer.stats().background_rounds;
+      wait_for(at_end + rounds_after_end);
       rounds = trainer.stats().background_rounds - at_end;
+      // No member ends its module before every member has counted its rounds: an ended module
+      // ends the others' rounds too (AsyncModelAverage's last round carries the stop to every
+      // member; AsyncGossip's bye leaves a neighbour that has no other without a partner), so a
+      // member that began counting a round or two after the first to finish would wait in vain.
+      rt.comm().barrier();
     }
     owned.reset();
     rt.comm().barrier();
