@@ -33,12 +33,15 @@ void wait_until(Done done, const std::string& what) {
   }
 }
 
-// Three thread ranks run `algorithm`; rank 0 ends its world once it has had 3 rounds, the others
-// only after it has (so a cooperative stop of rank 0, which waits for the others' goodbyes or
-// last round, could wait its whole 20 s deadline). Rank 0's end_world must return within 5 s.
+// Three thread ranks run `algorithm`; rank 0 ends its world once every rank has had 3 rounds
+// (had it ended at its own 3, a rank still short of them would lose its partners: rank 2 ends
+// right after rank 0, and rank 1 waited in vain, seen once in CI), the others only after it has
+// (so a cooperative stop of rank 0, which waits for the others' goodbyes or last round, could
+// wait its whole 20 s deadline). Rank 0's end_world must return within 5 s.
 template <typename Algorithm>
 void check_end_world(Algorithm algorithm) {
   std::atomic<bool> ended{false};
+  std::atomic<int> ready{0};
   std::atomic<int> others{0};
   double seconds = -1;
   auto errors = test::run_threads(3, [&](int rank, Runtime& rt) {
@@ -48,7 +51,9 @@ void check_end_world(Algorithm algorithm) {
     options.broadcast_parameters = false;
     AsynchronousModule module(rt, net.ptr(), algorithm, options);
     wait_until([&] { return module.stats().background_rounds >= 3; }, "3 background rounds");
+    ++ready;
     if (rank == 0) {
+      wait_until([&] { return ready.load() == 3; }, "every rank's 3 background rounds");
       const auto start = Clock::now();
       module.end_world("the test ends rank 0's world");
       seconds = std::chrono::duration<double>(Clock::now() - start).count();
