@@ -228,6 +228,46 @@ struct LocalUpdateDriver : ElasticTrainer::Driver {
   std::unique_ptr<LocalUpdateModule> lu;
 };
 
+/// What the gossip and the asynchronous drivers share: a module per world whose replicas differ by
+/// design, so each member keeps its own; the deadline of a round (or of ending a world's rounds)
+/// is the step's (unset: the Runtime's collective timeout), and the module never replaces the
+/// members' weights with rank 0's after a re-form (the first generation's members took the
+/// source's in heal()).
+template <typename Module>
+struct OwnReplicaDriver : ElasticTrainer::Driver {
+  OwnReplicaDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
+                   const DdpOptions& ddp)
+      : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {
+    options.timeout =
+        ddp.stall_timeout.value_or(detail::RuntimeAccess::collective_timeout(rt));
+    options.broadcast_parameters = !rt.elastic();
+  }
+  void destroy() override { dp.reset(); }
+  // Throws when the world this module runs over is ending: a change announced by the
+  // membership service, or a neighbour the module dropped.
+  void check_world(const char* when) const {
+    if (detail::RuntimeAccess::reform_announced(rt))
+      throw comm::Error(dp->algorithm_name() + " step " + std::to_string(step_) + " (" + when +
+                        "): the membership service announced a new generation");
+    const auto dropped = dp->stats().dropped_peers;
+    if (!dropped.empty())
+      throw comm::Error(dp->algorithm_name() + " step " + std::to_string(step_) + " (" + when +
+                        "): neighbour rank " + std::to_string(dropped.front()) +
+                        " was dropped");
+  }
+  std::string save(StatePart) const override { return {}; }
+  bool own_replicas() const override { return true; }
+  std::string algorithm_name() const override { return dp->algorithm_name(); }
+  const DataParallel* data_parallel() const override { return dp.get(); }
+
+  Runtime& rt;
+  std::shared_ptr<torch::nn::Module> module;
+  JobAlgorithm algorithm;
+  GossipOptions options;
+  std::unique_ptr<Module> dp;
+  int64_t step_ = 0;
+};
+
 /// D-PSGD and Choco-SGD: a DecentralizedModule per world, over that world's topology. Replicas
 /// differ by design, so each survivor keeps its own: the trainer keeps its caller state
 /// (parameters, buffers, optimizer) after each completed step, and a re-form rolls a survivor
@@ -237,18 +277,8 @@ struct LocalUpdateDriver : ElasticTrainer::Driver {
 /// mixes with the others, which elastic training counts as a failed step instead. So each
 /// survivor goes on from its own last completed step, which may differ between survivors by the
 /// few rounds a death takes to reach them; the job's step count goes on from the source's.
-struct GossipDriver : ElasticTrainer::Driver {
-  GossipDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
-               const DdpOptions& ddp)
-      : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {
-    // Each round's deadline: the step's (unset: the Runtime's collective timeout).
-    options.timeout =
-        ddp.stall_timeout.value_or(detail::RuntimeAccess::collective_timeout(rt));
-    // The members' weights differ after a re-form: the module must not replace them with rank
-    // 0's. (The first generation's members took the source's in heal().) Choco-SGD's public
-    // copies then start at zero on every rank (decentralized.h).
-    options.broadcast_parameters = !rt.elastic();
-  }
+struct GossipDriver : OwnReplicaDriver<DecentralizedModule> {
+  using OwnReplicaDriver::OwnReplicaDriver;
 
   void build(const std::string&, const std::string&, int64_t step) override {
     // A fresh module per world: the topology, the peer links and Choco's copies are the new
@@ -261,19 +291,6 @@ struct GossipDriver : ElasticTrainer::Driver {
                                                  std::get<LowPrecisionDecentralized>(algorithm),
                                                  options);
     step_ = step;
-  }
-  void destroy() override { dp.reset(); }
-  // Throws when the world this module gossips over is ending: a change announced by the
-  // membership service, or a neighbour the module dropped.
-  void check_world(const char* when) const {
-    if (detail::RuntimeAccess::reform_announced(rt))
-      throw comm::Error(dp->algorithm_name() + " step " + std::to_string(step_) + " (" + when +
-                        "): the membership service announced a new generation");
-    const auto dropped = dp->stats().dropped_peers;
-    if (!dropped.empty())
-      throw comm::Error(dp->algorithm_name() + " step " + std::to_string(step_) + " (" + when +
-                        "): neighbour rank " + std::to_string(dropped.front()) +
-                        " was dropped");
   }
   void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
             const std::function<void()>& snapshot) override {
@@ -288,18 +305,7 @@ struct GossipDriver : ElasticTrainer::Driver {
     completed();
     snapshot();
   }
-  std::string save(StatePart) const override { return {}; }
   bool rolls_back() const override { return true; }
-  bool own_replicas() const override { return true; }
-  std::string algorithm_name() const override { return dp->algorithm_name(); }
-  const DataParallel* data_parallel() const override { return dp.get(); }
-
-  Runtime& rt;
-  std::shared_ptr<torch::nn::Module> module;
-  JobAlgorithm algorithm;
-  GossipOptions options;
-  std::unique_ptr<DecentralizedModule> dp;
-  int64_t step_ = 0;
 };
 
 /// AsyncModelAverage and AsyncGossip: an AsynchronousModule per world. Replicas differ (the
@@ -310,67 +316,42 @@ struct GossipDriver : ElasticTrainer::Driver {
 /// nothing rolls back and nothing is serialised per step. A restarted rank takes the source's
 /// parameters and optimizer. The new module counts its steps from the job's (the source's):
 /// every member agrees on whether the warm-up's synchronous allreduce is still due.
-struct AsyncDriver : ElasticTrainer::Driver {
-  AsyncDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
-              const DdpOptions& ddp)
-      : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {
-    // The deadline of ending a world's rounds, and of the warm-up's stop: the step's.
-    options.timeout =
-        ddp.stall_timeout.value_or(detail::RuntimeAccess::collective_timeout(rt));
-    // The members' weights differ after a re-form: keep each one's own.
-    options.broadcast_parameters = !rt.elastic();
-  }
+struct AsyncDriver : OwnReplicaDriver<AsynchronousModule> {
+  using OwnReplicaDriver::OwnReplicaDriver;
 
   void build(const std::string&, const std::string&, int64_t step) override {
     if (const auto* a = std::get_if<AsyncModelAverage>(&algorithm))
-      am = std::make_unique<AsynchronousModule>(rt, module, *a, options);
+      dp = std::make_unique<AsynchronousModule>(rt, module, *a, options);
     else
-      am = std::make_unique<AsynchronousModule>(rt, module, std::get<AsyncGossip>(algorithm),
+      dp = std::make_unique<AsynchronousModule>(rt, module, std::get<AsyncGossip>(algorithm),
                                                 options);
-    am->resume_at(static_cast<uint64_t>(step));
+    dp->resume_at(static_cast<uint64_t>(step));
     step_ = step;
   }
   void destroy() override {
-    if (!am) return;
+    if (!dp) return;
     // The old world's rounds end here, without waiting on its other members (some are dead,
     // others step on until they hear of the change); an error ending them is reported, and the
     // re-form goes on (the module is gone either way).
     try {
-      am->end_world("rank " + std::to_string(rt.rank()) + "'s world ends (elastic re-form)");
+      dp->end_world("rank " + std::to_string(rt.rank()) + "'s world ends (elastic re-form)");
     } catch (const comm::Error& e) {
       std::cerr << "troupe: elastic: rank " << rt.rank() << ": " << e.what() << "\n";
     }
-    am.reset();
+    dp.reset();
   }
   void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
             const std::function<void()>& snapshot) override {
     fault::at(FaultPhase::backward, step_);
     // A change of the membership ends the world: AsyncGossip would otherwise train on alone
     // once its neighbours were dropped, and never join the next generation.
-    if (detail::RuntimeAccess::reform_announced(rt))
-      throw comm::Error(am->algorithm_name() + " step " + std::to_string(step_) +
-                        ": the membership service announced a new generation");
-    const auto dropped = am->stats().dropped_peers;
-    if (!dropped.empty())
-      throw comm::Error(am->algorithm_name() + " step " + std::to_string(step_) +
-                        ": neighbour rank " + std::to_string(dropped.front()) + " was dropped");
-    am->step(optimizer);  // throws before the optimizer, or completes
+    check_world("before its step");
+    dp->step(optimizer);  // throws before the optimizer, or completes
     ++step_;
     completed();
     snapshot();
   }
-  std::string save(StatePart) const override { return {}; }
   bool rolls_back() const override { return false; }
-  bool own_replicas() const override { return true; }
-  std::string algorithm_name() const override { return am->algorithm_name(); }
-  const DataParallel* data_parallel() const override { return am.get(); }
-
-  Runtime& rt;
-  std::shared_ptr<torch::nn::Module> module;
-  JobAlgorithm algorithm;
-  GossipOptions options;
-  std::unique_ptr<AsynchronousModule> am;
-  int64_t step_ = 0;
 };
 
 ElasticTrainer::ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
