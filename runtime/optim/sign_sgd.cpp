@@ -1,6 +1,5 @@
 #include "runtime/optim/sign_sgd.h"
 
-#include <c10/util/string_utils.h>
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
@@ -9,6 +8,7 @@
 #include <utility>
 
 #include "comm/status.h"
+#include "runtime/optim/param_groups.h"
 
 namespace troupe::optim {
 
@@ -69,8 +69,9 @@ void validate(const SignSgdOptions& o) {
 
 SignSGD::SignSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                  SignSgdOptions defaults)
-    : Optimizer(std::move(param_groups), std::make_unique<SignSgdOptions>(defaults)) {
+    : Optimizer(param_groups, std::make_unique<SignSgdOptions>(defaults)) {
   validate(defaults);
+  keep_group_options(param_groups_, param_groups);
   check_groups(param_groups_);
 }
 
@@ -91,7 +92,7 @@ torch::Tensor SignSGD::step(LossClosure closure) {
       at::Tensor d = p.grad();
       if (o.weight_decay() != 0) d = d.add(p, o.weight_decay());
       if (o.momentum() != 0) {
-        const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+        void* const key = p.unsafeGetTensorImpl();
         auto it = state_.find(key);
         if (it == state_.end())
           it = state_.emplace(key, std::make_unique<SignSgdParamState>()).first;

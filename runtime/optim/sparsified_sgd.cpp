@@ -1,7 +1,6 @@
 #include "runtime/optim/sparsified_sgd.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/string_utils.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "comm/codecs/sparse.h"
 #include "comm/compression/reductions.h"
 #include "comm/status.h"
+#include "runtime/optim/param_groups.h"
 #include "runtime/runtime.h"
 
 namespace troupe::optim {
@@ -79,8 +79,9 @@ void validate(const SparsifiedSgdOptions& o) {
 
 SparsifiedSGD::SparsifiedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                              SparsifiedSgdOptions defaults)
-    : Optimizer(std::move(param_groups), std::make_unique<SparsifiedSgdOptions>(defaults)) {
+    : Optimizer(param_groups, std::make_unique<SparsifiedSgdOptions>(defaults)) {
   validate(defaults);
+  keep_group_options(param_groups_, param_groups);
   check(param_groups_);
   size_t elements = 0;
   for (const auto& group : param_groups_)
@@ -146,7 +147,7 @@ std::vector<torch::Tensor> SparsifiedSGD::all_params() const {
 }
 
 SparsifiedSgdParamState& SparsifiedSGD::state_of(const torch::Tensor& p) {
-  const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+  void* const key = p.unsafeGetTensorImpl();
   auto it = state_.find(key);
   if (it == state_.end()) {
     at::NoGradGuard no_grad;
@@ -237,7 +238,7 @@ torch::Tensor SparsifiedSGD::step(LossClosure closure) {
 std::vector<torch::Tensor> SparsifiedSGD::estimated_weights() const {
   std::vector<torch::Tensor> out;
   for (const auto& p : all_params()) {
-    auto it = state_.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto it = state_.find(p.unsafeGetTensorImpl());
     out.push_back(
         it == state_.end()
             ? p.detach().clone()
@@ -249,7 +250,7 @@ std::vector<torch::Tensor> SparsifiedSGD::estimated_weights() const {
 std::vector<torch::Tensor> SparsifiedSGD::memory() const {
   std::vector<torch::Tensor> out;
   for (const auto& p : all_params()) {
-    auto it = state_.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto it = state_.find(p.unsafeGetTensorImpl());
     out.push_back(it == state_.end()
                       ? at::zeros_like(p)
                       : static_cast<const SparsifiedSgdParamState&>(*it->second).memory().clone());

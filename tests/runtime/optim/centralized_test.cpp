@@ -292,7 +292,7 @@ TEST_CASE(
     }
   }
   auto buffer_of = [](torch::optim::Optimizer& opt, const torch::Tensor& p) {
-    auto& state = opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto& state = opt.state().at(p.unsafeGetTensorImpl());
     return static_cast<torch::optim::SGDParamState&>(*state).momentum_buffer().clone();
   };
   std::vector<torch::Tensor> want_buffers;

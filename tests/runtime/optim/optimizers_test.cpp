@@ -426,6 +426,42 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a param group's own options are the ones its step uses, for SignSGD and SparsifiedSGD") {
+  // LibTorch 2.x's add_param_group gives a group of an optimizer that is not its own a copy of
+  // the defaults; troupe's optimizers keep what the caller gave each group.
+  torch::manual_seed(9);
+  auto a = torch::randn({5}).requires_grad_(true), b = torch::randn({5}).requires_grad_(true);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{a});
+  groups.emplace_back(std::vector<torch::Tensor>{b}, std::make_unique<optim::SignSgdOptions>(0.5));
+  optim::SignSGD sign(groups, optim::SignSgdOptions(0.1));
+  CHECK(sign.param_groups()[0].options().get_lr() == 0.1);
+  CHECK(sign.param_groups()[1].options().get_lr() == 0.5);
+  auto ga = torch::randn({5}), gb = torch::randn({5});
+  auto want_a = (a - 0.1 * ga.sign()).detach(), want_b = (b - 0.5 * gb.sign()).detach();
+  a.mutable_grad() = ga;
+  b.mutable_grad() = gb;
+  sign.step();
+  CHECK(torch::equal(a, want_a));
+  CHECK(torch::equal(b, want_b));
+
+  // SparsifiedSGD: a group's own k (count) decides how many of its coordinates move.
+  auto c = torch::randn({10}).requires_grad_(true), d = torch::randn({10}).requires_grad_(true);
+  std::vector<torch::optim::OptimizerParamGroup> sparse_groups;
+  sparse_groups.emplace_back(std::vector<torch::Tensor>{c});
+  sparse_groups.emplace_back(std::vector<torch::Tensor>{d},
+                             std::make_unique<optim::SparsifiedSgdOptions>(
+                                 optim::SparsifiedSgdOptions(0.2).count(4)));
+  optim::SparsifiedSGD sparse(sparse_groups, optim::SparsifiedSgdOptions(0.2).count(1));
+  CHECK(sparse.kept_per_step() == 5);
+  auto c_before = c.detach().clone(), d_before = d.detach().clone();
+  c.mutable_grad() = torch::randn({10});
+  d.mutable_grad() = torch::randn({10});
+  sparse.step();
+  CHECK((c != c_before).sum().item<int64_t>() == 1);
+  CHECK((d != d_before).sum().item<int64_t>() == 4);
+}
+
 TEST_CASE("bad optimizer arguments are rejected with a message naming them") {
   auto p = torch::randn({4}).requires_grad_(true);
   using optim::SignSgdOptions;
