@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <torch/serialize/archive.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -184,6 +185,7 @@ Checkpoint& Checkpoint::module(torch::nn::Module& module) {
 }
 
 void save_optimizer(const torch::optim::Optimizer& optimizer, comm::StateWriter& out) {
+  out.string(TORCH_VERSION);
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);
   std::ostringstream stream;
@@ -193,8 +195,16 @@ void save_optimizer(const torch::optim::Optimizer& optimizer, comm::StateWriter&
 
 namespace {
 
-// A torch archive parsed from the state (before anything is changed).
+// A torch archive parsed from the state (before anything is changed). An optimizer's archive is
+// LibTorch's own format, keyed by its own names (the state of each parameter, its "step"), which
+// LibTorch does not promise to keep across versions (2.2 changed how optimizers key their state):
+// one written by another LibTorch is refused, naming both versions, rather than loaded on trust.
 std::shared_ptr<torch::serialize::InputArchive> read_archive(comm::StateReader& in) {
+  const std::string written_by = in.string();
+  if (written_by != TORCH_VERSION)
+    in.fail("the optimizer's state was written by LibTorch " + written_by +
+            ", this build runs LibTorch " TORCH_VERSION
+            " (an optimizer's torch archive is loaded only by the LibTorch that wrote it)");
   auto archive = std::make_shared<torch::serialize::InputArchive>();
   std::istringstream stream(in.string());
   try {

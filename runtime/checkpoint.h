@@ -65,8 +65,9 @@ class Checkpoint {
  public:
   /// The format version this build writes and reads. 2 (2026-11-24): Streaming DiLoCo's state
   /// holds each fragment's failed flag, last average and its world (elastic eager updates), so a
-  /// version 1 file is refused by its version rather than misread.
-  static constexpr uint32_t kVersion = 2;
+  /// version 1 file is refused by its version rather than misread. 3 (2026-11-26): an optimizer's
+  /// state names the LibTorch version that wrote it.
+  static constexpr uint32_t kVersion = 3;
 
   /// For rank runtime.rank() of runtime.world_size().
   explicit Checkpoint(Runtime& runtime);
@@ -128,8 +129,9 @@ class Checkpoint {
   std::vector<Part> parts_;
 };
 
-/// A torch::optim optimizer's state as bytes (its save() into a torch archive) and back; used by
-/// the optimizers that own an inner one. load_optimizer throws comm::Error naming `in.what()`.
+/// A torch::optim optimizer's state as bytes (the LibTorch version, then its save() into a torch
+/// archive) and back; used by the optimizers that own an inner one. load_optimizer throws
+/// comm::Error naming `in.what()`, and both versions when another LibTorch wrote the state.
 void save_optimizer(const torch::optim::Optimizer& optimizer, comm::StateWriter& out);
 void load_optimizer(torch::optim::Optimizer& optimizer, comm::StateReader& in);
 

@@ -6,6 +6,7 @@
 #include "runtime/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -40,7 +41,8 @@ namespace fs = std::filesystem;
 doctest::Contains mentions(const std::string& text) { return doctest::Contains(text.c_str()); }
 
 // Two linear layers written with element-wise ops, so that the same model runs in float16 on the
-// CPU (LibTorch 1.13 has no half matrix product there). Its weights come from `seed`.
+// CPU whatever half kernels the LibTorch has there (1.13 had no half matrix product). Its weights
+// come from `seed`.
 struct Net : torch::nn::Module {
   explicit Net(uint64_t seed) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -584,7 +586,11 @@ TEST_CASE("a checkpoint file of another format version is refused") {
   // A file of the version before (Streaming DiLoCo's state then lacked what eager updates keep).
   bytes[8] = 1;
   saved.write(bytes);
-  CHECK_THROWS_WITH(saved.load(), mentions("': format version 1, this build reads version 2"));
+  CHECK_THROWS_WITH(saved.load(), mentions("': format version 1, this build reads version 3"));
+  // Version 2: an optimizer's state did not yet name the LibTorch that wrote it.
+  bytes[8] = 2;
+  saved.write(bytes);
+  CHECK_THROWS_WITH(saved.load(), mentions("': format version 2, this build reads version 3"));
   saved.write("not a checkpoint at all, but long enough to hold a header of sixty bytes....");
   CHECK_THROWS_WITH(saved.load(), doctest::Contains("not a troupe checkpoint"));
 }
@@ -620,4 +626,45 @@ TEST_CASE("a checkpoint of another model is refused before anything is loaded") 
   CHECK_THROWS_WITH(parts.load(saved.dir),
                     doctest::Contains("it holds the parts [module, value epoch], this Checkpoint "
                                       "has [value epoch, value batch]"));
+}
+
+TEST_CASE("an optimizer's state loads exactly under the LibTorch that wrote it, and another's is "
+          "refused naming both versions") {
+  torch::manual_seed(3);
+  torch::nn::Linear net(3, 2);
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1));
+  for (int step = 0; step < 2; ++step) {
+    adam.zero_grad();
+    net->forward(torch::rand({4, 3})).sum().backward();
+    adam.step();
+  }
+  std::string bytes;
+  troupe::comm::StateWriter out(bytes);
+  troupe::save_optimizer(adam, out);
+
+  auto moments_of = [&net](torch::optim::Adam& opt) {
+    auto& state = static_cast<torch::optim::AdamParamState&>(
+        *opt.state().at(net->weight.unsafeGetTensorImpl()));
+    return std::make_pair(state.step(), state.exp_avg_sq().clone());
+  };
+  torch::optim::Adam same(net->parameters(), torch::optim::AdamOptions(0.1));
+  troupe::comm::StateReader in(bytes, "adam's state");
+  troupe::load_optimizer(same, in);
+  CHECK(moments_of(same).first == 2);
+  CHECK(torch::equal(moments_of(same).second, moments_of(adam).second));
+
+  // The same archive, labelled as another LibTorch's.
+  troupe::comm::StateReader parts(bytes, "adam's state");
+  CHECK(parts.string() == TORCH_VERSION);
+  const std::string archive = parts.string();
+  std::string other;
+  troupe::comm::StateWriter relabel(other);
+  relabel.string("1.13.1");
+  relabel.string(archive);
+  torch::optim::Adam fresh(net->parameters(), torch::optim::AdamOptions(0.1));
+  troupe::comm::StateReader old_state(other, "adam's state");
+  CHECK_THROWS_WITH(troupe::load_optimizer(fresh, old_state),
+                    mentions("adam's state: the optimizer's state was written by LibTorch 1.13.1, "
+                             "this build runs LibTorch " TORCH_VERSION));
+  CHECK(fresh.state().empty());  // nothing was loaded
 }
