@@ -1,4 +1,6 @@
-# Third-party dependencies: Debian 12 packages (see scripts/setup), CUDA under /usr/local/cuda.
+# Third-party dependencies: Debian 12 packages (see scripts/setup), LibTorch (the torch wheel that
+# scripts/setup installs in .venv, or the user's own through Torch_DIR / CMAKE_PREFIX_PATH), CUDA
+# under /usr/local/cuda.
 find_package(Threads REQUIRED)
 find_package(ucx REQUIRED)
 
@@ -9,6 +11,10 @@ find_library(CAF_IO_LIBRARY caf_io REQUIRED)
 add_library(troupe_caf INTERFACE)
 target_include_directories(troupe_caf SYSTEM INTERFACE ${CAF_INCLUDE_DIR})
 target_link_libraries(troupe_caf INTERFACE ${CAF_IO_LIBRARY} ${CAF_CORE_LIBRARY} Threads::Threads)
+# CAF 0.17.6's headers use uint64_t and friends without including <cstdint> (caf/detail/atom_val.hpp
+# and others), which libstdc++ 13 no longer brings in through other headers: every C++ TU that
+# sees CAF, troupe's and an installed troupe's consumers', gets <cstdint> first from this target.
+target_compile_options(troupe_caf INTERFACE "$<$<COMPILE_LANGUAGE:CXX>:SHELL:-include cstdint>")
 
 find_package(CLI11 REQUIRED)
 find_package(tomlplusplus REQUIRED)  # job files (runtime/job_config.cpp)
@@ -16,9 +22,35 @@ find_package(ZLIB REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(doctest REQUIRED)
 
-# LibTorch (Debian libtorch-dev, CPU; the torch wheel's libtorch on GPU machines).
+# LibTorch 2.x: the torch wheel's (scripts/setup), the pytorch.org zip, or a build of one's own.
+# A CUDA LibTorch's config adds -gencode flags for TORCH_CUDA_ARCH_LIST (default: eleven
+# architectures) to every .cu file; troupe's kernels are built for the GPUs it is tested on.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+endif()
 find_package(Torch REQUIRED)
-find_path(TORCH_VERSION_INCLUDE_DIR torch/csrc/api/include/torch/version.h PATHS /usr/include)
+if(Torch_VERSION VERSION_LESS 2.2)
+  message(FATAL_ERROR "troupe needs LibTorch 2.2 or newer; found ${Torch_VERSION} in ${Torch_DIR} "
+    "(point Torch_DIR or CMAKE_PREFIX_PATH at a LibTorch 2.x, e.g. the torch wheel's "
+    "torch.utils.cmake_prefix_path)")
+endif()
+# C++20, or the newer standard the torch target asks of its consumers (compile feature cxx_std_NN).
+set(TROUPE_CXX_STANDARD 20)
+get_target_property(_troupe_torch_features torch INTERFACE_COMPILE_FEATURES)
+foreach(_feature IN LISTS _troupe_torch_features)
+  if(_feature MATCHES "^cxx_std_([0-9]+)$" AND CMAKE_MATCH_1 GREATER TROUPE_CXX_STANDARD)
+    set(TROUPE_CXX_STANDARD ${CMAKE_MATCH_1})
+  endif()
+endforeach()
+unset(_troupe_torch_features)
+set(CMAKE_CXX_STANDARD ${TROUPE_CXX_STANDARD})
+set(CMAKE_CUDA_STANDARD ${TROUPE_CXX_STANDARD})
+message(STATUS "troupe: LibTorch ${Torch_VERSION} (${Torch_DIR}), C++${TROUPE_CXX_STANDARD}")
+# libstdc++ ahead of LibTorch, and a torch wheel's CUDA libraries (the nvidia-* wheels) ahead of a
+# toolkit's, in every executable: see cmake/torch_link.cmake.
+include(${CMAKE_CURRENT_LIST_DIR}/torch_link.cmake)
+troupe_torch_link_options("${TORCH_INSTALL_PREFIX}")
+add_link_options(${TROUPE_TORCH_LINK_OPTIONS})
 
 set(TROUPE_HAVE_CUDA OFF)
 if(TROUPE_WITH_CUDA)
@@ -29,6 +61,12 @@ if(TROUPE_WITH_CUDA)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
+    # CMake before 3.26 knows no C++20 flag for nvcc (12.0 and newer take -std=c++20).
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION
+       AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     find_package(CUDAToolkit REQUIRED)
     set(TROUPE_HAVE_CUDA ON)
   endif()
@@ -40,12 +78,21 @@ message(STATUS "troupe: CUDA ${TROUPE_HAVE_CUDA}")
 set(TROUPE_HAVE_NCCL OFF)
 if(TROUPE_HAVE_CUDA)
   get_filename_component(_troupe_cuda_root "${CUDAToolkit_BIN_DIR}" DIRECTORY)
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${_troupe_cuda_root}
-    /usr/local/cuda PATH_SUFFIXES include)
-  find_library(NCCL_LIBRARY nccl HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${_troupe_cuda_root}
-    /usr/local/cuda PATH_SUFFIXES lib64 lib)
+  # A torch wheel loads the nvidia-nccl wheel's libnccl.so.2 (site-packages/nvidia/nccl), and the
+  # dynamic loader keeps one libnccl.so.2 per process: troupe compiles against that one's nccl.h
+  # when it is there, so that the header and the library that runs agree. NCCL_ROOT comes first.
+  get_filename_component(_troupe_wheel_nccl "${TORCH_INSTALL_PREFIX}/../nvidia/nccl" ABSOLUTE)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${_troupe_wheel_nccl}
+    ${_troupe_cuda_root} /usr/local/cuda PATH_SUFFIXES include)
+  # The wheel names its library libnccl.so.2 only.
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT}
+    ${_troupe_wheel_nccl} ${_troupe_cuda_root} /usr/local/cuda PATH_SUFFIXES lib64 lib)
+  unset(_troupe_wheel_nccl)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(TROUPE_HAVE_NCCL ON)
+    # Before every other folder: the CUDA toolkit's include folder, which every CUDA target has,
+    # may hold an nccl.h of another version.
+    include_directories(BEFORE SYSTEM ${NCCL_INCLUDE_DIR})
     # An imported target, so that the exported troupe_comm names NCCL::nccl (which
     # troupeConfig.cmake finds again on the consumer's machine), not this machine's libnccl path.
     add_library(NCCL::nccl UNKNOWN IMPORTED)
@@ -54,7 +101,7 @@ if(TROUPE_HAVE_CUDA)
   endif()
   unset(_troupe_cuda_root)
 endif()
-message(STATUS "troupe: NCCL ${TROUPE_HAVE_NCCL}")
+message(STATUS "troupe: NCCL ${TROUPE_HAVE_NCCL} ${NCCL_LIBRARY}")
 
 # LibTorch's c10_cuda (the torch wheel on GPU machines; Debian's CPU libtorch has none): with it,
 # DistributedModule records gradient events on torch's current CUDA stream instead of the legacy

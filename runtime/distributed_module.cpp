@@ -118,7 +118,10 @@ struct DistributedModule::Impl {
   int listener = 0;
 
   // Hooks: the accumulators are kept alive; `alive` turns the hooks off at destruction.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  // What grad_accumulator returns: a std::shared_ptr<Node> up to LibTorch 2.14, a
+  // c10::intrusive_ptr<Node> from 2.15.
+  std::vector<decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()))>
+      accumulators;
   std::vector<uintptr_t> hook_keys;
   std::shared_ptr<std::atomic<Impl*>> hook_target;
 

@@ -421,10 +421,9 @@ int main(int argc, char** argv) {
       // troupe launch --elastic: a bucket algorithm, DiLoCo, Streaming DiLoCo, SparseLoCo, D-PSGD,
       // Choco-SGD, AsyncModelAverage or AsyncGossip through an ElasticTrainer
       // (examples/fashion_mnist/elastic.h), which refuses the others by name.
-      examples::ElasticRun run{t.data, t.model, t.epochs, t.batch, t.lr, t.momentum, t.log_every,
-                               t.seed};
-      run.algorithm = s.algorithm;
-      run.ddp = s.ddp;
+      examples::ElasticRun run{t.data,      t.model, t.epochs,    t.batch,
+                               t.lr,        t.momentum, t.log_every, t.seed,
+                               s.algorithm, s.ddp};
       if (!elastic_data) elastic_data = examples::load_elastic_data(t.data, s.subset);
       examples::train_elastic(rt, run, *elastic_data);
       return 0;

@@ -1,7 +1,7 @@
 // build/bin/troupe: launch a job, print versions, run benchmarks.
 #include <CLI/CLI.hpp>
 #include <caf/config.hpp>
-#include <torch/csrc/api/include/torch/version.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <climits>

@@ -216,7 +216,7 @@ TEST_CASE("optim::PowerSGD averages gradients set to none, and its zero_grad kee
 }
 
 TEST_CASE("FP16Optimizer with gradients set to none steps as with gradients zeroed in place") {
-  // bfloat16 (LibTorch 1.13 has bfloat16 matrix products on the CPU, not float16 ones); the
+  // bfloat16 (LibTorch 1.13 had bfloat16 matrix products on the CPU, not float16 ones); the
   // in-place run is the one fp16_optimizer_test.cpp checks against an fp32 SGD.
   torch::set_num_threads(1);
   const int world = 2, steps = 3;
@@ -234,7 +234,7 @@ TEST_CASE("FP16Optimizer with gradients set to none steps as with gradients zero
         if (to_none) model->zero_grad(/*set_to_none=*/true);
         else opt.zero_grad();
         auto out = model->forward(job.x(s, r).to(torch::kBFloat16)).to(torch::kFloat);
-        opt.backward(torch::mse_loss(out, job.y(s, r)));  // 1.13 has no bfloat16 mse_loss
+        opt.backward(torch::mse_loss(out, job.y(s, r)));  // 1.13 had no bfloat16 mse_loss
         opt.step();
       }
       masters[to_none][static_cast<size_t>(r)] = test::clones(opt.master_weights());

@@ -95,7 +95,7 @@ TEST_CASE("bad TcpStore arguments are refused, naming them") {
 TEST_CASE("a TcpStore talks to PyTorch's own TCPStore server in Python") {
   const std::string python = test::torch_python();
   if (python.empty()) {
-    test::skip_case("no torchrun on PATH (python3-torch not installed): no Python TCPStore");
+    test::skip_case("no torchrun (scripts/setup installs the torch wheel in .venv): no Python TCPStore");
     return;
   }
   // The server prints its port, sets a key, waits (30 s at most) for ours and prints it.

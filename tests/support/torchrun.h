@@ -1,5 +1,5 @@
 #pragma once
-// Test support: the torchrun on PATH and the Python it runs (its #! line), for the tests that
+// Test support: torchrun (of the torch troupe is built against) and the Python it runs (its #! line), for the tests that
 // talk to PyTorch's own launcher and TCPStore; both "" where PyTorch is not installed.
 #include <unistd.h>
 
@@ -23,8 +23,14 @@ inline std::string find_on_path(const std::string& name) {
   return "";
 }
 
-/// torchrun's path, or "".
-inline std::string torchrun() { return find_on_path("torchrun"); }
+/// torchrun's path: the one CMake found beside the LibTorch troupe is built against, else the
+/// first on PATH, else "".
+inline std::string torchrun() {
+#ifdef TROUPE_TORCHRUN
+  if (access(TROUPE_TORCHRUN, X_OK) == 0) return TROUPE_TORCHRUN;
+#endif
+  return find_on_path("torchrun");
+}
 
 /// The interpreter of torchrun's #! line (the Python that has torch), or "".
 inline std::string torch_python() {

@@ -25,8 +25,8 @@ using test::copy_params;
 using test::max_diff;
 using test::run_threads;
 
-// Two linear layers written with element-wise ops, since LibTorch 1.13 has no float16 matrix
-// product on the CPU. Built in float32.
+// Two linear layers written with element-wise ops (LibTorch 1.13, which this test was written for,
+// had no float16 matrix product on the CPU). Built in float32.
 struct Net : torch::nn::Module {
   Net() {
     w1 = register_parameter("w1", torch::randn({5, 6}) * 0.4);
