@@ -11,7 +11,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 results="${1:-$root/build/bench}"
 troupe="${TROUPE_BIN:-$root/build/bin/troupe}"
-python=/usr/bin/python3
+python="${TROUPE_PYTHON:-$root/.venv/bin/python}"  # the torch troupe is built against
 sizes=4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB
 worlds=(2 4)
 
@@ -22,7 +22,7 @@ if [[ ! -x "$troupe" ]]; then
 fi
 if ! "$python" -c 'import torch.distributed, matplotlib' 2>/dev/null; then
   echo "allreduce_vs_gloo: $python needs torch and matplotlib" \
-       "(apt-get install -y python3-torch python3-matplotlib)" >&2
+       "(scripts/setup puts torch in .venv; then .venv/bin/pip install matplotlib)" >&2
   exit 1
 fi
 

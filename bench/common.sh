@@ -21,5 +21,5 @@ need_troupe() {
 # need_torch PYTHON: dies unless PYTHON imports torch.distributed.
 need_torch() {
   "$1" -c 'import torch.distributed' 2>/dev/null ||
-    die "$1 needs torch (apt-get install -y python3-torch)"
+    die "$1 does not import torch.distributed: run scripts/setup (it puts the torch wheel in .venv), or set TROUPE_PYTHON to a Python with torch"
 }

@@ -14,7 +14,7 @@ results="${1:-$root/build/bench}"
 steps="${2:-30}"
 troupe="${TROUPE_BIN:-$root/build/bin/troupe}"
 repeats="${REPEATS:-2}"
-python=/usr/bin/python3
+python="${TROUPE_PYTHON:-$root/.venv/bin/python}"  # the torch troupe is built against
 script=ddp_compression_vs_torch
 source "$root/bench/common.sh"
 need_positive_int steps "$steps"

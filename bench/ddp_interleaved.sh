@@ -23,7 +23,7 @@ rounds="${1:-3}"
 iterations="${2:-20}"
 world="${3:-2}"
 troupe="${TROUPE_BIN:-$root/build/bin/troupe}"
-python=/usr/bin/python3
+python="${TROUPE_PYTHON:-$root/.venv/bin/python}"  # the torch troupe is built against
 
 script=ddp_interleaved
 source "$root/bench/common.sh"

@@ -6,7 +6,7 @@ source "$root/bench/common.sh"
 # (default 1) into hosts, rates (an array) and rounds, sets python and netbed, and dies, naming
 # the setting, unless they are usable, torch.distributed imports and the bed can be made here.
 netbed_settings() {
-  python=/usr/bin/python3
+  python="${TROUPE_PYTHON:-$root/.venv/bin/python}"  # the torch troupe is built against
   netbed="$root/scripts/netbed"
   hosts=${HOSTS:-4}
   read -r -a rates <<<"${RATES:-$1}"
