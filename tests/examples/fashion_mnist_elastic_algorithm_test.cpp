@@ -115,7 +115,13 @@ TEST_CASE("an elastic fashion_mnist takes asynchronous model averaging from --al
   CHECK(run.log.find("kills itself at step 10 (backward)") != std::string::npos);
   CHECK(run.log.find("fashion_mnist: mlp, async_model_average(every 20 ms, warm-up 4 steps)") !=
         std::string::npos);
-  CHECK(run.log.find("now 2 ranks; redoing step") != std::string::npos);
+  // Past the warm-up each rank steps at its own pace: the survivors meet the new world either in
+  // a step (and redo it) or, when they were faster than slot 2 and finished their 64 steps before
+  // its step 10 (seen in CI with the torch wheel's faster compute), in the barrier at their end.
+  const bool in_a_step = run.log.find("now 2 ranks; redoing step") != std::string::npos;
+  const bool at_the_end = run.log.find("the world changed while it waited for the others' end, "
+                                       "now 2 ranks") != std::string::npos;
+  CHECK((in_a_step || at_the_end));
   // Both survivors finish every step in the world of two (their replicas differ: the averages
   // run on their own schedule).
   CHECK(finished_checksums(run.log, "async_model_average").size() == 2);
