@@ -1,5 +1,9 @@
 #include "comm/cpu_features.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace troupe::comm {
 
 const CpuFeatures& cpu_features() {
@@ -8,7 +12,10 @@ const CpuFeatures& cpu_features() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     f.avx2 = __builtin_cpu_supports("avx2");
-    f.f16c = __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports knows no "f16c".
+    // It uses the AVX register state, which the AVX2 check has found the OS saving.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    f.f16c = f.avx2 && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
     f.fma = __builtin_cpu_supports("fma");
 #endif
     return f;
