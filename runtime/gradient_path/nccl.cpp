@@ -144,8 +144,9 @@ class NcclPath : public GradientPath {
  private:
   std::shared_ptr<comm::NcclCommunicator> nccl_;
   std::shared_ptr<actors::NcclOrder> order_;
-  int world_ = 1;
-  bool divide_before_ = false;
+  // Read only where NCCL is built in (clang warns of unused private fields otherwise).
+  [[maybe_unused]] int world_ = 1;
+  [[maybe_unused]] bool divide_before_ = false;
 };
 
 }  // namespace
