@@ -133,9 +133,11 @@ void train_rank(Runtime& rt, const Settings& s) {
   auto& sgd = static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options());
   int64_t step = 0;
   // Everything a rank needs to go on exactly: model, optimizer, the algorithm's state, torch's
-  // generator, and where the loader is (epoch, batches done in it; its order depends only on the
-  // seed and the epoch, so the seed is checked rather than a generator saved).
-  int64_t saved_epoch = 0, saved_batch = 0, saved_seed = static_cast<int64_t>(t.seed);
+  // generator, and where the loader is (epoch, batches done in it). The loader's order depends
+  // only on the seed, the batch size, the training set and the epoch, so those are settings a
+  // resume must keep (and the world size, which the checkpoint checks itself); the job's
+  // checkpoint (save_step / load_last) is a step that every rank saved.
+  int64_t saved_epoch = 0, saved_batch = 0;
   Checkpoint checkpoint(rt);
   checkpoint.module(*module).optimizer(opt).rng().value("step", step);
   checkpoint.part(
@@ -147,14 +149,13 @@ void train_rank(Runtime& rt, const Settings& s) {
           dp->load_state(in);
         }
       });
-  checkpoint.value("epoch", saved_epoch).value("batch", saved_batch).value("seed", saved_seed);
+  checkpoint.value("epoch", saved_epoch).value("batch", saved_batch);
+  checkpoint.setting("seed", static_cast<int64_t>(t.seed))
+      .setting("batch", t.batch)
+      .setting("subset", s.subset)
+      .setting("model", t.model);
   if (!s.resume_dir.empty()) {
-    checkpoint.load(s.resume_dir);
-    if (saved_seed != static_cast<int64_t>(t.seed))
-      throw comm::Error(format("--resume %s: saved with --seed %lld, this run has --seed %llu "
-                               "(expected the same seed: it orders the batches)",
-                               s.resume_dir.c_str(), static_cast<long long>(saved_seed),
-                               static_cast<unsigned long long>(t.seed)));
+    checkpoint.load_last(s.resume_dir);
     if (rank == 0)
       say(s, rank, format("resumed from %s at step %lld (epoch %lld, batch %lld)",
                           s.resume_dir.c_str(), static_cast<long long>(step),
@@ -206,7 +207,7 @@ void train_rank(Runtime& rt, const Settings& s) {
       if (s.checkpoint_every > 0 && step % s.checkpoint_every == 0) {
         saved_epoch = epoch;
         saved_batch = batch_index;
-        checkpoint.save(s.checkpoint_dir);
+        checkpoint.save_step(s.checkpoint_dir, step);
       }
       if (s.stop_step > 0 && step == s.stop_step) {
         say(s, rank, format("stopping after step %lld (--stop-step)", static_cast<long long>(step)));
@@ -373,11 +374,13 @@ int main(int argc, char** argv) {
   app.add_option("--subset", s.subset, "Train on the first N training images only (0: all)")
       ->check(cli::integer_in(0, max_int));
   app.add_option("--checkpoint", s.checkpoint_dir,
-                 "Save a checkpoint here (one file per rank) every --checkpoint-every steps");
+                 "Save the job's checkpoint here every --checkpoint-every steps (DIR/step-N/, a "
+                 "file per rank, and each rank's record of the last step all ranks saved)");
   app.add_option("--checkpoint-every", s.checkpoint_every, "Steps between two checkpoints")
       ->check(cli::integer_in(1, max_int));
   app.add_option("--resume", s.resume_dir,
-                 "Continue from the checkpoint in this folder (same ranks, algorithm and seed)");
+                 "Continue from the last step every rank saved in this folder (same world size, "
+                 "algorithm, seed, batch, subset and model)");
   app.add_flag("--resume-without-algorithm-state", s.drop_algorithm_state,
                "Benchmarks: resume the model, optimizer and loader but not the algorithm's state")
       ->group("");

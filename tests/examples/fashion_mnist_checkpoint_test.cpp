@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,13 +23,15 @@ struct Run {
   std::vector<int> exit_codes;
 };
 
-Run fashion_mnist(const std::vector<std::string>& extra) {
+Run fashion_mnist(const std::vector<std::string>& extra, const std::string& batch = "16") {
   LaunchOptions o;
   o.nprocs = 2;
   // 1024 images per rank in batches of 16: 64 steps per epoch, 256 in all.
-  o.command = {FASHION_MNIST_BIN, "--model", "mlp", "--subset", "2048", "--batch", "16",
+  // clang-format off
+  o.command = {FASHION_MNIST_BIN, "--model", "mlp", "--subset", "2048", "--batch", batch,
                "--epochs", "4", "--log-every", "1000", "--threads", "1", "--algorithm",
                "topk:ratio=0.05", "--momentum", "0.9"};
+  // clang-format on
   o.command.insert(o.command.end(), extra.begin(), extra.end());
   o.timeout_sec = 280;
   o.extra_env = {{"UCX_TLS", "sm,self"}};
@@ -46,6 +49,13 @@ std::string checksum(const std::string& log) {
   return log.substr(at, log.find('\n', at) - at);
 }
 
+// Every rank failed (the first to fail exits 1; the launcher may stop the others first).
+bool none_succeeded(const std::vector<int>& exit_codes) {
+  for (int code : exit_codes)
+    if (code == 0) return false;
+  return !exit_codes.empty();
+}
+
 }  // namespace
 
 TEST_CASE("fashion_mnist stopped after a checkpoint and resumed ends bit-identical to one run") {
@@ -58,14 +68,16 @@ TEST_CASE("fashion_mnist stopped after a checkpoint and resumed ends bit-identic
   REQUIRE(straight.exit_codes == std::vector<int>{0, 0});
   REQUIRE(checksum(straight.log).size() == 64);
 
-  auto stopped = fashion_mnist({"--checkpoint", dir, "--checkpoint-every", "100",
-                                "--stop-step", "150"});
+  auto stopped =
+      fashion_mnist({"--checkpoint", dir, "--checkpoint-every", "100", "--stop-step", "150"});
   INFO(stopped.log);
   REQUIRE(stopped.exit_codes == std::vector<int>{0, 0});
   CHECK(stopped.log.find("[rank 0] stopping after step 150") != std::string::npos);
   CHECK(checksum(stopped.log).empty());
-  CHECK(fs::exists(dir + "/rank-0.troupe"));
-  CHECK(fs::exists(dir + "/rank-1.troupe"));
+  // The job's checkpoint: step 100 saved by both ranks and recorded complete by each.
+  CHECK(fs::exists(dir + "/step-100/rank-0.troupe"));
+  CHECK(fs::exists(dir + "/step-100/rank-1.troupe"));
+  CHECK(fs::exists(dir + "/rank-1.complete"));
 
   auto resumed = fashion_mnist({"--resume", dir});
   INFO(resumed.log);
@@ -73,5 +85,27 @@ TEST_CASE("fashion_mnist stopped after a checkpoint and resumed ends bit-identic
   CHECK(resumed.log.find("[rank 0] resumed from " + dir + " at step 100 (epoch 2, batch 36)") !=
         std::string::npos);
   CHECK(checksum(resumed.log) == checksum(straight.log));
+
+  // Another batch size reorders the data: refused, naming it, on every rank.
+  auto rebatched = fashion_mnist({"--resume", dir}, "32");
+  INFO(rebatched.log);
+  CHECK(none_succeeded(rebatched.exit_codes));
+  CHECK(rebatched.log.find("part 'setting batch': saved with batch 16, this run has batch 32") !=
+        std::string::npos);
+
+  // The ranks' folders of different steps (rank 1 lagging at step 100 while rank 0 recorded 200, as
+  // when each host keeps its own files): refused by name, where the resume used to go on.
+  auto again = fashion_mnist({"--resume", dir, "--checkpoint", dir, "--checkpoint-every", "100"});
+  INFO(again.log);
+  REQUIRE(again.exit_codes == std::vector<int>{0, 0});
+  REQUIRE(fs::exists(dir + "/step-200/rank-1.troupe"));
+  fs::remove(dir + "/step-200/rank-1.troupe");
+  { std::ofstream(dir + "/rank-1.complete", std::ios::trunc) << "step 100\n"; }
+  auto mixed = fashion_mnist({"--resume", dir});
+  INFO(mixed.log);
+  CHECK(none_succeeded(mixed.exit_codes));
+  CHECK(mixed.log.find("step 200 was recorded complete by rank 0, but its file "
+                       "is missing on "
+                       "rank 1") != std::string::npos);
   fs::remove_all(dir);
 }
