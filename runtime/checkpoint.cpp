@@ -493,7 +493,13 @@ void Checkpoint::restore_state(const std::string& bytes, const std::string& sour
   apply(prepare_restore(bytes, source, checks));
 }
 
+namespace {
+void remove_stale_temporaries(const std::filesystem::path& dir, int rank);
+}  // namespace
+
 void Checkpoint::save(const std::string& dir) const {
+  // What an earlier process of this rank left half-written (it died mid-save) goes first.
+  remove_stale_temporaries(dir, rank_);
   write_file_atomically(file_of(dir, rank_), serialize_state());
 }
 

@@ -540,6 +540,17 @@ struct Saved {
 
 TEST_CASE("a checkpoint file is written atomically and loads back") {
   Saved saved;
+  // A temporary file of an earlier process of this rank that died mid-save, and another rank's.
+  std::ofstream(saved.file + ".tmp.999999") << "half a file";
+  std::ofstream(Checkpoint::file_of(saved.dir, 1) + ".tmp.999999") << "another rank's";
+  {
+    Checkpoint c(0, 1);
+    c.module(*saved.net).value("epoch", saved.epoch);
+    c.save(saved.dir);
+  }
+  CHECK_FALSE(fs::exists(saved.file + ".tmp.999999"));
+  CHECK(fs::exists(Checkpoint::file_of(saved.dir, 1) + ".tmp.999999"));  // not this rank's
+  fs::remove(Checkpoint::file_of(saved.dir, 1) + ".tmp.999999");
   for (auto& entry : fs::directory_iterator(saved.dir))
     CHECK(entry.path().filename() == "rank-0.troupe");  // no temporary file left behind
   torch::nn::Linear fresh(3, 2);
