@@ -127,6 +127,9 @@ int main(int argc, char** argv) {
     std::vector<uint32_t> spread(k);
     for (size_t j = 0; j < k; ++j) spread[j] = static_cast<uint32_t>(j * 100);
     check(cudaMemcpy(indices, spread.data(), k * 4, cudaMemcpyHostToDevice), "upload");
+    // The uploads from pageable memory may still be landing on the legacy stream, which the
+    // kernels' non-blocking stream does not wait for.
+    check(cudaDeviceSynchronize(), "upload");
     // 100 tensors of equal size for flatten / unflatten (they live in c, the flat buffer is b).
     std::vector<troupe::cuda::TensorSpan> spans;
     const size_t per = n / 100;

@@ -46,12 +46,11 @@ class Device {
   Device& operator=(const Device&) = delete;
   T* get() const { return data_; }
   void upload(const std::vector<T>& host) {
-    CHECK_CUDA(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    troupe::test::upload(data_, host.data(), host.size() * sizeof(T));
   }
   std::vector<T> download(size_t count) const {
     std::vector<T> host(count);
-    CHECK_CUDA(cudaDeviceSynchronize());
-    CHECK_CUDA(cudaMemcpy(host.data(), data_, count * sizeof(T), cudaMemcpyDeviceToHost));
+    troupe::test::download(host.data(), data_, count * sizeof(T));
     return host;
   }
   std::vector<T> download() const { return download(count_); }
@@ -177,7 +176,7 @@ void check_minmax(gpu::MinMaxBits bits, const std::vector<float>& src, size_t bl
   // The encoding may start at any byte (a slot in a message); nothing is written past it.
   Device<float> d_src(src);
   Device<uint8_t> d_out(bytes + misalign + 1);
-  CHECK_CUDA(cudaMemset(d_out.get(), 0xab, bytes + misalign + 1));
+  troupe::test::fill(d_out.get(), 0xab, bytes + misalign + 1);
   gpu::minmax_encode(bits, d_src.get(), n, block, d_out.get() + misalign, stream.handle());
   const std::vector<uint8_t> all = d_out.download(bytes + misalign + 1);
   CHECK_SAME_BYTES(std::vector<uint8_t>(all.begin() + misalign, all.end() - 1), want);
@@ -235,7 +234,7 @@ TEST_CASE("sign_pack on the GPU packs the CPU's bits, and unpacking applies the 
     cpu::sign_pack(src.data(), n, bits.data());
     Device<float> d_src(src);
     Device<uint8_t> d_bits(bytes + 1);
-    CHECK_CUDA(cudaMemset(d_bits.get(), 0xff, bytes + 1));
+    troupe::test::fill(d_bits.get(), 0xff, bytes + 1);
     gpu::sign_pack(d_src.get(), n, d_bits.get(), stream.handle());
     std::vector<uint8_t> got = d_bits.download(bytes + 1);
     CHECK(got.back() == 0xff);  // nothing written past the last byte
@@ -313,7 +312,7 @@ void check_top_k(const std::vector<float>& x, size_t k, Stream& stream) {
   cpu::top_k(x.data(), n, k, want.data());
   Device<float> d_x(x);
   Device<uint32_t> d_indices(k + 1);
-  CHECK_CUDA(cudaMemset(d_indices.get(), 0xff, (k + 1) * sizeof(uint32_t)));
+  troupe::test::fill(d_indices.get(), 0xff, (k + 1) * sizeof(uint32_t));
   gpu::top_k(d_x.get(), n, k, d_indices.get(), stream.handle());
   std::vector<uint32_t> got = d_indices.download(k + 1);
   CHECK(got.back() == 0xffffffffu);  // exactly k written
@@ -427,7 +426,7 @@ void check_flatten_round_trip(size_t element_bytes, Stream& stream) {
   }
   const size_t flat_count = offset + 5;
   Device<uint8_t> d_flat(flat_count * element_bytes);
-  CHECK_CUDA(cudaMemset(d_flat.get(), 0x5a, flat_count * element_bytes));
+  troupe::test::fill(d_flat.get(), 0x5a, flat_count * element_bytes);
   gpu::flatten(spans.data(), spans.size(), element_bytes, d_flat.get(), flat_count,
                stream.handle());
   std::vector<uint8_t> want(flat_count * element_bytes, 0x5a);
@@ -436,7 +435,7 @@ void check_flatten_round_trip(size_t element_bytes, Stream& stream) {
   CHECK_SAME_BYTES(d_flat.download(), want);
 
   for (size_t i = 0; i < spans.size(); ++i)
-    CHECK_CUDA(cudaMemset(spans[i].data, 0, host[i].size()));
+    troupe::test::fill(spans[i].data, 0, host[i].size());
   gpu::unflatten(d_flat.get(), flat_count, spans.data(), spans.size(), element_bytes,
                  stream.handle());
   for (size_t i = 0; i < spans.size(); ++i) {

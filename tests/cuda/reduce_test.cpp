@@ -182,13 +182,13 @@ void check_reduce(const Layout& layout, Op op, bool dst_is_a, std::mt19937_64& r
   T* a_device = a_buffer.as<T>() + layout.a_offset;
   T* b_device = b_buffer.as<T>() + layout.b_offset;
   T* dst_device = dst_is_a ? a_device : dst_buffer.as<T>() + layout.dst_offset;
-  CHECK_CUDA(cudaMemcpy(a_device, a.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(b_device, b.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  troupe::test::upload(a_device, a.data(), n * sizeof(T));
+  troupe::test::upload(b_device, b.data(), n * sizeof(T));
 
   Stream stream;
   troupe::cuda::reduce(dst_device, a_device, b_device, n, D, op, stream.handle());
   stream.synchronize();
-  CHECK_CUDA(cudaMemcpy(got.data(), dst_device, n * sizeof(T), cudaMemcpyDeviceToHost));
+  troupe::test::download(got.data(), dst_device, n * sizeof(T));
 
   const long bad = first_mismatch(got, expected);
   INFO(name(D), " ", name(op), " count ", n, " offsets ", layout.dst_offset, "/",
@@ -216,11 +216,11 @@ void check_divide(const Layout& layout, int divisor, std::mt19937_64& rng) {
   }
   DeviceBuffer buffer((n + 8) * sizeof(T));
   T* device = buffer.as<T>() + layout.dst_offset;
-  CHECK_CUDA(cudaMemcpy(device, data.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  troupe::test::upload(device, data.data(), n * sizeof(T));
   Stream stream;
   troupe::cuda::divide(device, n, D, divisor, stream.handle());
   stream.synchronize();
-  CHECK_CUDA(cudaMemcpy(got.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
+  troupe::test::download(got.data(), device, n * sizeof(T));
 
   const long bad = first_mismatch(got, expected);
   INFO(name(D), " divide by ", divisor, " count ", n, " offset ", layout.dst_offset);

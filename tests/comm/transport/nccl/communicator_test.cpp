@@ -104,10 +104,10 @@ class DeviceBuffer {
   explicit DeviceBuffer(const Bytes& b) : DeviceBuffer(b.size()) { upload(b); }
   ~DeviceBuffer() { cudaFree(data_); }
   void* get() const { return data_; }
-  void upload(const Bytes& b) { CHECK_CUDA(cudaMemcpy(data_, b.data(), b.size(), cudaMemcpyHostToDevice)); }
+  void upload(const Bytes& b) { troupe::test::upload(data_, b.data(), b.size()); }
   Bytes download() const {
     Bytes b(bytes_);
-    CHECK_CUDA(cudaMemcpy(b.data(), data_, bytes_, cudaMemcpyDeviceToHost));
+    troupe::test::download(b.data(), data_, bytes_);
     return b;
   }
 
