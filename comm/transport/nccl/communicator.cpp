@@ -3,8 +3,11 @@
 #include "comm/transport/nccl/communicator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <future>
+#include <thread>
 
 #include "comm/transport/nccl/engine.h"
 #include "cuda/stream.h"
@@ -149,15 +152,28 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(std::chrono::milliseco
     if (result->child != nullptr) ncclCommAbort(result->child);
     throw Error(status.message());
   }
+  // NCCL fills in the child's handle only once the parent has left ncclInProgress (NCCL 2.23 on,
+  // NVIDIA/nccl#1472; PyTorch waits the same way, pytorch#137741), and from its own thread: the
+  // parent's operation may complete here a moment before the handle appears. A null handle is
+  // waited for under the split's deadline, never handed to NCCL ("comm argument is NULL").
+  ncclComm_t child = nullptr;
+  for (auto pause = std::chrono::microseconds(50);
+       (child = std::atomic_ref<ncclComm_t>(result->child).load()) == nullptr;
+       pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(10))) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw Error("NCCL split on " + impl_->who() + ": the parent completed the split but no new "
+                  "communicator appeared within " + ms(timeout));
+    std::this_thread::sleep_for(pause);
+  }
   cuda::DeviceGuard guard(impl_->device);
-  const std::string error = nccl_wait_ready(result->child, deadline);
+  const std::string error = nccl_wait_ready(child, deadline);
   if (!error.empty()) {
-    ncclCommAbort(result->child);
+    ncclCommAbort(child);
     throw Error("NCCL split on " + impl_->who() + ": the new communicator " +
                 (error == "timeout" ? "was not ready within " + ms(timeout) : "failed: " + error));
   }
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::make_unique<Impl>(
-      impl_->rank, impl_->world, impl_->device, this->timeout(), result->child)));
+      impl_->rank, impl_->world, impl_->device, this->timeout(), child)));
 }
 
 }  // namespace troupe::comm
