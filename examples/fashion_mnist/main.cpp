@@ -46,6 +46,8 @@ struct Settings {
   JobAlgorithm algorithm = comm::GradientAllReduce{};
   DdpOptions ddp;
   bool ranks_as_threads = false;
+  // "cpu", "cuda" (the rank's GPU: its local rank modulo the GPUs the process sees) or "cuda:N".
+  std::string device = "cpu";
   int die_rank = -1;  // failure injection for tests: this rank exits abruptly at die_step
   int64_t die_step = 0;
   // Only the first `subset` training images (0: all), for quick runs and tests.
@@ -89,6 +91,22 @@ std::string format(const char* fmt, ...) {
   return buf;
 }
 
+// The device a rank trains on (Settings::device); refused by name where there is no such device.
+torch::Device training_device(const std::string& name, int local_rank) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (gpus == 0)
+    throw comm::Error("--device " + name + ": this process sees no CUDA device "
+                      "(torch::cuda::device_count() is 0; expected a GPU, its driver and a CUDA "
+                      "LibTorch, or --device cpu)");
+  if (name == "cuda") return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
+  const int index = std::stoi(name.substr(5));  // the option's check admits cuda:<digits> only
+  if (index >= gpus)
+    throw comm::Error("--device " + name + ": this process sees " + std::to_string(gpus) +
+                      " CUDA device(s) (expected cuda:0 .. cuda:" + std::to_string(gpus - 1) + ")");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
 bool is_bucket_algorithm(const JobAlgorithm& a) {
   return std::holds_alternative<comm::Compression>(a);
 }
@@ -105,6 +123,7 @@ void train_rank(Runtime& rt, const Settings& s) {
     return examples::shard(all, rank, world, t.seed);
   }();
 
+  const torch::Device device = training_device(s.device, rt.local_rank());
   std::shared_ptr<torch::nn::Module> module;
   examples::Forward forward;
   if (t.model == "cnn") {
@@ -116,6 +135,12 @@ void train_rank(Runtime& rt, const Settings& s) {
     module = net.ptr();
     forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
   }
+  // The model lives on the device; the data stays in host memory and each batch is copied over
+  // (Fashion-MNIST's batches are small). The test set is scored through the same copy.
+  module->to(device);
+  const examples::Forward evaluate = [&forward, device](const torch::Tensor& x) {
+    return forward(x.to(device)).to(torch::kCPU);
+  };
   torch::optim::SGD opt(module->parameters(), torch::optim::SGDOptions(t.lr).momentum(t.momentum));
   auto dp = make_data_parallel(rt, module, s.algorithm, s.ddp);
   // Bucket algorithms keep the ranks identical: rank 0 speaks for all. The others: every rank.
@@ -123,10 +148,10 @@ void train_rank(Runtime& rt, const Settings& s) {
   if (rank == 0)
     say(s, rank,
         format("fashion_mnist: %s, %s, %d rank(s)%s, %lld training images per rank, batch %d "
-               "per rank",
+               "per rank, on %s",
                t.model.c_str(), dp->algorithm_name().c_str(), world,
                s.ranks_as_threads ? " as threads" : "",
-               static_cast<long long>(examples::size(train)), t.batch));
+               static_cast<long long>(examples::size(train)), t.batch, device.str().c_str()));
 
   examples::BatchIterator batches(train, t.batch, t.seed + static_cast<uint64_t>(rank));
   const int64_t steps = t.epochs * batches.batches_per_epoch();
@@ -185,7 +210,7 @@ void train_rank(Runtime& rt, const Settings& s) {
       if (t.lr_schedule == "cosine")
         sgd.lr(t.lr * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(steps))));
       opt.zero_grad();
-      auto loss = torch::nll_loss(forward(x), y);
+      auto loss = torch::nll_loss(forward(x.to(device)), y.to(device));
       loss.backward();
       dp->step(opt);
       window_images += x.size(0);
@@ -233,7 +258,7 @@ void train_rank(Runtime& rt, const Settings& s) {
     }
     if (rank == 0) {
       auto st = dp->stats();
-      double acc = examples::accuracy(*module, forward, test);
+      double acc = examples::accuracy(*module, evaluate, test);
       say(s, rank,
           format("epoch %lld test accuracy %.2f%% bytes sent per step %.0f (last step %llu) "
                  "epoch time %.1f s (communication wait %.1f s, compute %.0f%%) consensus "
@@ -336,6 +361,17 @@ int main(int argc, char** argv) {
                  "A job file (troupe run's TOML): algorithm, trainer settings and links from it");
   app.add_option("--data", t.data, "Folder with the four *-ubyte.gz files");
   app.add_option("--model", t.model, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}));
+  app.add_option("--device", s.device,
+                 "cpu, cuda (each rank on GPU local-rank mod the GPUs it sees) or cuda:N")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            if (v == "cpu" || v == "cuda") return std::string();
+            if (v.size() > 5 && v.compare(0, 5, "cuda:") == 0 && v.size() < 9 &&
+                v.find_first_not_of("0123456789", 5) == std::string::npos)
+              return std::string();
+            return "'" + v + "' (expected cpu, cuda or cuda:N)";
+          },
+          "DEVICE"));
   const int max_int = std::numeric_limits<int>::max();
   app.add_option("--epochs", t.epochs, "Epochs")->check(cli::integer_in(1, max_int));
   app.add_option("--batch", t.batch, "Batch per rank")->check(cli::integer_in(1, max_int));
@@ -421,6 +457,9 @@ int main(int argc, char** argv) {
     if (elastic) elastic_data = examples::load_elastic_data(t.data, s.subset);
     Runtime rt(o);
     if (rt.elastic()) {
+      if (s.device != "cpu")
+        throw comm::Error("--device " + s.device + " with troupe launch --elastic: elastic "
+                          "training runs on the CPU only (expected --device cpu)");
       // troupe launch --elastic: a bucket algorithm, DiLoCo, Streaming DiLoCo, SparseLoCo, D-PSGD,
       // Choco-SGD, AsyncModelAverage or AsyncGossip through an ElasticTrainer
       // (examples/fashion_mnist/elastic.h), which refuses the others by name.
