@@ -144,8 +144,8 @@ Checkpoint& Checkpoint::add(const std::string& name, std::function<void(comm::St
   for (const auto& p : parts_)
     if (p.name == name)
       throw comm::Error("Checkpoint: a second part named '" + name +
-                        "' (expected one name per part; module() and optimizer() take a name "
-                        "as their second argument)");
+                        "' (expected one name per part; module() and optimizer() take a name as "
+                        "their second argument)");
   parts_.push_back(Part{name, std::move(save), std::move(prepare), stage, kind, target});
   return *this;
 }
@@ -214,8 +214,7 @@ std::shared_ptr<torch::serialize::InputArchive> read_archive(comm::StateReader& 
   if (written_by != TORCH_VERSION)
     in.fail("the optimizer's state was written by LibTorch " + written_by +
             ", this build runs LibTorch " TORCH_VERSION
-            " (an optimizer's torch archive is loaded only by the LibTorch "
-            "that wrote it)");
+            " (an optimizer's torch archive is loaded only by the LibTorch that wrote it)");
   auto archive = std::make_shared<torch::serialize::InputArchive>();
   std::istringstream stream(in.string());
   try {
@@ -436,14 +435,12 @@ std::vector<std::function<void()>> Checkpoint::prepare_restore(const std::string
   const auto length = framed.length;
   if (framed.kind == kConsolidated)
     fail(
-        "a consolidated checkpoint's manifest, not a rank's state (expected a "
-        "rank's file; "
-        "load this one with load_consolidated)");
+        "a consolidated checkpoint's manifest, not a rank's state (expected a rank's file; load "
+        "this one with load_consolidated)");
   if (checks.same_world && world != static_cast<uint32_t>(world_))
     fail("saved by a job of world size " + std::to_string(world) + ", this job has world size " +
          std::to_string(world_) +
-         " (a rank's checkpoint continues the same job; save_consolidated / "
-         "load_consolidated "
+         " (a rank's checkpoint continues the same job; save_consolidated / load_consolidated "
          "carry the model to another world size)");
   if (checks.same_rank && rank != static_cast<uint32_t>(rank_))
     fail("saved by rank " + std::to_string(rank) + ", this is rank " + std::to_string(rank_));
@@ -549,6 +546,14 @@ void remove_stale_temporaries(const fs::path& dir, int rank) {
   }
 }
 
+// The ranks whose flag (gathered from each) is 0.
+std::vector<int> ranks_without(const std::vector<int64_t>& flags) {
+  std::vector<int> out;
+  for (size_t r = 0; r < flags.size(); ++r)
+    if (!flags[r]) out.push_back(static_cast<int>(r));
+  return out;
+}
+
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -582,8 +587,7 @@ std::vector<int64_t> Checkpoint::gather(int64_t mine, const std::string& what) c
   if (world_ == 1) return {mine};
   if (!runtime_)
     throw comm::Error("Checkpoint: " + what +
-                      " is a collective of the job, and this Checkpoint of "
-                      "rank " +
+                      " is a collective of the job, and this Checkpoint of rank " +
                       std::to_string(rank_) + " of world size " + std::to_string(world_) +
                       " has no Runtime (expected Checkpoint(runtime))");
   std::vector<int64_t> all(static_cast<size_t>(world_));
@@ -616,13 +620,11 @@ void Checkpoint::save_step(const std::string& dir, int64_t step) {
   }
   const auto written = gather(error.empty() ? 1 : 0, what);
   if (!error.empty()) throw comm::Error(error + " (the last complete step stays the job's)");
-  std::vector<int> failed;
-  for (int r = 0; r < world_; ++r)
-    if (!written[static_cast<size_t>(r)]) failed.push_back(r);
+  const auto failed = ranks_without(written);
   if (!failed.empty())
-    throw comm::Error("checkpoint " + what + ": " + ranks_text(failed) +
-                      " could not write their file (see their error); the last complete step "
-                      "stays the job's");
+    throw comm::Error(
+        "checkpoint " + what + ": " + ranks_text(failed) +
+        " could not write their file (see their error); the last complete step stays the job's");
   // Every rank's file is durable: record the step, then keep it and the previous complete step
   // (another rank may die before its own record; load_last then takes this step from ours, or the
   // previous one from everyone's).
@@ -671,19 +673,16 @@ int64_t Checkpoint::load_last(const std::string& dir) {
   std::error_code ec;
   const bool have = fs::exists(path, ec);
   const auto held = gather(have ? 1 : 0, what);
-  std::vector<int> lacking, recorded;
-  for (int r = 0; r < world_; ++r) {
-    if (!held[static_cast<size_t>(r)]) lacking.push_back(r);
+  const auto lacking = ranks_without(held);
+  std::vector<int> recorded;
+  for (int r = 0; r < world_; ++r)
     if (records[static_cast<size_t>(r)] == last) recorded.push_back(r);
-  }
   if (!lacking.empty())
     throw comm::Error("checkpoint " + what + ": step " + std::to_string(last) +
-                      " was recorded "
-                      "complete by " +
-                      ranks_text(recorded) + ", but its file is missing on " + ranks_text(lacking) +
-                      " (" + file_of_step(dir, last, lacking.front()) +
-                      "): the ranks' folders hold different checkpoints "
-                      "(another job's, or files "
+                      " was recorded complete by " + ranks_text(recorded) +
+                      ", but its file is missing on " + ranks_text(lacking) + " (" +
+                      file_of_step(dir, last, lacking.front()) +
+                      "): the ranks' folders hold different checkpoints (another job's, or files "
                       "removed); nothing was loaded");
   // Every rank checks its file before any rank changes anything. (The commits read from `bytes`: it
   // lives until they ran.)
@@ -699,14 +698,11 @@ int64_t Checkpoint::load_last(const std::string& dir) {
   }
   const auto checked = gather(error.empty() ? 1 : 0, what);
   if (!error.empty()) throw comm::Error(error);
-  std::vector<int> refused;
-  for (int r = 0; r < world_; ++r)
-    if (!checked[static_cast<size_t>(r)]) refused.push_back(r);
+  const auto refused = ranks_without(checked);
   if (!refused.empty())
     throw comm::Error("checkpoint " + what + ": " + ranks_text(refused) +
-                      " refused their file of "
-                      "step " +
-                      std::to_string(last) + " (see their error); nothing was loaded");
+                      " refused their file of step " + std::to_string(last) +
+                      " (see their error); nothing was loaded");
   apply(commits);
   if (mine != last)
     write_file_atomically(record_of(dir, rank_), "step " + std::to_string(last) + "\n");
@@ -794,8 +790,8 @@ void Checkpoint::save_consolidated(const std::string& dir) const {
           if (file == kManifest || std::find(files.begin(), files.end(), file) != files.end())
             throw comm::Error("checkpoint " + what + ": part '" + p.name +
                               "' would be written to " + file +
-                              ", another part's file (expected names that differ in "
-                              "letters, digits, '.', '-' or '_')");
+                              ", another part's file (expected names that differ in letters, "
+                              "digits, '.', '-' or '_')");
           files.push_back(file);
           const std::string bytes =
               p.kind == Kind::module ? archive_bytes([&](auto& a) {
@@ -836,9 +832,7 @@ void Checkpoint::load_consolidated(const std::string& dir) {
   const std::string bytes = read_file(path, "the manifest save_consolidated writes last");
   const Framed framed = unframe(bytes, source, fail);
   if (framed.kind != kConsolidated)
-    fail(
-        "a rank's state, not a consolidated checkpoint (expected what "
-        "save_consolidated wrote)");
+    fail("a rank's state, not a consolidated checkpoint (expected what save_consolidated wrote)");
   comm::StateReader in(framed.payload, framed.length, source);
   const auto count = in.value<uint32_t>();
   struct Saved {
@@ -902,8 +896,7 @@ void Checkpoint::load_consolidated(const std::string& dir) {
         if (written_by != TORCH_VERSION)
           fail("optimizer '" + p.name + "' was written by LibTorch " + written_by +
                ", this build runs LibTorch " TORCH_VERSION
-               " (an optimizer's torch archive is loaded only by the LibTorch "
-               "that wrote it)");
+               " (an optimizer's torch archive is loaded only by the LibTorch that wrote it)");
         auto* optimizer = static_cast<torch::optim::Optimizer*>(p.target);
         commits[mine[k]] = [optimizer, archive, file] {
           apply_archive(*optimizer, *archive, file);

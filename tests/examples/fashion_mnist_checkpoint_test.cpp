@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/launch.h"
+#include "tests/support/example_run.h"
 #include "tests/support/torch_doctest.h"
 
 using namespace troupe;
@@ -18,26 +18,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
-  std::string log;
-  std::vector<int> exit_codes;
-};
+using Run = test::ExampleRun;
 
 Run fashion_mnist(const std::vector<std::string>& extra, const std::string& batch = "16") {
-  LaunchOptions o;
-  o.nprocs = 2;
   // 1024 images per rank in batches of 16: 64 steps per epoch, 256 in all.
   // clang-format off
-  o.command = {FASHION_MNIST_BIN, "--model", "mlp", "--subset", "2048", "--batch", batch,
-               "--epochs", "4", "--log-every", "1000", "--threads", "1", "--algorithm",
-               "topk:ratio=0.05", "--momentum", "0.9"};
+  std::vector<std::string> command = {FASHION_MNIST_BIN, "--model", "mlp", "--subset", "2048",
+      "--batch", batch, "--epochs", "4", "--log-every", "1000", "--threads", "1", "--algorithm",
+      "topk:ratio=0.05", "--momentum", "0.9"};
   // clang-format on
-  o.command.insert(o.command.end(), extra.begin(), extra.end());
-  o.timeout_sec = 280;
-  o.extra_env = {{"UCX_TLS", "sm,self"}};
-  std::ostringstream out, err;
-  auto result = launch(o, out, err);
-  return {out.str() + err.str(), result.rank_exit_codes};
+  command.insert(command.end(), extra.begin(), extra.end());
+  return test::run_example(2, command);
 }
 
 // What follows "parameter checksum " on rank 0's line; "" when none.
@@ -104,8 +95,8 @@ TEST_CASE("fashion_mnist stopped after a checkpoint and resumed ends bit-identic
   auto mixed = fashion_mnist({"--resume", dir});
   INFO(mixed.log);
   CHECK(none_succeeded(mixed.exit_codes));
-  CHECK(mixed.log.find("step 200 was recorded complete by rank 0, but its file "
-                       "is missing on "
-                       "rank 1") != std::string::npos);
+  CHECK(mixed.log.find(
+            "step 200 was recorded complete by rank 0, but its file is missing on rank 1") !=
+        std::string::npos);
   fs::remove_all(dir);
 }

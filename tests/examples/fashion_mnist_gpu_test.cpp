@@ -3,11 +3,10 @@
 // there refused by name (this half runs everywhere).
 #include <torch/cuda.h>
 
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "runtime/launch.h"
+#include "tests/support/example_run.h"
 #include "tests/support/skip.h"
 #include "tests/support/torch_doctest.h"
 
@@ -15,24 +14,13 @@ using namespace troupe;
 
 namespace {
 
-struct Run {
-  std::string log;
-  std::vector<int> exit_codes;
-};
-
-Run fashion_mnist(int ranks, const std::vector<std::string>& extra) {
-  LaunchOptions o;
-  o.nprocs = ranks;
+test::ExampleRun fashion_mnist(int ranks, const std::vector<std::string>& extra) {
   // clang-format off
-  o.command = {FASHION_MNIST_BIN, "--model", "cnn", "--subset", "8192", "--batch", "32",
-               "--epochs", "1", "--log-every", "1000", "--threads", "1"};
+  std::vector<std::string> command = {FASHION_MNIST_BIN, "--model", "cnn", "--subset", "8192",
+      "--batch", "32", "--epochs", "1", "--log-every", "1000", "--threads", "1"};
   // clang-format on
-  o.command.insert(o.command.end(), extra.begin(), extra.end());
-  o.timeout_sec = 280;
-  o.extra_env = {{"UCX_TLS", "sm,self"}};
-  std::ostringstream out, err;
-  auto result = launch(o, out, err);
-  return {out.str() + err.str(), result.rank_exit_codes};
+  command.insert(command.end(), extra.begin(), extra.end());
+  return test::run_example(ranks, command);
 }
 
 // Rank 0's "epoch 1 test accuracy X%" as a fraction; -1 when absent.
@@ -59,8 +47,9 @@ TEST_CASE("fashion_mnist refuses a CUDA device it does not see, naming it and wh
   CHECK(bad.log.find("'gpu0' (expected cpu, cuda or cuda:N)") != std::string::npos);
 }
 
-TEST_CASE("fashion_mnist trains on the GPU as on the CPU: one rank, and two processes sharing the "
-          "GPU with fp16 compression") {
+TEST_CASE(
+    "fashion_mnist trains on the GPU as on the CPU: one rank, and two processes sharing the "
+    "GPU with fp16 compression") {
   if (torch::cuda::device_count() == 0) {
     test::skip_case("no CUDA device");
     return;

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -93,11 +94,21 @@ std::vector<torch::Tensor> momentum_of(torch::optim::SGD& sgd, torch::nn::Module
   return out;
 }
 
+// load_last(dir) on `world` thread ranks whose Checkpoint holds the value "value" (into
+// values[rank], which must have `world` entries) and what `settings` adds; what each rank threw.
+std::vector<std::string> resume(int world, const std::string& dir, std::vector<int64_t>& values,
+                                const std::function<void(int, Checkpoint&)>& settings = {}) {
+  return test::run_threads(world, [&](int rank, Runtime& rt) {
+    Checkpoint c(rt);
+    c.value("value", values.at(static_cast<size_t>(rank)));
+    if (settings) settings(rank, c);
+    c.load_last(dir);
+  });
+}
+
 }  // namespace
 
-TEST_CASE(
-    "a GAN's two modules and two optimizers round-trip in one checkpoint "
-    "under their names") {
+TEST_CASE("a GAN's two modules and two optimizers round-trip in one checkpoint under their names") {
   torch::manual_seed(1);
   torch::nn::Linear generator(3, 4), discriminator(4, 1);
   torch::optim::Adam g_adam(generator->parameters(), torch::optim::AdamOptions(0.01));
@@ -146,15 +157,13 @@ TEST_CASE(
   swapped.module(*d2, "generator").module(*g2, "discriminator");
   swapped.optimizer(g2_adam, "generator adam").optimizer(d2_adam, "discriminator adam");
   CHECK_THROWS_WITH(swapped.restore_state(bytes, "the GAN's state"),
-                    mentions("the GAN's state part 'generator': 'weight' saved "
-                             "as Float[4, 3], the "
+                    mentions("the GAN's state part 'generator': 'weight' saved as Float[4, 3], the "
                              "module has Float[1, 4]"));
 }
 
 TEST_CASE(
-    "a job's checkpoint resumes from the last step every rank saved, "
-    "whatever a killed save "
-    "left behind") {
+    "a job's checkpoint resumes from the last step every rank saved, whatever a killed save left "
+    "behind") {
   const auto dir = fresh_dir("last-step");
   // Steps 5 and 8 saved by both ranks. Each rank's model as saved at step 8 (the ranks' models
   // differ: each must get its own).
@@ -216,9 +225,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a resume refuses ranks whose files are of different steps, naming "
-    "the rank and the "
-    "file, and loads nothing") {
+    "a resume refuses ranks whose files are of different steps, naming the rank and the file, and "
+    "loads nothing") {
   const auto dir = fresh_dir("mixed");
   require_no_errors(test::run_threads(2, [&](int rank, Runtime& rt) {
     int64_t value = 0;
@@ -233,37 +241,22 @@ TEST_CASE(
   fs::remove(Checkpoint::file_of_step(dir, 40, 1));
   std::ofstream(dir + "/rank-1.complete", std::ios::trunc) << "step 20\n";
   std::vector<int64_t> values(2, -1);
-  auto errors = test::run_threads(2, [&](int rank, Runtime& rt) {
-    Checkpoint c(rt);
-    c.value("value", values[static_cast<size_t>(rank)]);
-    c.load_last(dir);
-  });
+  auto errors = resume(2, dir, values);
   for (auto& e : errors)
     CHECK(e.find("resume from '" + dir +
-                 "': step 40 was recorded complete by rank 0, but its "
-                 "file is missing on rank 1 (" +
+                 "': step 40 was recorded complete by rank 0, but its file is missing on rank 1 (" +
                  Checkpoint::file_of_step(dir, 40, 1) + ")") != std::string::npos);
   CHECK(values == std::vector<int64_t>{-1, -1});
 
   // No record anywhere: refused, naming the record it looked for.
   const auto empty = fresh_dir("none");
   fs::create_directories(empty);
-  errors = test::run_threads(2, [&](int, Runtime& rt) {
-    int64_t value = 0;
-    Checkpoint c(rt);
-    c.value("value", value);
-    c.load_last(empty);
-  });
+  errors = resume(2, empty, values);
   CHECK(errors[0].find("no rank recorded a complete step (expected " + empty +
                        "/rank-0.complete") != std::string::npos);
   // A record that is not one.
   std::ofstream(empty + "/rank-1.complete") << "step forty\n";
-  errors = test::run_threads(2, [&](int, Runtime& rt) {
-    int64_t value = 0;
-    Checkpoint c(rt);
-    c.value("value", value);
-    c.load_last(empty);
-  });
+  errors = resume(2, empty, values);
   CHECK(errors[1].find("'" + empty + "/rank-1.complete': holds \"step forty") != std::string::npos);
   CHECK(errors[0].find("the record of rank 1 is unreadable") != std::string::npos);
   fs::remove_all(dir);
@@ -271,9 +264,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a resume with another batch size, seed or world size is refused by "
-    "name before any "
-    "rank changes") {
+    "a resume with another batch size, seed or world size is refused by name before any rank "
+    "changes") {
   const auto dir = fresh_dir("settings");
   require_no_errors(test::run_threads(2, [&](int rank, Runtime& rt) {
     int64_t value = 7 + rank;
@@ -284,33 +276,21 @@ TEST_CASE(
   // Rank 1 alone runs with another batch size: rank 1 names the setting, rank 0 names rank 1, and
   // neither loads.
   std::vector<int64_t> values(2, -1);
-  auto errors = test::run_threads(2, [&](int rank, Runtime& rt) {
-    Checkpoint c(rt);
-    c.value("value", values[static_cast<size_t>(rank)])
-        .setting("batch", rank == 1 ? 32 : 64)
-        .setting("model", "mlp");
-    c.load_last(dir);
+  auto errors = resume(2, dir, values, [](int rank, Checkpoint& c) {
+    c.setting("batch", rank == 1 ? 32 : 64).setting("model", "mlp");
   });
   CHECK(errors[1].find("part 'setting batch': saved with batch 64, this run has batch 32") !=
         std::string::npos);
   CHECK(errors[0].find("rank 1 refused their file of step 3") != std::string::npos);
   CHECK(values == std::vector<int64_t>{-1, -1});
   // A text setting.
-  errors = test::run_threads(2, [&](int rank, Runtime& rt) {
-    Checkpoint c(rt);
-    c.value("value", values[static_cast<size_t>(rank)])
-        .setting("batch", 64)
-        .setting("model", "cnn");
-    c.load_last(dir);
-  });
+  errors = resume(2, dir, values,
+                  [](int, Checkpoint& c) { c.setting("batch", 64).setting("model", "cnn"); });
   CHECK(errors[0].find("saved with model 'mlp', this run has model 'cnn'") != std::string::npos);
   // Three ranks: rank 2 has no file of step 3, the others' say world size 2.
-  errors = test::run_threads(3, [&](int, Runtime& rt) {
-    int64_t value = 0;
-    Checkpoint c(rt);
-    c.value("value", value).setting("batch", 64).setting("model", "mlp");
-    c.load_last(dir);
-  });
+  std::vector<int64_t> three(3, -1);
+  errors = resume(3, dir, three,
+                  [](int, Checkpoint& c) { c.setting("batch", 64).setting("model", "mlp"); });
   CHECK(errors[0].find("its file is missing on rank 2") != std::string::npos);
   fs::remove(Checkpoint::file_of_step(dir, 3, 1));
   fs::copy_file(Checkpoint::file_of_step(dir, 3, 0), Checkpoint::file_of_step(dir, 3, 1));
@@ -329,9 +309,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a consolidated checkpoint loads into plain LibTorch and into a job "
-    "of another world "
-    "size") {
+    "a consolidated checkpoint loads into plain LibTorch and into a job of another world size") {
   const auto dir = fresh_dir("consolidated");
   const auto data = torch::randn({6, 8, 4});
   std::vector<torch::Tensor> rank0_state, rank0_momentum;
@@ -383,9 +361,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a consolidated checkpoint refuses a changed file, another model and "
-    "a rank's state, "
-    "before anything changes") {
+    "a consolidated checkpoint refuses a changed file, another model and a rank's state, before "
+    "anything changes") {
   const auto dir = fresh_dir("consolidated-bad");
   auto net = std::make_shared<Net>(5);
   int64_t epoch = 4;
