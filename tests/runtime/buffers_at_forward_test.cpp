@@ -9,6 +9,8 @@
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 using namespace troupe;
 
 namespace {
@@ -25,8 +27,9 @@ struct BnNet : torch::nn::Module {
 };
 
 torch::Tensor batch(int s, int r) {
-  torch::manual_seed(100 * s + r);
-  return torch::randn({8, 6}) * (r + 1) + r;  // the ranks' statistics differ
+  // A private generator: the thread ranks draw at once.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * s + r);
+  return torch::randn({8, 6}, gen) * (r + 1) + r;  // the ranks' statistics differ
 }
 
 // Each rank's buffers after 3 steps and one more forward and backward pass with no step.

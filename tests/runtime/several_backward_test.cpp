@@ -12,6 +12,8 @@
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 using namespace troupe;
 
 namespace {
@@ -29,15 +31,15 @@ struct Variant {
   bool partial = false;     // the second backward pass reaches fc2 and fc3 only
 };
 
-// Rank r's inputs and targets of backward pass k of step s.
+// Rank r's inputs and targets of backward pass k of step s, each from a private generator: the
+// thread ranks draw them at once, and torch's global generator is one for all threads.
+torch::Tensor draw(uint64_t seed, int64_t rows, int64_t cols) {
+  return torch::randn({rows, cols}, at::make_generator<at::CPUGeneratorImpl>(seed));
+}
 torch::Tensor input(int s, int k, int r, int64_t width) {
-  torch::manual_seed(1000 + s * 100 + k * 10 + r);
-  return torch::randn({4, width});
+  return draw(1000 + s * 100 + k * 10 + r, 4, width);
 }
-torch::Tensor target(int s, int k, int r) {
-  torch::manual_seed(5000 + s * 100 + k * 10 + r);
-  return torch::randn({4, 3});
-}
+torch::Tensor target(int s, int k, int r) { return draw(5000 + s * 100 + k * 10 + r, 4, 3); }
 
 torch::Tensor loss_of(Mlp& m, int s, int k, int r, bool partial) {
   if (k == 1 && partial)
