@@ -377,6 +377,10 @@ TEST_CASE("a rank that stops contributing is reported with the bucket and the mi
   CHECK((stalled || shared_memory));
   CHECK(errors[0].find("500 ms") != std::string::npos);
   CHECK(errors[0].find("bucket 0 (") != std::string::npos);
+  // Either report names the module and the settings that set the deadline.
+  CHECK(errors[0].find("module 'troupe::test::Mlp'") != std::string::npos);
+  CHECK(errors[0].find("DdpOptions::stall_timeout") != std::string::npos);
+  CHECK(errors[0].find("RuntimeOptions::collective_timeout") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < 15s);
 }
 
