@@ -1,6 +1,7 @@
 #include "runtime/distributed_module.h"
 
 #include <caf/all.hpp>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
@@ -17,6 +18,7 @@
 #include "actors/bucket.h"
 #include "actors/reducer.h"
 #include "comm/tags.h"
+#include "comm/timeout_setting.h"
 #include "runtime/bucket_layout.h"
 #include "runtime/cuda_gradients.h"
 #include "runtime/data_parallel.h"
@@ -127,6 +129,22 @@ struct DistributedModule::Impl {
 
   // The step in progress (trainer thread only), and the first this module took (resume_at).
   uint32_t step = 0;
+  // The reduction the buckets and the reducer are told: one per backward pass that reduces (so a
+  // step of several backward passes counts several), the step's number while each step has one.
+  uint32_t round = 0;
+  // Backward passes of this step whose reductions are done (closed at the end of their backward,
+  // as PyTorch DDP's backward returns with the gradients averaged), and what a failed one said:
+  // step() throws it.
+  int rounds_closed = 0;
+  std::string round_error;
+  // A callback waits for the end of the running backward pass (queued by its first gradient).
+  bool end_queued = false;
+  // The gradient-ready order and times of the step's first backward pass (the bucket rebuild
+  // after the first step follows them), and the time spent waiting for the step's reductions.
+  std::vector<int> first_order;
+  std::vector<int64_t> first_order_us;
+  int64_t wait_us = 0;
+  std::vector<std::pair<int64_t, int64_t>> waits;  // start and length of each, when tracing
   uint32_t first_step = 0;
   // Between the end of a step's reductions and next_step (agg_grad: while the optimizer runs):
   // the algorithm state is the next step's, which save_state may record.
@@ -183,12 +201,17 @@ struct DistributedModule::Impl {
   void spawn_actors();
   void stop_actors();
   void on_grad_ready(int index);
+  void on_backward_end();
+  void close_round();
+  void launch_and_await(double by, bool fault_point = false);
+  void copy_out();
+  std::string describe(int index) const;
   void adopt_gradient(int index);
   void await_step();
   void rebuild_from_observed_order(int root);
   std::vector<torch::Tensor> state_tensors();
   void agree_on_training(bool mine);
-  void rescale_reduced();
+  bool rescale_reduced();
   void load_averaged_weights();
   void shadow_step();
   void next_step();
@@ -409,23 +432,50 @@ void DistributedModule::Impl::adopt_gradient(int index) {
   p.mutable_grad() = view;
 }
 
+std::string DistributedModule::Impl::describe(int index) const {
+  return "parameter '" + names[static_cast<size_t>(index)] + "' of module '" + opt.name + "'";
+}
+
 void DistributedModule::Impl::on_grad_ready(int index) {
-  if (!sync) return;
+  if (!sync || !round_error.empty()) return;
   const int64_t now = actors::now_us();
   if (order.empty()) {
-    first_hook_us = now;
-    fault::at(FaultPhase::backward, step);  // once per step: the first gradient
+    if (rounds_closed == 0) {
+      first_hook_us = now;
+      fault::at(FaultPhase::backward, step);  // once per step: the first gradient
+    } else if (opt.average && denominator != world) {
+      // A later backward pass reduces the gradient accumulated so far again, which only an
+      // average over the world size leaves as it was.
+      throw comm::Error("step " + std::to_string(step) + ": a backward pass after " +
+                        std::to_string(rounds_closed) + " reduced one(s), with set_denominator(" +
+                        std::to_string(denominator) + ") called before them (expected "
+                        "set_denominator() after the step's last backward pass)");
+    }
+    // The reductions of this backward pass are launched (what is left of them) and awaited when
+    // it ends, so that the next backward pass accumulates onto averaged gradients, never into
+    // buckets still reducing. With join, step() reduces (the joined ranks meet it there).
+    if (opt.agg_grad && !opt.join && !end_queued) {
+      end_queued = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([target = hook_target] {
+        if (auto* impl = target->load()) impl->on_backward_end();
+      });
+    }
   }
   last_hook_us = now;
   if (ready[static_cast<size_t>(index)]) {
     if (!opt.agg_grad) return;  // local gradient accumulation before a local step: harmless
     // The bucket may already be reduced or reducing: a second gradient would be lost on some
     // ranks or summed into the average on others. Thrown here, it leaves backward().
-    throw comm::Error("step " + std::to_string(step) + ": the gradient of parameter '" +
-                      names[static_cast<size_t>(index)] +
-                      "' became ready twice (two backward() calls without step() between "
-                      "them; expected step() after each backward, or the earlier backward "
-                      "calls inside no_sync() to accumulate gradients)");
+    std::string why =
+        opt.join ? "with DdpOptions.join a step takes one backward pass (expected step() after "
+                   "each backward, or the earlier backward passes inside no_sync() to accumulate "
+                   "gradients)"
+                 : "the previous backward pass left parameter(s) without a gradient, so its "
+                   "reductions could not run (expected every parameter in each backward pass, "
+                   "DdpOptions.find_unused_parameters, or the earlier backward passes inside "
+                   "no_sync() to accumulate gradients)";
+    throw comm::Error("step " + std::to_string(step) + ": the gradient of " + describe(index) +
+                      " became ready twice before step(): " + why);
   }
   ready[static_cast<size_t>(index)] = 1;
   order.push_back(index);
@@ -441,7 +491,81 @@ void DistributedModule::Impl::on_grad_ready(int index) {
   }
   if (cuda) cuda->record_gradient(index);
   if (!opt.delay_reduce)
-    caf::anon_send(bucket.actor, actors::ready_atom::value, step, bucket_denominator());
+    caf::anon_send(bucket.actor, actors::ready_atom::value, round, bucket_denominator());
+}
+
+// The end of a backward pass that reached this module: its reductions are finished here, as
+// PyTorch DDP finishes them before backward() returns, so that another backward pass before
+// step() (a GAN's discriminator on real, then on fake images) accumulates onto the average.
+// A failure is kept for step() to throw (as when step() waited): nothing is thrown out of
+// backward's final callback. A pass that left parameters without a gradient (and no
+// find_unused_parameters) stays open: step() names them.
+void DistributedModule::Impl::on_backward_end() {
+  end_queued = false;
+  if (order.empty() || !round_error.empty()) return;
+  if (!opt.find_unused_parameters &&
+      std::find(ready.begin(), ready.end(), char{0}) != ready.end())
+    return;
+  try {
+    close_round();
+  } catch (const std::exception& e) {
+    round_error = e.what();
+  }
+}
+
+// Ends the reductions of one backward pass: parameters without a gradient in it are filled,
+// every bucket is told to launch (one that filled already has and ignores it), the round is
+// awaited, and the buffers are brought to rank 0's (DdpOptions::broadcast_buffers).
+void DistributedModule::Impl::close_round() {
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      // In a later pass an unused parameter's slot holds its gradient averaged so far, which
+      // reduces to itself; in the first it becomes zeros (receiving the others' gradients), and
+      // becomes the gradient, whatever it was (none, or a tensor of the user's).
+      if (ready[i] || rounds_closed > 0) continue;
+      grad_views[i].zero_();
+      if (opt.gradient_as_bucket_view) params[i].mutable_grad() = grad_views[i];
+    }
+  }
+  if (cuda) cuda->record_step();
+  const int64_t start = actors::now_us();
+  launch_and_await(bucket_denominator(), /*fault_point=*/true);
+  const int64_t end = actors::now_us();
+  wait_us += end - start;
+  if (tracing) waits.emplace_back(start, end - start);
+  if (rounds_closed++ == 0) {
+    first_order = order;
+    first_order_us = order_us;
+  }
+  // The averaged gradients go back to the parameters' own gradients, onto which the next
+  // backward pass accumulates.
+  if (!opt.gradient_as_bucket_view) copy_out();
+  std::fill(ready.begin(), ready.end(), 0);
+  order.clear();
+  order_us.clear();
+  if (buffers && !opt.join) buffers->broadcast(rt.comm(), 0);
+}
+
+// gradient_as_bucket_view = false: the buckets' gradients into the parameters' own.
+void DistributedModule::Impl::copy_out() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& p = params[i];
+    auto view = buckets[static_cast<size_t>(bucket_of[i])].flat.narrow(0, offset_of[i], p.numel());
+    if (p.grad().defined()) p.mutable_grad().copy_(view.view(p.sizes()));
+    else p.mutable_grad() = view.view(p.sizes()).clone();
+  }
+}
+
+// One reduction of every bucket (numbered `round`), launched where it has not already, then
+// awaited; `by` divides the sum over ranks. `fault_point`: where TROUPE_FAULT's phase=reduce
+// strikes (runtime/fault.h).
+void DistributedModule::Impl::launch_and_await(double by, bool fault_point) {
+  for (auto& bucket : buckets) caf::anon_send(bucket.actor, actors::launch_atom::value, round, by);
+  if (fault_point) fault::at(FaultPhase::reduce, step);
+  await_step();
+  ++round;
 }
 
 void DistributedModule::Impl::await_step() {
@@ -453,7 +577,7 @@ void DistributedModule::Impl::await_step() {
   // timeout here would be an entry in CAF's clock that keeps this scoped actor alive until it
   // expires, whether or not the answer came (one per step, for a minute: the memory of a long
   // job grew with them); a reducer that is gone answers at once with an error.
-  self->request(reducer, caf::infinite, actors::await_atom::value, step, stall_ms)
+  self->request(reducer, caf::infinite, actors::await_atom::value, round, stall_ms)
       .receive([&](actors::step_done_atom, uint32_t, bool k, const std::string& e) {
                  ok = k;
                  error = e;
@@ -462,7 +586,13 @@ void DistributedModule::Impl::await_step() {
                  error = "step " + std::to_string(step) + ": no answer from the reducer: " +
                          detail::actor_system(rt).render(e);
                });
-  if (!ok) throw comm::Error(error);
+  // The reducer's stall report ("step N stalled: not done after T ms: ...") says where each bucket
+  // stands; the user also needs to know which setting gave T.
+  if (!ok)
+    throw comm::Error("module '" + opt.name + "': " + error +
+                      (error.find(" stalled: not done after ") != std::string::npos
+                           ? comm::kTimeoutSetting
+                           : ""));
 }
 
 void DistributedModule::Impl::rebuild_from_observed_order(int root) {
@@ -475,10 +605,10 @@ void DistributedModule::Impl::rebuild_from_observed_order(int root) {
   if (rank == root) {
     size_t k = 0;
     std::vector<char> used(n, 0);
-    for (size_t j = 0; j < order.size(); ++j) {
-      const int i = order[j];
+    for (size_t j = 0; j < first_order.size(); ++j) {
+      const int i = first_order[j];
       seen[k++] = i;
-      seen[n + static_cast<size_t>(i)] = order_us[j] - order_us.front();
+      seen[n + static_cast<size_t>(i)] = first_order_us[j] - first_order_us.front();
       used[static_cast<size_t>(i)] = 1;
     }
     for (int i = static_cast<int>(n) - 1; i >= 0; --i)
@@ -524,15 +654,16 @@ void DistributedModule::Impl::agree_on_training(bool mine) {
 // backward), or with join by the number of ranks training. The result is linear in
 // 1/denominator for every algorithm (the error feedback memories do not depend on it) except the
 // majority vote, whose result is a sign, so a factor old / new makes it what `requested` would have given.
-void DistributedModule::Impl::rescale_reduced() {
+bool DistributedModule::Impl::rescale_reduced() {
   double want = requested;
   if (want == 0)
     want = opt.join && !opt.divide_by_initial_world_size ? training_count : denominator;
   const auto* sign = std::get_if<SignCompression>(&algorithm);
   if (want == denominator || !opt.average || (sign && sign->mode == SignMode::majority_vote))
-    return;
+    return false;
   torch::NoGradGuard no_grad;
   for (auto& bucket : buckets) bucket.flat.mul_(denominator / want);
+  return true;
 }
 
 // agg_grad = false: the averaged weights, from the buckets into the parameters.
@@ -553,9 +684,7 @@ void DistributedModule::Impl::shadow_step() {
     for (auto& bucket : buckets) bucket.flat.zero_();
   }
   if (cuda) cuda->record_step();
-  const double by = opt.agg_grad ? bucket_denominator() : training_count;
-  for (auto& bucket : buckets) caf::anon_send(bucket.actor, actors::launch_atom::value, step, by);
-  await_step();
+  launch_and_await(opt.agg_grad ? bucket_denominator() : training_count);
   if (!opt.agg_grad) load_averaged_weights();
   next_step();
 }
@@ -563,7 +692,8 @@ void DistributedModule::Impl::shadow_step() {
 // What ends every step, trained or shadowed: buffers from the lead rank, the step count, the
 // rebuild after step 1, and this step's per-step state.
 void DistributedModule::Impl::next_step() {
-  if (buffers) buffers->broadcast(rt.comm(), lead);
+  // agg_grad without join: each backward pass brought them (close_round).
+  if (buffers && (opt.join || !opt.agg_grad)) buffers->broadcast(rt.comm(), lead);
   const bool first = step == first_step && !rebuilt;
   ++step;
   reduced = false;
@@ -572,6 +702,11 @@ void DistributedModule::Impl::next_step() {
   std::fill(ready.begin(), ready.end(), 0);
   order.clear();
   order_us.clear();
+  first_order.clear();
+  first_order_us.clear();
+  rounds_closed = 0;
+  wait_us = 0;
+  waits.clear();
   denominator = world;
   requested = 0;
 }
@@ -583,6 +718,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
                                  std::move(options));
   auto& m = *impl_;
   m.check_options();
+  if (m.opt.name.empty()) m.opt.name = m.module->name();
   m.rank = runtime.rank();
   m.world = runtime.world_size();
   if (!m.opt.trace_path.empty()) check_trace_writable(m.opt.trace_path, m.rank);
@@ -648,7 +784,7 @@ void DistributedModule::set_denominator(double denominator) {
                       "without it the gradients are summed)");
   m.requested = denominator;
   // Backward's ready messages carry `denominator`: once one is sent, step() rescales instead.
-  const bool sent = !m.order.empty() && !m.opt.delay_reduce;
+  const bool sent = (!m.order.empty() && !m.opt.delay_reduce) || m.rounds_closed > 0;
   if (!sent && !m.opt.join) m.denominator = denominator;
 }
 
@@ -659,7 +795,7 @@ void DistributedModule::join() {
                       "on every rank: each step then tells the ranks which still train)");
   if (!m.sync)
     throw comm::Error("DistributedModule::join() called inside no_sync(): leave the scope first");
-  if (!m.order.empty())
+  if (!m.order.empty() || m.rounds_closed > 0)
     throw comm::Error("DistributedModule::join() at step " + std::to_string(m.step) + " after a "
                       "backward without its step() (expected step() first)");
   for (;;) {
@@ -673,13 +809,13 @@ void DistributedModule::join() {
 
 void DistributedModule::resume_at(uint64_t step) {
   auto& m = *impl_;
-  if (m.step != m.first_step || !m.order.empty())
+  if (m.step != m.first_step || !m.order.empty() || m.rounds_closed > 0)
     throw comm::Error("DistributedModule::resume_at(" + std::to_string(step) + ") after step " +
                       std::to_string(m.step) + " began (expected it before the first backward)");
   if (step > UINT32_MAX)
     throw comm::Error("DistributedModule::resume_at(" + std::to_string(step) +
                       ") (expected at most " + std::to_string(UINT32_MAX) + ")");
-  m.step = m.first_step = static_cast<uint32_t>(step);
+  m.step = m.first_step = m.round = static_cast<uint32_t>(step);
 }
 
 uint64_t DistributedModule::steps() const { return impl_->step; }
@@ -693,42 +829,30 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
   if (!m.sync)
     throw comm::Error("DistributedModule::step() called inside no_sync(): leave the scope and "
                       "run one more backward first");
+  if (!m.round_error.empty()) throw comm::Error(m.round_error);
+  if (m.opt.agg_grad && m.order.empty() && m.rounds_closed == 0 && !m.opt.find_unused_parameters)
+    throw comm::Error("step " + std::to_string(m.step) + " of module '" + m.opt.name +
+                      "': step() without a backward pass since the previous step() (a second "
+                      "step() in a row?); expected loss.backward() before each step()");
   if (m.opt.join) m.agree_on_training(true);
   const int64_t wait_start = actors::now_us();
   if (m.opt.agg_grad) {
-    std::vector<std::string> missing;
-    for (size_t i = 0; i < m.params.size(); ++i)
-      if (!m.ready[i]) missing.push_back(m.names[i]);
-    if (!missing.empty() && !m.opt.find_unused_parameters) {
-      std::string list;
-      for (auto& n : missing) list += (list.empty() ? "" : ", ") + n;
-      throw comm::Error("step " + std::to_string(m.step) + ": parameter(s) without a gradient: " +
-                        list + " (use DdpOptions.find_unused_parameters to reduce them as zeros)");
-    }
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < m.params.size(); ++i) {
-      if (m.ready[i]) continue;
-      m.grad_views[i].zero_();
-      // An unused parameter's gradient (none, or a tensor of the user's) becomes its slot, which
-      // receives the other ranks' gradients.
-      if (m.opt.gradient_as_bucket_view) m.params[i].mutable_grad() = m.grad_views[i];
-    }
-    // Every bucket is told to launch: one that filled already has (this message comes after the
-    // hooks' ready messages from this thread) and ignores it; the rest are not full because of
-    // delay_reduce or of unused parameters. CUDA buckets wait for what was enqueued here.
-    if (m.cuda) m.cuda->record_step();
-    for (auto& bucket : m.buckets)
-      caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, m.bucket_denominator());
-    fault::at(FaultPhase::reduce, m.step);
-    m.await_step();
-    m.rescale_reduced();
-    if (!m.opt.gradient_as_bucket_view)
-      for (size_t i = 0; i < m.params.size(); ++i) {
-        auto& p = m.params[i];
-        auto view = m.buckets[static_cast<size_t>(m.bucket_of[i])].flat.narrow(0, m.offset_of[i], p.numel());
-        if (p.grad().defined()) p.mutable_grad().copy_(view.view(p.sizes()));
-        else p.mutable_grad() = view.view(p.sizes()).clone();
+    // Every backward pass that ended with all its gradients is reduced already; a pass still
+    // open (parameters without a gradient, join, or no backward at all) is closed here.
+    if (!m.order.empty() || m.rounds_closed == 0) {
+      std::vector<std::string> missing;
+      for (size_t i = 0; i < m.params.size(); ++i)
+        if (!m.ready[i]) missing.push_back(m.names[i]);
+      if (!missing.empty() && !m.opt.find_unused_parameters) {
+        std::string list;
+        for (auto& n : missing) list += (list.empty() ? "" : ", ") + n;
+        throw comm::Error("step " + std::to_string(m.step) + ": parameter(s) without a gradient: " +
+                          list + " of module '" + m.opt.name +
+                          "' (use DdpOptions.find_unused_parameters to reduce them as zeros)");
       }
+      m.close_round();
+    }
+    if (m.rescale_reduced() && !m.opt.gradient_as_bucket_view) m.copy_out();
   }
   const int64_t reduced = actors::now_us();
   fault::at(FaultPhase::optimizer, m.step);
@@ -742,10 +866,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
         bucket.flat.narrow(0, bucket.offsets[k], p.numel()).copy_(p.reshape({-1}));
       }
     if (m.cuda) m.cuda->record_step();
-    const double ranks = m.opt.join ? m.training_count : m.world;
-    for (auto& bucket : m.buckets)
-      caf::anon_send(bucket.actor, actors::launch_atom::value, m.step, ranks);
-    m.await_step();
+    m.launch_and_await(m.opt.join ? m.training_count : m.world);
     m.load_averaged_weights();
   }
   const int64_t end = actors::now_us();
@@ -754,7 +875,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
   metrics.step = m.step;
   metrics.step_sec = static_cast<double>(end - m.previous_end_us) / 1e6;
   metrics.comm_wait_sec =
-      static_cast<double>((m.opt.agg_grad ? reduced - wait_start : end - reduced)) / 1e6;
+      static_cast<double>((m.opt.agg_grad ? m.wait_us : end - reduced)) / 1e6;
   metrics.backward_end_us = m.last_hook_us;
   for (auto& bucket : m.buckets) {
     metrics.bytes_sent += bucket.stats->bytes_sent;
@@ -764,14 +885,16 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
   }
   m.metrics = metrics;
   if (m.tracing) {
-    if (!m.order.empty()) {
+    if (m.last_hook_us >= m.previous_end_us) {
       // Forward is not observed directly: it is what runs between the end of the previous step
       // and the first gradient (forward, loss, and the last layer's backward).
       m.trace.add({"forward", -1, 0, m.previous_end_us, m.first_hook_us - m.previous_end_us});
       m.trace.add({"backward", -1, 0, m.first_hook_us, m.last_hook_us - m.first_hook_us});
     }
-    m.trace.add({m.opt.agg_grad ? "wait for reductions" : "average weights", -1, 0, wait_start,
-                 (m.opt.agg_grad ? reduced : end) - wait_start});
+    if (m.opt.agg_grad)
+      for (auto& w : m.waits) m.trace.add({"wait for reductions", -1, 0, w.first, w.second});
+    else
+      m.trace.add({"average weights", -1, 0, wait_start, end - wait_start});
     for (size_t b = 0; b < m.buckets.size(); ++b)
       m.trace.add({"reduce bucket", static_cast<int>(b), 1, m.buckets[b].stats->ready_us,
                    m.buckets[b].stats->done_us - m.buckets[b].stats->ready_us});
@@ -835,7 +958,7 @@ std::vector<std::vector<std::string>> DistributedModule::bucket_parameters() con
 
 void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const {
   const auto& m = *impl_;
-  if (!m.order.empty() && !m.reduced)
+  if ((!m.order.empty() || m.rounds_closed > 0) && !m.reduced)
     throw comm::Error("DistributedModule::save_state at step " + std::to_string(m.step) +
                       ": a backward ran without its step() (expected a state between steps, "
                       "or inside step()'s optimizer step)");
@@ -859,7 +982,7 @@ void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const
 
 void DistributedModule::load_state(comm::StateReader& in, StatePart part) {
   auto& m = *impl_;
-  if (!m.order.empty())
+  if (!m.order.empty() || m.rounds_closed > 0)
     throw comm::Error("DistributedModule::load_state at step " + std::to_string(m.step) +
                       ": a backward ran without its step() (expected to load between steps)");
   const std::string name = comm::algorithm_name(m.algorithm);
@@ -901,7 +1024,7 @@ void DistributedModule::load_state(comm::StateReader& in, StatePart part) {
   }
   // A rebuilt layout stays; without one (saved before the first step ended) the rebuild follows
   // the first step from here.
-  m.step = m.first_step = step;
+  m.step = m.first_step = m.round = step;
   m.rebuilt = !order.empty();
   m.layout_order = std::move(order);
   m.layout_ready_us = std::move(ready_us);

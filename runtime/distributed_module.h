@@ -34,16 +34,32 @@
 ///
 /// One wrapper per module: a DistributedModule, DecentralizedModule or AsynchronousModule over a
 /// module (or a submodule) that a live one wraps throws comm::Error naming the module and the
-/// parameter (runtime/wrapped_modules.h). One gradient per parameter and step: a second backward()
-/// before step() throws comm::Error out of backward(), naming the parameter; accumulate gradients
-/// inside no_sync() instead (with agg_grad = false gradients stay local and may accumulate).
+/// parameter (runtime/wrapped_modules.h).
+///
+/// Several backward passes per step (a GAN's discriminator on real, then on fake images; a
+/// generator's backward that passes through the discriminator) work as in PyTorch DDP: each
+/// backward pass that reaches the module is averaged over the ranks, its reductions overlapping
+/// it and finished before backward() returns (the wait that step() does for a single pass), and
+/// the next pass accumulates onto the averaged gradients, so that after passes 1..k each gradient
+/// is the sum over passes of the mean over ranks. Every rank must run the same number of passes;
+/// a pass must give every parameter a gradient unless find_unused_parameters (a parameter it
+/// does not reach keeps the average so far); the compressed algorithms compress each pass's
+/// accumulated gradient, as a DDP communication hook would. With DdpOptions::join a step takes
+/// one backward pass. To accumulate without communicating, run the earlier passes inside
+/// no_sync() (a guard: keep it in a variable). With agg_grad = false gradients stay local and may
+/// accumulate.
 ///
 /// CUDA parameters (all on one device) get CUDA buckets, reduced with NCCL where the Runtime has
 /// it, else through pinned host memory (runtime/gradient_path.h says which and how).
 ///
 /// Buffers (BatchNorm's running statistics, any registered buffer) are copied from rank 0 to every
-/// rank at the end of each step (`broadcast_buffers`), so the next forward sees rank 0's: what
-/// PyTorch DDP does at the start of each forward. Ranks with different numbers of batches set
+/// rank at the end of each backward pass that reaches the module (`broadcast_buffers`, on by
+/// default; with join or agg_grad = false, at the end of each step). PyTorch DDP copies them at
+/// the start of each forward instead; a forward followed by its backward sees the same buffers
+/// either way, and here the ranks also agree after the last backward (DDP's ranks other than 0
+/// keep their own last forward's update). A forward that no backward follows (under NoGradGuard
+/// in training mode) changes this rank's buffers until the next backward; an evaluation in eval()
+/// mode does not change them. Ranks with different numbers of batches set
 /// `DdpOptions::join` and call `join()` after their last step (PyTorch's `Join`):
 ///
 /// ```cpp
@@ -92,6 +108,9 @@ enum class Aggregation {
 
 /// Options of a DistributedModule; defaults follow PyTorch DDP.
 struct DdpOptions {
+  /// What errors call this module where a program wraps several ("the gradient of parameter
+  /// 'fc.weight' of module 'discriminator'"). Empty: the module's C++ type (Module::name()).
+  std::string name;
   size_t bucket_bytes = 25u << 20;
   size_t first_bucket_bytes = 1u << 20;
   /// Each parameter starts at a multiple of this many bytes inside its bucket.
@@ -139,11 +158,12 @@ struct DdpOptions {
   /// staging's copies). Unset: the Runtime's collective timeout (RuntimeOptions), as PyTorch's
   /// DDP reduces under its process group's timeout.
   std::optional<std::chrono::milliseconds> stall_timeout;
-  /// At the end of each step (after the optimizer), copy the module's buffers from rank 0 to every
-  /// rank, one flat broadcast per dtype (none when the module has no buffers), so that the next
-  /// forward sees rank 0's running statistics. PyTorch broadcasts at the start of each forward:
-  /// the same buffers reach the same forwards, except that here the ranks also agree after the
-  /// last step. With join, the lowest rank still training is the source.
+  /// At the end of each backward pass that reaches the module (with join or agg_grad = false: of
+  /// each step, after the optimizer), copy the module's buffers from rank 0 to every rank, one
+  /// flat broadcast per dtype (none when the module has no buffers), so that the next forward
+  /// sees rank 0's running statistics (see above for how this compares with PyTorch's broadcast
+  /// at the start of each forward). With join, the lowest rank still training is the source.
+  /// false: each rank keeps its own (PyTorch's broadcast_buffers=False).
   bool broadcast_buffers = true;
   /// Uneven inputs: ranks may take different numbers of steps, each calling join() after its last
   /// (PyTorch's Join around DDP). Each step then starts with a small allreduce (one flag per rank)
@@ -176,7 +196,7 @@ enum class StatePart { all, shared };
 struct StepMetrics {
   uint64_t step = 0;
   double step_sec = 0;        // from the first gradient hook (or the previous step) to the end
-  double comm_wait_sec = 0;   // spent in step() waiting for reductions after backward
+  double comm_wait_sec = 0;   // waiting for reductions after backward (at its end, in step())
   size_t bytes_sent = 0;
   size_t bytes_received = 0;
   int64_t backward_end_us = 0;              // last gradient hook (steady clock, microseconds)
@@ -207,7 +227,8 @@ class DistributedModule {
 
   /// Waits for the step's reductions (with the stall deadline), then runs `optimizer.step()`
   /// (agg_grad), or steps and then averages the weights (!agg_grad). Throws comm::Error naming
-  /// parameters without gradient, a failed bucket and the rank, or a stall.
+  /// parameters without gradient, a failed bucket and the rank, a stall, or a step() with no
+  /// backward since the previous one (a second step() in a row).
   void step(torch::optim::Optimizer& optimizer);
   /// The same with any step in place of `optimizer.step()` (clip then step, unscale then step).
   void step(const std::function<void()>& optimizer_step);
@@ -229,8 +250,10 @@ class DistributedModule {
   void join();
 
   /// Inside this scope backward accumulates gradients locally and reduces nothing (gradient
-  /// accumulation); the first backward after it reduces the accumulated gradients.
-  class NoSync {
+  /// accumulation); the first backward after it reduces the accumulated gradients. A guard: it
+  /// holds while the returned object lives (`auto guard = ddp.no_sync();`), so a discarded result
+  /// is a compile warning.
+  class [[nodiscard("no_sync() holds only while its guard lives: keep it in a variable")]] NoSync {
    public:
     explicit NoSync(DistributedModule* module);
     ~NoSync();
@@ -241,7 +264,7 @@ class DistributedModule {
    private:
     DistributedModule* module_;
   };
-  NoSync no_sync();
+  [[nodiscard("no_sync() holds only while its guard lives: keep it in a variable")]] NoSync no_sync();
 
   /// Copies rank `root`'s parameters and buffers to every rank.
   void broadcast_parameters(int root = 0);

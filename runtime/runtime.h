@@ -49,8 +49,12 @@ struct RuntimeOptions {
   std::shared_ptr<comm::InprocFabric> fabric;
   /// Deadline for reaching rank 0 and for every rank to arrive.
   std::chrono::milliseconds rendezvous_timeout{30000};
-  /// Deadline of each blocking collective.
-  std::chrono::milliseconds collective_timeout{60000};
+  /// Deadline of each blocking collective, and of each step's reductions of a DistributedModule
+  /// without DdpOptions::stall_timeout: 30 minutes, PyTorch's default for a process group. A rank
+  /// that waits longer for the others (while one evaluates or saves alone) fails with an error
+  /// that names this setting; set it higher for such programs, lower to learn of a hung peer
+  /// sooner.
+  std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
   comm::CollectiveOptions collectives;
   /// The host name this rank registers with (what hosts() reports and hierarchical reductions
   /// group by); empty: $TROUPE_HOST_NAME, else gethostname(). Setting it lets ranks on one machine

@@ -4,6 +4,8 @@
 #include <tuple>
 #include <utility>
 
+#include "comm/timeout_setting.h"
+
 namespace troupe::comm {
 
 namespace {
@@ -16,7 +18,7 @@ std::string timeout_message(const Execution& execution, const Transport& transpo
   for (int p : peers) ranks += (ranks.empty() ? "" : ", ") + std::to_string(p);
   return execution.name() + " on rank " + std::to_string(transport.rank()) + " timed out after " +
          std::to_string(timeout.count()) + " ms waiting for rank(s) " +
-         (ranks.empty() ? "(none)" : ranks);
+         (ranks.empty() ? "(none)" : ranks) + kTimeoutSetting;
 }
 
 // Once an operation has failed (a peer died), the other ranks stop too; operations already

@@ -21,6 +21,7 @@
 #include "comm/collectives/communicator.h"
 #include "comm/reduce.h"
 #include "comm/shm/segment.h"
+#include "comm/timeout_setting.h"
 
 namespace troupe::comm {
 namespace {
@@ -191,10 +192,11 @@ void LocalAllreduce::Impl::run() {
         if (broken.ok() && now >= op.deadline) {
           const auto waiting = missing(op.reduced, op.slot, op.generation);
           broken = Status::failure(
-              "LocalAllreduce slot " + std::to_string(op.slot) + " (generation " +
-                  std::to_string(op.generation) + "): ranks " + ranks_text(waiting) +
+              "a reduction through shared memory timed out: ranks " + ranks_text(waiting) +
                   (op.reduced ? " did not finish their shares" : " did not contribute") +
-                  " within " + std::to_string(timeout.count()) + " ms",
+                  " within " + std::to_string(timeout.count()) + " ms (LocalAllreduce slot " +
+                  std::to_string(op.slot) + ", generation " + std::to_string(op.generation) +
+                  ")" + kTimeoutSetting,
               waiting.empty() ? -1 : waiting.front());
         }
         if (!broken.ok()) {

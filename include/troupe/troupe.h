@@ -10,9 +10,19 @@
 /// troupe::Runtime rt;                          // rank from torchrun / troupe launch / mpirun / srun
 /// Net net;                                     // TORCH_MODULE(Net), or std::make_shared<NetImpl>()
 /// troupe::DistributedModule ddp(rt, net);      // troupe/distributed_module.h: what it accepts
-/// for (auto& batch : *loader) { ... loss.backward(); ddp.step(opt); }
+/// // Each rank reads its own shard: LibTorch's distributed samplers, given the world size and
+/// // this rank (set_epoch before make_data_loader, which keeps its own copy of the sampler).
+/// for (size_t epoch = 0; epoch < epochs; ++epoch) {
+///   torch::data::samplers::DistributedRandomSampler sampler(dataset.size().value(),
+///                                                           rt.world_size(), rt.rank());
+///   sampler.set_epoch(epoch);
+///   auto loader = torch::data::make_data_loader(dataset, std::move(sampler), batch_size);
+///   for (auto& batch : *loader) { ... loss.backward(); ddp.step(opt); }
+/// }
 /// ```
-/// runtime/troupe.h (in the source tree) says how each rank reads its own shard.
+/// Keep the samplers' allow_duplicates (on by default): it pads the shards to one length, so every
+/// rank takes the same number of steps, as the collectives need. troupe/distributed_module.h says
+/// what a training loop may do (several backward passes per step, no_sync(), buffers, timeouts).
 #include <troupe/algorithms.h>
 #include <troupe/checkpoint.h>
 #include <troupe/compute_threads.h>

@@ -1,7 +1,7 @@
 // Misuse that used to train silently wrong: a module wrapped by two live data-parallel wrappers
-// (two sets of gradient hooks, or gossip moving the weights under the buckets), and two backward
-// passes before one step (the second gradient lands in buckets already reduced). Both are
-// refused with an error naming the module or the parameter.
+// (two sets of gradient hooks, or gossip moving the weights under the buckets), and, with join,
+// two backward passes before one step (the second gradient would land in buckets already
+// reduced). Both are refused with an error naming the module or the parameter.
 #include "tests/support/torch_doctest.h"
 
 #include <memory>
@@ -92,12 +92,17 @@ TEST_CASE("gossip wrappers and DistributedModule refuse a module another of them
   for (auto& e : errors) CHECK(e == "");
 }
 
-TEST_CASE("two backward passes before a step throw from backward naming the parameter and the remedy") {
+TEST_CASE("with join, two backward passes before a step throw from backward naming the parameter and the remedy") {
+  // Without join each backward pass is reduced when it ends
+  // (tests/runtime/several_backward_test.cpp); with join the ranks meet in step(), which a joined
+  // rank shadows once per step.
   torch::set_num_threads(1);
   auto errors = run_threads(2, [&](int r, Runtime& rt) {
     auto model = std::make_shared<Mlp>(6, 8, 3);
     torch::optim::SGD opt(model->parameters(), 0.1);
-    DistributedModule ddp(rt, model);
+    DdpOptions o;
+    o.join = true;
+    DistributedModule ddp(rt, model, GradientAllReduce{}, o);
     train_step(ddp, *model, opt, r);
     opt.zero_grad();
     auto x = torch::ones({2, 6}) * (r + 1);
@@ -107,9 +112,10 @@ TEST_CASE("two backward passes before a step throw from backward naming the para
                          doctest::Contains("step 1: the gradient of parameter 'fc3."), comm::Error);
     CHECK_THROWS_WITH_AS(
         torch::mse_loss(model->forward(x), torch::zeros({2, 3})).backward(),
-        doctest::Contains("became ready twice (two backward() calls without step() between them; "
-                          "expected step() after each backward, or the earlier backward calls "
-                          "inside no_sync() to accumulate gradients)"),
+        doctest::Contains("of module 'troupe::test::Mlp' became ready twice before step(): with "
+                          "DdpOptions.join a step takes one backward pass (expected step() after "
+                          "each backward, or the earlier backward passes inside no_sync() to "
+                          "accumulate gradients)"),
         comm::Error);
   });
   for (auto& e : errors) CHECK(e == "");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "comm/timeout_setting.h"
 #include "cuda/stream.h"
 
 namespace troupe::comm {
@@ -159,7 +160,7 @@ bool NcclCommunicator::Impl::advance() {
       if (now >= enqueuing_->deadline)
         fail_all("NCCL " + enqueuing_->name + " on " + who() + " was not enqueued within " +
                  ms(enqueuing_->timeout) + " (did every rank issue it?); the communicator was "
-                 "aborted");
+                 "aborted" + kTimeoutSetting);
       return false;
     }
     NcclOperation op = std::move(*enqueuing_);
@@ -177,7 +178,7 @@ bool NcclCommunicator::Impl::advance() {
     if (query == cudaErrorNotReady) {
       if (now >= op.deadline) {
         fail_all("NCCL " + op.name + " on " + who() + " did not complete within " +
-                 ms(op.timeout) + "; the communicator was aborted");
+                 ms(op.timeout) + "; the communicator was aborted" + kTimeoutSetting);
         return true;
       }
       ++i;
