@@ -104,8 +104,8 @@ struct Refusal {
 
 // The rank's side of the handshake (rendezvous_wire.h), after TLS when the job uses it. Returns
 // true when rank 0 welcomed it.
-bool handshake(wire::Stream& s, const std::string& secret, Clock::time_point deadline,
-               Refusal& refusal) {
+bool handshake(wire::Stream& s, const std::string& secret, const std::string& job_id,
+               Clock::time_point deadline, Refusal& refusal) {
   try {
     wire::tls_handshake(s, deadline, "the TLS handshake");
   } catch (const comm::Error& e) {
@@ -143,8 +143,12 @@ bool handshake(wire::Stream& s, const std::string& secret, Clock::time_point dea
   const std::string door_nonce = challenge.substr(0, wire::kNonceBytes);
   if (!wire::same_mac(challenge.substr(wire::kNonceBytes),
                       wire::mac(secret, "door", nonce, door_nonce))) {
-    refusal = {"the process listening there does not hold this job's secret (a different "
-               "TROUPE_JOB_SECRET, or another job on that port)",
+    refusal = {"the process listening there does not hold this job's secret" +
+                   (job_id.empty() ? std::string(" (a different TROUPE_JOB_SECRET, or another "
+                                                 "job on that port)")
+                                   : " and id (this rank's job is '" + job_id +
+                                         "', TROUPE_JOB_ID: another job on that port, or a "
+                                         "different TROUPE_JOB_SECRET)"),
                false};
     return false;
   }
@@ -219,7 +223,7 @@ PublishedDirectory publish_directory(caf::actor_system& system, const Rendezvous
                           ? wire::resolve_ipv4(request.master_addr, "MASTER_ADDR")
                           : request.bind_address;
   door.port = request.master_port;
-  door.secret = request.secret;
+  door.secret = wire::job_key(request.secret, request.job_id);
   door.tls = request.tls;
   door.world_size = request.world_size;
   door.handshake_timeout = std::min<std::chrono::milliseconds>(request.timeout,
@@ -279,7 +283,9 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
     if (fd >= 0) {
       stream = std::make_shared<wire::Stream>(fd, tls);
       Refusal refusal;
-      if (handshake(*stream, request.secret, deadline, refusal)) break;
+      if (handshake(*stream, wire::job_key(request.secret, request.job_id), request.job_id,
+                    deadline, refusal))
+        break;
       stream.reset();
       last_error = refusal.why;
       if (!refusal.retry)

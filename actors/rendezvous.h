@@ -31,6 +31,10 @@ struct RendezvousRequest {
   std::chrono::milliseconds timeout{30000};
   /// The job's secret (TROUPE_JOB_SECRET); every rank of a job must hold the same.
   std::string secret;
+  /// The job's identity (TROUPE_JOB_ID); every rank of a job must name the same. The handshake's
+  /// key is wire::job_key(secret, job_id): a rank of another job that shares the secret (and
+  /// the port) is refused, by name.
+  std::string job_id;
   /// Rank 0: the IPv4 address its front door listens on; empty: master_addr's.
   std::string bind_address;
   /// TLS for the control plane (every rank of a job the same way); empty: plain TCP.

@@ -54,6 +54,10 @@ std::string mac(const std::string& secret, const char* role, const std::string& 
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+std::string job_key(const std::string& secret, const std::string& job_id) {
+  return job_id.empty() ? secret : mac(secret, "job", job_id, "");
+}
+
 bool same_mac(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }

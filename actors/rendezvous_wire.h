@@ -65,6 +65,10 @@ std::string random_secret(size_t n = 32);
 std::string mac(const std::string& secret, const char* role, const std::string& a,
                  const std::string& b);
 
+/// The key of a job's handshakes: HMAC-SHA256(secret, "job" | job id), or the secret itself
+/// when the job has no id. Two jobs that share a secret but not an id never accept each other.
+std::string job_key(const std::string& secret, const std::string& job_id);
+
 /// Constant-time comparison of two MACs.
 bool same_mac(const std::string& a, const std::string& b);
 

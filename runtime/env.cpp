@@ -223,6 +223,7 @@ RankInfo rank_info_from_env(const GetEnv& getenv) {
     read_master(getenv, info);
   }
   if (const char* secret = getenv("TROUPE_JOB_SECRET")) info.job_secret = secret;
+  if (const char* job = getenv("TROUPE_JOB_ID")) info.job_id = job;
   if (const char* bind = getenv("TROUPE_BIND_ADDRESS")) info.bind_address = bind;
   const char* tls[] = {getenv("TROUPE_TLS_CERT"), getenv("TROUPE_TLS_KEY"), getenv("TROUPE_TLS_CA")};
   if (tls[0] || tls[1] || tls[2]) {

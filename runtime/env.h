@@ -33,6 +33,9 @@ struct RankInfo {
   /// ranks; under torchrun, Slurm or mpirun, export the same value to every rank. Empty: none,
   /// and the Runtime warns when its rendezvous listens beyond the loopback interface.
   std::string job_secret;
+  /// The job's identity (TROUPE_JOB_ID; `troupe launch` gives one): bound into the rendezvous
+  /// handshake, so two jobs that share a secret and a port refuse each other. Empty: none.
+  std::string job_id;
   /// Where rank 0's rendezvous listens (TROUPE_BIND_ADDRESS, an IPv4 address such as 0.0.0.0);
   /// empty: MASTER_ADDR's address, so a job with MASTER_ADDR=127.0.0.1 is reachable from this
   /// host only.

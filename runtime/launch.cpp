@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -100,6 +101,7 @@ class Launcher {
  public:
   Launcher(const LaunchOptions& options, std::ostream& out, std::ostream& err)
       : options_(options), streams_{&out, &err}, ranks_(options.nprocs + options.spares) {
+    job_id_ = make_job_id();
     // SIGINT/SIGTERM become bytes on a pipe that the poll loop watches; only the first of
     // concurrent launches takes them.
     make_pipe(signal_pipe_, O_NONBLOCK);
@@ -150,6 +152,7 @@ class Launcher {
   std::vector<std::string> child_env(int rank, int port) const {
     auto overridden = [&](const std::string& name) {
       return std::count(kRankVars.begin(), kRankVars.end(), name) > 0 ||
+             (name == "TROUPE_JOB_ID" && !job_id_.empty()) ||
              std::any_of(options_.extra_env.begin(), options_.extra_env.end(),
                          [&](const auto& kv) { return kv.first == name; });
     };
@@ -159,7 +162,8 @@ class Launcher {
       if (!overridden(text.substr(0, text.find('=')))) env.push_back(text);
     }
     for (const auto& [name, value] : options_.extra_env) {
-      if (std::count(kRankVars.begin(), kRankVars.end(), name) == 0)
+      if (std::count(kRankVars.begin(), kRankVars.end(), name) == 0 &&
+          !(name == "TROUPE_JOB_ID" && !job_id_.empty()))  // job_id_ below, once
         env.push_back(name + "=" + value);
     }
     // Spares have slots of their own: RANK is the launch slot (elastic::NodeShape::slot(): with
@@ -179,7 +183,20 @@ class Launcher {
     // one (rank 0 warns when its rendezvous is open).
     if (options_.nnodes == 1 && !overridden("TROUPE_JOB_SECRET") && !std::getenv("TROUPE_JOB_SECRET"))
       env.push_back("TROUPE_JOB_SECRET=" + job_secret_);
+    if (!job_id_.empty()) env.push_back("TROUPE_JOB_ID=" + job_id_);
     return env;
+  }
+
+  // The job's id (LaunchOptions::job_id): given, else from the environment, else one made for a
+  // launch of one node.
+  // (Set in the constructor: options_ is declared below.)
+  std::string job_id_;
+  std::string make_job_id() const {
+    if (!options_.job_id.empty()) return options_.job_id;
+    for (const auto& [name, value] : options_.extra_env)
+      if (name == "TROUPE_JOB_ID") return value;
+    if (const char* env = std::getenv("TROUPE_JOB_ID"); env && *env) return std::string(env);
+    return options_.nnodes == 1 ? actors::wire::random_secret(16) : std::string();
   }
 
   // The job's secret when the launcher's environment has none: one per launch, so only its ranks
@@ -368,6 +385,9 @@ void Launcher::start_rank(int r, int port, bool spare) {
   if (options_.elastic) {
     membership_fd = relay_ ? relay_->attach(r, spare) : membership_->attach(global(r), spare);
     env.push_back("TROUPE_ELASTIC_FD=" + std::to_string(membership_fd));
+    // The service's round, from which a rank derives how long it waits for a generation.
+    env.push_back("TROUPE_MEMBERSHIP_TIMEOUT_MS=" +
+                  std::to_string(static_cast<long long>(options_.membership_timeout_sec * 1000)));
     if (spare) {
       // A week without a job deadline: a spare outlives no launcher (it dies with it), but its
       // wait still ends.
@@ -473,12 +493,14 @@ bool Launcher::restart(int r) {
 }
 
 void Launcher::dismiss_spares() {
-  if (!options_.elastic || options_.spares == 0) return;
+  if (!options_.elastic) return;
   if (membership_) {
     // A rank of any node still runs (or, on one node, a process that is not a waiting spare).
     if (membership_->rank_alive()) return;
     for (int r = 0; r < slot_count(); ++r)
-      if (ranks_[static_cast<size_t>(r)].running && !membership_->standby(global(r))) return;
+      if (ranks_[static_cast<size_t>(r)].running && !membership_->standby(global(r)) &&
+          !membership_->expelled(global(r)))
+        return;
     if (hub_ && !dismiss_sent_) hub_->dismiss();  // the other nodes' spares too
     dismiss_sent_ = true;
   } else if (!relay_ || !relay_->dismissed()) {
@@ -488,7 +510,18 @@ void Launcher::dismiss_spares() {
   for (int r = 0; r < slot_count(); ++r) {
     Rank& rank = ranks_[static_cast<size_t>(r)];
     if (!rank.running || rank.dismissed) continue;
-    if (membership_ ? !membership_->standby(global(r)) : !relay_->standby(r)) continue;
+    // A waiting spare, or a member dropped for not joining in time (stopped, or cut off): the
+    // job is over without it, so it is not waited for.
+    const bool spare = membership_ ? membership_->standby(global(r)) : relay_->standby(r);
+    const bool expelled = membership_ ? membership_->expelled(global(r)) : relay_->expelled(r);
+    if (!spare && !expelled) continue;
+    if (!spare) {
+      *streams_[1] << "troupe launch: the job is over: stopping rank slot " << global(r)
+                   << ", dropped from the job for not joining a generation in time\n";
+      rank.dismissed = true;
+      kill(-rank.pid, SIGKILL);
+      continue;
+    }
     rank.dismissed = true;
     dismissed.push_back(global(r));
     kill(-rank.pid, SIGKILL);
@@ -524,12 +557,27 @@ LaunchResult Launcher::run(int port) {
     for (const auto& [name, value] : options_.extra_env)
       if (name == "TROUPE_JOB_SECRET") secret = value;
     if (const char* env = std::getenv("TROUPE_JOB_SECRET"); secret.empty() && env) secret = env;
-    if (options_.node_rank == 0)
+    const auto silence = elastic::node_silence(membership_timeout);
+    if (job_id_.empty()) {
+      *streams_[1] << "troupe: warning: node " << options_.node_rank << " of an elastic job of "
+                   << options_.nnodes << " nodes has no job id (--job-id, TROUPE_JOB_ID): "
+                   << "another job that shares its TROUPE_JOB_SECRET and master address could "
+                      "take its place; give every node of a job the same --job-id\n";
+      streams_[1]->flush();
+    }
+    if (options_.node_rank == 0) {
+      elastic::HandshakeLimits limits;
+      limits.hello_within = std::min<std::chrono::milliseconds>(limits.hello_within,
+                                                                membership_timeout);
+      limits.in_all = std::max(limits.in_all, 2 * options_.nnodes);
       hub_ = std::make_unique<elastic::MembershipHub>(*membership_, shape, options_.master_addr,
-                                                      port, secret, *streams_[1]);
-    else
+                                                      port, secret, *streams_[1], job_id_,
+                                                      limits, silence);
+    } else {
       relay_ = std::make_unique<elastic::MembershipRelay>(shape, options_.master_addr, port,
-                                                          secret, membership_timeout);
+                                                          secret, membership_timeout, job_id_,
+                                                          silence);
+    }
   }
   auto timeout_at =
       options_.timeout_sec > 0 ? Clock::now() + as_duration(options_.timeout_sec) : kNever;
@@ -578,6 +626,8 @@ LaunchResult Launcher::run(int port) {
       fail("timed out after " + seconds_text(options_.timeout_sec), 124, -1);
     }
     if (membership_) membership_->tick();
+    if (hub_) hub_->tick();
+    if (relay_) relay_->tick();
     if (job_stopped() && !stopping_) {
       // Every member was told to stop; those that do not end in the grace period are stopped.
       const std::string why = membership_ ? membership_->stop_reason() : relay_->stop_reason();
@@ -626,7 +676,9 @@ LaunchResult Launcher::run(int port) {
     auto next = std::min({running() ? now + std::chrono::milliseconds(kTickMs) : kNever,
                           stopping_ ? kNever : timeout_at,
                           give_up_at == kNever ? kill_at_ : give_up_at, drain_until,
-                          membership_ ? membership_->next_deadline() : kNever});
+                          membership_ ? membership_->next_deadline() : kNever,
+                          hub_ ? hub_->next_deadline() : kNever,
+                          relay_ ? relay_->next_deadline() : kNever});
     auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
     poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait_ms, 0, 1000)));
 
@@ -793,6 +845,13 @@ void check_options(const LaunchOptions& o) {
                          std::to_string(o.nnodes) + " x (-n " + std::to_string(o.nprocs) +
                          " + --spares " + std::to_string(o.spares) + "))");
   }
+  if (!o.job_id.empty() &&
+      (o.job_id.size() > 128 ||
+       !std::all_of(o.job_id.begin(), o.job_id.end(), [](char c) {
+         return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+       })))
+    bad("job_id (--job-id) = '" + o.job_id + "' is invalid",
+        "1..128 of A-Z, a-z, 0-9, '.', '_', '-'");
   if (o.elastic && !(o.membership_timeout_sec > 0))
     bad("membership_timeout_sec (--membership-timeout) = " + seconds_text(o.membership_timeout_sec),
         "more than 0");

@@ -16,6 +16,7 @@ namespace troupe {
 /// neither sets. With one node and no TROUPE_JOB_SECRET in the launcher's environment or
 /// `extra_env`, every rank also gets one, 64 hex digits made for this launch, which its
 /// rendezvous checks (runtime/env.h); with several nodes, export the same one on every node.
+/// Every rank gets the job's id as TROUPE_JOB_ID (`job_id`).
 struct LaunchOptions {
   /// Ranks started on this host (torchrun's --nproc_per_node).
   int nprocs = 1;
@@ -75,6 +76,13 @@ struct LaunchOptions {
   /// waiting when no rank of the job runs any more are stopped (SIGKILL: they hold no state; node
   /// 0 tells the other nodes) and are not counted as finished or failed.
   int spares = 0;
+  /// The job's identity (`--job-id`, else TROUPE_JOB_ID in extra_env or the launcher's
+  /// environment): 1..128 of [A-Za-z0-9._-], given to every rank as TROUPE_JOB_ID. The
+  /// rendezvous and the elastic membership service admit only processes that prove both the
+  /// job's secret and this id, so two jobs that share a secret (and a port) never cross-wire.
+  /// Empty with one node: one made for this launch. Empty with several nodes: none (a launch per
+  /// host cannot agree on one it makes), and the launcher warns; give every node the same.
+  std::string job_id;
 };
 
 /// torchrun's MASTER_PORT when a job of several nodes names none.

@@ -171,8 +171,13 @@ bool MembershipServer::standby(int slot) const {
 
 bool MembershipServer::rank_alive() const {
   for (size_t s = 0; s < slots_.size(); ++s)
-    if (alive(static_cast<int>(s)) && !slots_[s].standby) return true;
+    if (alive(static_cast<int>(s)) && !slots_[s].standby && !slots_[s].expelled) return true;
   return false;
+}
+
+bool MembershipServer::expelled(int slot) const {
+  const Slot& s = slots_.at(static_cast<size_t>(slot));
+  return s.connected() && s.expelled;
 }
 
 void MembershipServer::set_slot_nodes(std::vector<int> nodes) {
@@ -266,6 +271,11 @@ bool MembershipServer::handle(int slot, const std::string& bytes) {
   auto& [type, fields] = message;
   try {
     if (type == Message::join && fields.size() == 2) {
+      if (fields[1].empty() || fields[1].size() > kMaxHostBytes) {
+        gone(slot, "it joined with a host name of " + std::to_string(fields[1].size()) +
+                       " bytes (expected 1.." + std::to_string(kMaxHostBytes) + ")");
+        return false;
+      }
       s.report.slot = slot;
       s.report.step = std::stoll(fields[0]);
       s.host = fields[1];
@@ -279,6 +289,11 @@ bool MembershipServer::handle(int slot, const std::string& bytes) {
          // that needs it
     } else if (type == Message::address && fields.size() == 2) {
       if (phase_ != Phase::addressing || std::stoi(fields[0]) != pending_.number) return true;
+      if (fields[1].empty() || fields[1].size() > kMaxAddressBytes) {
+        gone(slot, "it sent a transport address of " + std::to_string(fields[1].size()) +
+                       " bytes (expected 1.." + std::to_string(kMaxAddressBytes) + ")");
+        return false;
+      }
       s.address = fields[1];
       s.has_address = true;
       const bool all = std::all_of(pending_.slots.begin(), pending_.slots.end(),
@@ -342,7 +357,7 @@ void MembershipServer::open(const std::string& why) {
 
 bool MembershipServer::awaited(int slot) const {
   const Slot& s = slots_[static_cast<size_t>(slot)];
-  if (s.joined || s.left) return false;
+  if (s.joined || s.left || s.expelled) return false;
   // Several nodes: a slot of another node that has not started yet is awaited by the first
   // generation (its node's launcher may connect after this one started its ranks).
   if (s.life == 0)
@@ -387,11 +402,16 @@ void MembershipServer::close() {
   pending_ = close_generation(number_, reports, committed_, ended, min_ranks_);
   // Live members that did not join by the deadline are not members any more: they stop.
   for (size_t s = 0; s < slots_.size(); ++s)
-    if (awaited(static_cast<int>(s)))
+    if (awaited(static_cast<int>(s))) {
+      slots_[s].expelled = true;
+      log_ << "troupe: elastic: rank slot " << s << " did not join generation " << number_
+           << " within " << deadline_.count() << " ms (--membership-timeout): it forms without "
+              "it, and the slot's process is ended once the job is over\n";
       send(static_cast<int>(s),
            encode(Message::stop, {"rank slot " + std::to_string(s) + " did not join generation " +
                                   std::to_string(number_) + " within " +
                                   std::to_string(deadline_.count()) + " ms"}));
+    }
   if (!pending_.error.empty()) {
     stopped_ = true;
     stop_reason_ = pending_.error;

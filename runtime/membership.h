@@ -56,6 +56,10 @@ enum class Message : uint8_t { join = 1, reform = 2, assign = 3, address = 4, ta
 
 /// The largest message either side sends (a table of every rank's UCX address).
 inline constexpr size_t kMaxMessageBytes = 4u << 20;
+/// The largest transport address a rank may register (a UCX worker address is a few hundred
+/// bytes) and the longest host name.
+inline constexpr size_t kMaxAddressBytes = 64 * 1024;
+inline constexpr size_t kMaxHostBytes = 255;
 
 /// One rank's report when a generation forms.
 struct Report {
@@ -113,9 +117,13 @@ class MembershipServer {
   bool alive(int slot) const;
   /// Whether `slot`'s process is a spare that no generation has taken yet.
   bool standby(int slot) const;
-  /// Whether a process that is not a waiting spare lives in any slot (local or remote): when none
-  /// does, the waiting spares are not needed any more.
+  /// Whether a process that is not a waiting spare lives in any slot (local or remote) and is
+  /// not expelled: when none does, the waiting spares and the expelled are not needed any more.
   bool rank_alive() const;
+  /// Whether `slot`'s process was a member that did not join a generation by its deadline (a
+  /// stopped process, or one behind a cut link): the generation formed without it and told it to
+  /// stop. Its launcher ends it once the job is over, instead of waiting for it.
+  bool expelled(int slot) const;
   /// Several nodes: the node of each slot (by slot; without it every slot is on one node). A
   /// generation short of the launch's ranks takes a spare from the node with the most of its
   /// ranks' places empty (the node of a dead rank), the lowest slot first; when that node has no
@@ -148,6 +156,7 @@ class MembershipServer {
     bool joined = false;
     bool left = false;  // said leave: ended cleanly
     bool standby = false;  // a spare not yet taken into a generation
+    bool expelled = false;  // a member dropped for not joining in time
     Report report;
     std::string host;
     std::string address;

@@ -45,10 +45,16 @@ class MembershipClient {
   MembershipClient& operator=(const MembershipClient&) = delete;
 
   /// Reports `step` completed steps (-1: no state) and waits for this rank's assignment. Throws
-  /// comm::Error with the service's reason when the job stops, or naming the deadline.
+  /// comm::Error with the service's reason when the job stops, or naming the deadline. The wait
+  /// outlasts the service's own deadlines for forming a generation (twice
+  /// TROUPE_MEMBERSHIP_TIMEOUT_MS, the launcher's --membership-timeout, and a margin), whatever
+  /// `deadline` says: a survivor never gives up on a generation the service is still forming.
   Assignment join(int64_t step, const std::string& host, Clock::time_point deadline);
   /// Sends this rank's transport address for `generation` and waits for its table; empty when a
-  /// newer generation opened meanwhile (join again). Throws as join() does.
+  /// newer generation opened meanwhile (join again). Throws as join() does, and when the table
+  /// does not hold one host and transport address per rank of the assignment, or an address
+  /// that cannot be a UCX worker address of this build (a size out of 1..kMaxAddressBytes, or a
+  /// header byte unlike this rank's own `address`): nothing a peer sent reaches UCX unchecked.
   std::optional<MemberTable> exchange(int generation, const std::string& address,
                                       Clock::time_point deadline);
   /// The generation in force (after its table arrived).
@@ -59,6 +65,8 @@ class MembershipClient {
  private:
   void read_loop();
   void send(const std::string& bytes);
+  // Throws unless `table` holds the assignment's ranks, each with a plausible UCX address.
+  void check_table(const MemberTable& table, int generation, const std::string& own) const;
   std::pair<Message, std::vector<std::string>> next(Clock::time_point deadline,
                                                     const std::string& waiting_for);
 
@@ -69,6 +77,10 @@ class MembershipClient {
   std::deque<std::pair<Message, std::vector<std::string>>> queue_;
   std::string closed_;  // why the service's socket ended, once it did
   int in_force_ = 0;
+  int assigned_world_ = -1;  // the world size of the last assignment
+  // The service's deadline for one round of a generation (TROUPE_MEMBERSHIP_TIMEOUT_MS); 0: not
+  // known (a launcher before it was passed), the callers' deadlines only.
+  std::chrono::milliseconds service_round_{0};
   std::thread reader_;
 };
 

@@ -275,6 +275,7 @@ void Runtime::Impl::start() {
   request.address = address;
   request.timeout = options.rendezvous_timeout;
   request.secret = info.job_secret;
+  request.job_id = info.job_id;
   request.bind_address = info.bind_address;
   request.tls = {info.tls_cert, info.tls_key, info.tls_ca};
   if (info.rank == 0) publish_nccl_id(request);

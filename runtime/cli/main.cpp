@@ -127,6 +127,10 @@ int main(int argc, char** argv) {
   launch_cmd->add_option("--max-restarts", launch.max_restarts,
                          "Elastic: restart dead ranks in their slot, this many times in all (per "
                          "node: each node's launcher restarts its own ranks)");
+  launch_cmd->add_option("--job-id", launch.job_id,
+                         "The job's identity, the same on every node (default: TROUPE_JOB_ID; one "
+                         "made per launch with one node): the rendezvous and the elastic "
+                         "membership admit only processes of this job");
   launch_cmd->add_option("--membership-timeout", launch.membership_timeout_sec,
                          "Elastic: seconds a new generation waits for its members (default 30)");
   launch_cmd->add_option("--spares", launch.spares,

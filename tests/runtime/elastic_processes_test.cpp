@@ -63,6 +63,26 @@ TEST_CASE("an elastic job goes on without a rank killed during backward") {
   CHECK(run.out.find("stepping again in generation 2") != std::string::npos);
 }
 
+TEST_CASE("a member stopped with SIGSTOP is dropped within twice the membership deadline, and the rest finish") {
+  // Slot 2 stops itself before step 10 and never runs again. The survivors' collectives fail at
+  // their deadline (20 s, elastic_rank.cpp), they join generation 2, which waits its deadline
+  // (--membership-timeout 20) for slot 2 and forms without it. The survivors' wait for their
+  // assignment is derived from that deadline (before, both were 20 s, and they gave up just as
+  // the generation formed); once they finish, the launcher ends the stopped process instead of
+  // waiting for it.
+  auto run = test::launch_elastic_job({TROUPE_ELASTIC_RANK_BIN, "40", "0", "allreduce"}, 3, 2, 0,
+                                      "", 0, {{"TROUPE_TEST_STOP", "2:10"}});
+  check_finished(run, 2, 2);
+  CHECK(run.out.find("slot 2 stops itself (SIGSTOP) before step 10") != std::string::npos);
+  CHECK(run.err.find("rank slot 2 did not join generation 2 within 20000 ms") != std::string::npos);
+  CHECK(run.err.find("the job is over: stopping rank slot 2") != std::string::npos);
+  const std::string formed = "generation 2 in force after ";
+  const size_t at = run.err.find(formed);
+  REQUIRE(at != std::string::npos);
+  const long ms = std::stol(run.err.substr(at + formed.size()));
+  CHECK(ms <= 2 * 20000);
+}
+
 TEST_CASE("an elastic job goes on without a rank killed during the reduction") {
   auto run = run_elastic(3, 2, 0, "kill:rank=2,step=10,phase=reduce");
   check_finished(run, 2, 2);

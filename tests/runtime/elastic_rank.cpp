@@ -29,6 +29,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstring>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -347,8 +349,22 @@ int main(int argc, char** argv) {
     int64_t last_step = trainer.steps();
     ElasticSampler sampler(kSamples, kGlobalBatch, kSeed);
     bool after_change = false;
+    // TROUPE_TEST_STOP="slot:step": that slot's first process stops itself (SIGSTOP) before that
+    // step, a member gone silent without dying (a kill is TROUPE_FAULT's).
+    int stop_slot = -1;
+    int64_t stop_step = -1;
+    if (const char* stop = std::getenv("TROUPE_TEST_STOP"); stop && !restarted) {
+      stop_slot = std::atoi(stop);
+      stop_step = std::strchr(stop, ':') ? std::atoll(std::strchr(stop, ':') + 1) : -1;
+    }
     while (trainer.steps() < steps ||
            (rt.world_size() < until_world && trainer.steps() < kMaxSteps)) {
+      if (rt.slot() == stop_slot && trainer.steps() == stop_step) {
+        std::cout << "slot " << rt.slot() << " stops itself (SIGSTOP) before step " << stop_step
+                  << std::endl;
+        stop_slot = -1;
+        raise(SIGSTOP);
+      }
       auto idx = as_index(sampler.indices(trainer.steps(), rt.rank(), rt.world_size()));
       const bool done = trainer.step([&] {
         opt.zero_grad();

@@ -305,3 +305,29 @@ TEST_CASE("every rank of a launch gets the same fresh job secret unless the laun
   options.extra_env = {{"TROUPE_JOB_SECRET", "one-secret-for-many-nodes"}};
   CHECK(secrets(options) == std::set<std::string>{"one-secret-for-many-nodes"});
 }
+
+TEST_CASE("every rank of a launch gets the same fresh job id unless one is given, and a bad one is refused") {
+  auto ids = [](const troupe::LaunchOptions& options) {
+    auto r = run(options);
+    REQUIRE(r.result.exit_code == 0);
+    std::set<std::string> seen;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) seen.insert(line.substr(line.find("] ") + 2));
+    return seen;
+  };
+  auto options = shell(3, "echo \"$TROUPE_JOB_ID\"");
+  const auto first = ids(options);
+  REQUIRE(first.size() == 1);  // the same on every rank
+  CHECK(std::regex_match(*first.begin(), std::regex("[0-9a-f]{32}")));
+  const auto second = ids(options);
+  REQUIRE(second.size() == 1);
+  CHECK(*second.begin() != *first.begin());  // a new one for each launch
+  options.extra_env = {{"TROUPE_JOB_ID", "from-the-environment"}};
+  CHECK(ids(options) == std::set<std::string>{"from-the-environment"});
+  options.job_id = "given.job-1";  // --job-id wins
+  CHECK(ids(options) == std::set<std::string>{"given.job-1"});
+  options.job_id = "two words";
+  CHECK_THROWS_WITH(troupe::launch(options),
+                    doctest::Contains("job_id (--job-id) = 'two words' is invalid (expected 1..128 "
+                                      "of A-Z, a-z, 0-9, '.', '_', '-')"));
+}

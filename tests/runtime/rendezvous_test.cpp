@@ -224,3 +224,26 @@ TEST_CASE("without an NCCL unique id from rank 0, Runtime::nccl says why on ever
   });
   for (auto& e : errors) CHECK(e == "");
 }
+
+TEST_CASE("two jobs that share a secret and a port never meet: the other job's rank is refused by its job id") {
+  const int port = pick_free_port();
+  auto ours = std::make_shared<comm::InprocFabric>(2);
+  auto theirs = std::make_shared<comm::InprocFabric>(2);
+  auto rank_of = [&](int rank, const std::string& job, const std::shared_ptr<comm::InprocFabric>& f,
+                     std::chrono::milliseconds timeout) {
+    auto o = options_for(rank, 2, port, f, timeout);
+    o.rank_info->job_secret = "one-secret-for-two-jobs-0123456789";
+    o.rank_info->job_id = job;
+    return o;
+  };
+  // Job b's rank 1 arrives at job a's rendezvous beside job a's own rank 1.
+  auto errors = test::run_ranks({rank_of(0, "job-a", ours, 10s), rank_of(1, "job-b", theirs, 5s),
+                                 rank_of(1, "job-a", ours, 10s)},
+                                [](int, Runtime& rt) { CHECK(rt.world_size() == 2); });
+  CAPTURE(errors[1]);
+  CHECK(errors[0] == "");
+  CHECK(errors[2] == "");
+  CHECK(errors[1].find("rank 1 cannot join the rendezvous at 127.0.0.1:" + std::to_string(port) +
+                       ": the process listening there does not hold this job's secret and id "
+                       "(this rank's job is 'job-b', TROUPE_JOB_ID") != std::string::npos);
+}

@@ -23,11 +23,13 @@ struct ElasticRun {
 };
 
 /// Launches `command` as an elastic job of `ranks` ranks (and `spares` spares) with
-/// TROUPE_FAULT=`faults` and one BLAS thread per rank: a 20 s membership timeout, 120 s for the
+/// TROUPE_FAULT=`faults`, `extra_env`, and one BLAS thread per rank: a 20 s membership timeout, 120 s for the
 /// whole job. TROUPE_TEST_SHOW_OUTPUT=1 prints what the job said (timings for
 /// docs/benchmarks.md).
-inline ElasticRun launch_elastic_job(std::vector<std::string> command, int ranks, int min_ranks,
-                                     int max_restarts, const std::string& faults, int spares = 0) {
+inline ElasticRun launch_elastic_job(
+    std::vector<std::string> command, int ranks, int min_ranks, int max_restarts,
+    const std::string& faults, int spares = 0,
+    std::vector<std::pair<std::string, std::string>> extra_env = {}) {
   LaunchOptions o;
   o.nprocs = ranks;
   o.spares = spares;
@@ -39,6 +41,7 @@ inline ElasticRun launch_elastic_job(std::vector<std::string> command, int ranks
   o.grace_sec = 2;
   o.command = std::move(command);
   o.extra_env = {{"TROUPE_FAULT", faults}, {"OMP_NUM_THREADS", "1"}};
+  o.extra_env.insert(o.extra_env.end(), extra_env.begin(), extra_env.end());
   std::ostringstream out, err;
   ElasticRun run;
   run.result = launch(o, out, err);
