@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "comm/cpu_features.h"
 #include "comm/reduce.h"
 
 using namespace troupe::comm;
@@ -20,7 +21,7 @@ __attribute__((target("f16c"))) uint16_t hw_float_to_half(float f) {
 }  // namespace
 
 TEST_CASE("half conversions agree with the processor's F16C for every half and many floats") {
-  if (!__builtin_cpu_supports("f16c")) {
+  if (!troupe::comm::cpu_features().f16c) {
     MESSAGE("no F16C on this processor: skipped");
     return;
   }

@@ -20,6 +20,7 @@
 #include "comm/codecs/minmax.h"
 #include "comm/codecs/sign.h"
 #include "comm/codecs/sparse.h"
+#include "comm/cpu_features.h"
 #include "comm/reduce.h"
 #include "cuda/reduce.h"
 #include "tests/support/cuda_stream.h"
@@ -97,7 +98,7 @@ TEST_CASE("fp16 and bf16 casts on the GPU give the CPU's bytes and floats, NaN a
   Stream stream;
   // The CPU encodes fp16 with F16C, but its scalar tail (the last n % 8 elements) canonicalises
   // NaN payloads: NaNs go where F16C encodes them, and only where the processor has it.
-  const bool f16c = __builtin_cpu_supports("f16c");
+  const bool f16c = troupe::comm::cpu_features().f16c;
   for (size_t n : sizes_around(4096)) {
     for (float scale : {1.0f, 0.125f, 3.0f}) {
       CAPTURE(n);

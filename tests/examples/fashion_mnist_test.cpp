@@ -140,8 +140,10 @@ std::vector<int64_t> epoch_ids(BatchIterator& batches, int64_t epoch) {
 }  // namespace
 
 TEST_CASE("the real train and test splits load as 28x28 images with every class 0..9 present") {
-  for (const auto& [set, expected] :
+  for (const auto& entry :
        {std::pair<const FashionMnist*, int64_t>{&train_set(), 60000}, {&test_set(), 10000}}) {
+    const FashionMnist* set = entry.first;
+    const int64_t expected = entry.second;
     CAPTURE(expected);
     CHECK(set->images.sizes() == torch::IntArrayRef{expected, 1, 28, 28});
     CHECK(set->images.dtype() == torch::kFloat32);

@@ -482,7 +482,9 @@ TEST_CASE("compressed algorithms run in the bucket flow and leave every rank the
       {"powersgd", PowerSGD{1, true, true, 0.0, 0}},
   };
   std::map<std::string, size_t> bytes;
-  for (auto& [name, algorithm] : algorithms) {
+  for (auto& entry : algorithms) {
+    const std::string& name = entry.first;
+    const Algorithm& algorithm = entry.second;
     CAPTURE(name);
     torch::manual_seed(3);
     std::vector<std::shared_ptr<Mlp>> replicas;

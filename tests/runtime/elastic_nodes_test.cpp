@@ -92,7 +92,9 @@ std::string describe(const Node& n) {
 }  // namespace
 
 TEST_CASE("an elastic job of two nodes goes on without a rank killed on node 1, identical to the reference") {
-  auto [node0, node1] = run_two_nodes(0, "kill:rank=3,step=10", 0);
+  const auto nodes = run_two_nodes(0, "kill:rank=3,step=10", 0);
+  const Node& node0 = nodes.first;
+  const Node& node1 = nodes.second;
   INFO("node 0:\n" << describe(node0) << "\nnode 1:\n" << describe(node1));
   CHECK(node0.error.empty());
   CHECK(node1.error.empty());
@@ -112,7 +114,9 @@ TEST_CASE("an elastic job of two nodes goes on without a rank killed on node 1, 
 }
 
 TEST_CASE("a rank killed on node 1 of an elastic job is restarted there and heals, and the replicas are identical") {
-  auto [node0, node1] = run_two_nodes(1, "kill:rank=3,step=10", 4);
+  const auto nodes = run_two_nodes(1, "kill:rank=3,step=10", 4);
+  const Node& node0 = nodes.first;
+  const Node& node1 = nodes.second;
   INFO("node 0:\n" << describe(node0) << "\nnode 1:\n" << describe(node1));
   CHECK(node0.result.exit_code == 0);
   CHECK(node1.result.exit_code == 0);
@@ -130,7 +134,9 @@ TEST_CASE("a rank killed on node 1 is replaced at once by node 1's spare, which 
   // at step 10: generation 2 takes node 1's spare (slot 5), not the lower slot 4 of node 0, and
   // node 1's launcher starts a new spare in slot 3 (its own restart); at the end each launcher
   // stops its waiting spare (node 0 tells node 1 when no rank of the job runs).
-  auto [node0, node1] = run_two_nodes(1, "kill:rank=3,step=10", 4, 1);
+  const auto nodes = run_two_nodes(1, "kill:rank=3,step=10", 4, 1);
+  const Node& node0 = nodes.first;
+  const Node& node1 = nodes.second;
   INFO("node 0:\n" << describe(node0) << "\nnode 1:\n" << describe(node1));
   CHECK(node0.error.empty());
   CHECK(node1.error.empty());

@@ -156,9 +156,9 @@ TEST_CASE("a healed rank starts with zero error feedback and the peers' PowerSGD
   // the hashes agree.
   const auto by_step = shared_hashes(run);
   CHECK(by_step.size() >= 2);
-  for (const auto& [step, hashes] : by_step) {
-    INFO("step " << step);
-    CHECK(hashes.size() == 1);
+  for (const auto& entry : by_step) {
+    INFO("step " << entry.first);
+    CHECK(entry.second.size() == 1);
   }
 }
 
@@ -188,9 +188,9 @@ TEST_CASE("a spare heals with zero error feedback and the peers' PowerSGD Qs") {
   CHECK(run.count("slot 3 residual after heal: zero") == 1);
   CHECK(run.count("residual after heal: NONZERO") == 0);
   CHECK(run.count("algorithm state after re-form: LOST") == 0);
-  for (const auto& [step, hashes] : shared_hashes(run)) {
-    INFO("step " << step);
-    CHECK(hashes.size() == 1);
+  for (const auto& entry : shared_hashes(run)) {
+    INFO("step " << entry.first);
+    CHECK(entry.second.size() == 1);
   }
 }
 

@@ -81,7 +81,9 @@ TEST_CASE("a malformed link shape is an error naming the text and the expected f
       {"100", "has no unit"},         {"1gb", "unit 'gb'"},
       {"-1ms", "does not start"},     {"2min", "unit 'min'"},
       {"61s", "over a minute"}};
-  for (const auto& [text, problem] : bad) {
+  for (const auto& entry : bad) {
+    const std::string& text = entry.first;
+    const std::string& problem = entry.second;
     CAPTURE(text);
     CHECK_THROWS_AS(comm::parse_link_shape(text), comm::Error);
     const std::string quoted = "'" + text + "'";
@@ -146,7 +148,9 @@ TEST_CASE("a message on a shaped link arrives no earlier than its bytes over the
   p.sender->send(1, 1, out.data(), bytes, sent.callback());
   REQUIRE(received.done_within(10s));
   REQUIRE(sent.done_within(10s));
-  auto [arrived, status] = received.future.get();
+  const auto received_at = received.future.get();
+  const auto arrived = received_at.first;
+  const auto& status = received_at.second;
   CHECK(status.ok());
   CHECK(sent.future.get().second.ok());
   CHECK(in == out);
