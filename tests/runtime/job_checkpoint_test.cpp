@@ -291,6 +291,7 @@ TEST_CASE(
   std::vector<int64_t> three(3, -1);
   errors = resume(3, dir, three,
                   [](int, Checkpoint& c) { c.setting("batch", 64).setting("model", "mlp"); });
+  INFO("rank 0: " << errors[0] << "\nrank 1: " << errors[1] << "\nrank 2: " << errors[2]);
   CHECK(errors[0].find("its file is missing on rank 2") != std::string::npos);
   fs::remove(Checkpoint::file_of_step(dir, 3, 1));
   fs::copy_file(Checkpoint::file_of_step(dir, 3, 0), Checkpoint::file_of_step(dir, 3, 1));
