@@ -286,15 +286,22 @@ TEST_CASE("pick_free_port returns a port that can be bound on 127.0.0.1") {
   close(fd);
 }
 
+namespace {
+
+// The distinct lines the ranks of a successful launch printed, without their "[rank R] " prefix.
+std::set<std::string> printed_lines(const troupe::LaunchOptions& options) {
+  auto r = run(options);
+  REQUIRE(r.result.exit_code == 0);
+  std::set<std::string> seen;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) seen.insert(line.substr(line.find("] ") + 2));
+  return seen;
+}
+
+}  // namespace
+
 TEST_CASE("every rank of a launch gets the same fresh job secret unless the launcher has one") {
-  auto secrets = [](const troupe::LaunchOptions& options) {
-    auto r = run(options);
-    REQUIRE(r.result.exit_code == 0);
-    std::set<std::string> seen;
-    std::istringstream lines(r.out);
-    for (std::string line; std::getline(lines, line);) seen.insert(line.substr(line.find("] ") + 2));
-    return seen;
-  };
+  const auto secrets = printed_lines;
   auto options = shell(3, "echo \"$TROUPE_JOB_SECRET\"");
   const auto first = secrets(options);
   REQUIRE(first.size() == 1);  // the same on every rank
@@ -307,14 +314,7 @@ TEST_CASE("every rank of a launch gets the same fresh job secret unless the laun
 }
 
 TEST_CASE("every rank of a launch gets the same fresh job id unless one is given, and a bad one is refused") {
-  auto ids = [](const troupe::LaunchOptions& options) {
-    auto r = run(options);
-    REQUIRE(r.result.exit_code == 0);
-    std::set<std::string> seen;
-    std::istringstream lines(r.out);
-    for (std::string line; std::getline(lines, line);) seen.insert(line.substr(line.find("] ") + 2));
-    return seen;
-  };
+  const auto ids = printed_lines;
   auto options = shell(3, "echo \"$TROUPE_JOB_ID\"");
   const auto first = ids(options);
   REQUIRE(first.size() == 1);  // the same on every rank
