@@ -607,14 +607,9 @@ void Checkpoint::save_step(const std::string& dir, int64_t step) {
   // Write this rank's file; a failure is everyone's (no record is written anywhere).
   std::string error;
   try {
-    const fs::path step_dir = fs::path(file_of_step(dir, step, rank_)).parent_path();
-    std::error_code ec;
-    fs::create_directories(step_dir, ec);
-    if (!ec) {
-      remove_stale_temporaries(dir, rank_);
-      remove_stale_temporaries(step_dir, rank_);
-    }
-    write_file_atomically(file_of_step(dir, step, rank_), serialize_state());
+    remove_stale_temporaries(dir, rank_);  // an interrupted record's
+    // The rank's file of the step is its save() there, which removes that folder's temporaries.
+    save(fs::path(file_of_step(dir, step, rank_)).parent_path().string());
   } catch (const comm::Error& e) {
     error = e.what();
   }
