@@ -236,10 +236,23 @@ TEST_CASE("two jobs that share a secret and a port never meet: the other job's r
     o.rank_info->job_id = job;
     return o;
   };
-  // Job b's rank 1 arrives at job a's rendezvous beside job a's own rank 1.
-  auto errors = test::run_ranks({rank_of(0, "job-a", ours, 10s), rank_of(1, "job-b", theirs, 5s),
-                                 rank_of(1, "job-a", ours, 10s)},
-                                [](int, Runtime& rt) { CHECK(rt.world_size() == 2); });
+  // Job b's rank 1 arrives at job a's rendezvous while job a's rank 0 waits for its own rank 1,
+  // which starts only once the intruder has been answered: were both of job a's ranks started
+  // together, job a could finish its rendezvous and close the port before the intruder connects.
+  auto run_one = [](const RuntimeOptions& o) {
+    try {
+      Runtime rt(o);
+      CHECK(rt.world_size() == 2);
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+  auto rank0 = std::async(std::launch::async, run_one, rank_of(0, "job-a", ours, 20s));
+  std::vector<std::string> errors(3);
+  errors[1] = run_one(rank_of(1, "job-b", theirs, 10s));
+  errors[2] = run_one(rank_of(1, "job-a", ours, 10s));
+  errors[0] = rank0.get();
   CAPTURE(errors[1]);
   CHECK(errors[0] == "");
   CHECK(errors[2] == "");

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "runtime/launch.h"
 #include "runtime/runtime.h"
 
@@ -23,6 +25,10 @@ inline RuntimeOptions thread_rank(int rank, int world, int port,
   info.local_world_size = world > 0 ? world : 1;
   info.master_port = port;
   info.source = "explicit";
+  // Thread ranks of two test processes (ctest -j) may pick the same free port; a job id of this
+  // process and port keeps one job's rank out of the other's rendezvous, where it would be
+  // refused by name instead of silently joining.
+  info.job_id = "thread-ranks-" + std::to_string(::getpid()) + "-" + std::to_string(port);
   o.rank_info = info;
   o.transport = "inproc";
   o.fabric = fabric;
