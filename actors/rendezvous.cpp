@@ -157,8 +157,11 @@ bool handshake(wire::Stream& s, const std::string& secret, const std::string& jo
     const std::string proof = wire::mac(secret, "rank", door_nonce, nonce);
     wire::send_all(s, proof.data(), proof.size(), deadline, "proof");
     wire::recv_exact(s, &welcome, 1, deadline, "welcome");
-  } catch (const comm::Error&) {
-    refusal.why = "rank 0 closed the connection after the handshake (too many ranks connected)";
+  } catch (const comm::Error& e) {
+    refusal.why = std::string(e.what()).find("timed out") != std::string::npos
+                      ? "rank 0 did not welcome this rank in time after its proof (a busy rank 0)"
+                      : "rank 0 closed the connection after the handshake (too many ranks "
+                        "connected, or rank 0 stopping)";
     return false;
   }
   return welcome == 1;

@@ -8,6 +8,8 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,6 +20,44 @@
 #include "comm/status.h"
 
 namespace troupe::actors::wire {
+
+namespace {
+
+// OpenSSL writes to the socket with write(2) — inside SSL_read too, where TLS 1.3 answers what
+// the peer sent — and write(2) to a socket whose peer has closed raises SIGPIPE, whose default
+// action ends the process (seen: a rank's directory thread killed the test binary when rank 0
+// closed). While an SSL call runs, SIGPIPE is blocked for the calling thread, and one that the
+// call raised is taken back before the mask is restored; the call then sees EPIPE and reports a
+// closed connection. A SIGPIPE already pending before the call is left alone.
+class SigpipeBlocked {
+ public:
+  SigpipeBlocked() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &before_);
+  }
+  ~SigpipeBlocked() {
+    if (!was_pending_) {
+      const timespec now{0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &now) == SIGPIPE) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &before_, nullptr);
+  }
+  SigpipeBlocked(const SigpipeBlocked&) = delete;
+  SigpipeBlocked& operator=(const SigpipeBlocked&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t before_;
+  bool was_pending_ = false;
+};
+
+}  // namespace
 
 std::string random_bytes(size_t n) {
   std::string out(n, '\0');
@@ -200,6 +240,7 @@ Stream::Io Stream::handshake() {
   if (!ssl_) return Io::done;
   ERR_clear_error();
   errno = 0;
+  SigpipeBlocked no_sigpipe;
   return result(SSL_is_server(ssl_) ? SSL_accept(ssl_) : SSL_connect(ssl_), true);
 }
 
@@ -209,6 +250,7 @@ Stream::Io Stream::read_some(void* data, size_t n, size_t& moved) {
   if (ssl_) {
     ERR_clear_error();
     errno = 0;
+    SigpipeBlocked no_sigpipe;
     const int r = SSL_read(ssl_, data, static_cast<int>(std::min<size_t>(n, 1 << 30)));
     if (r > 0) moved = static_cast<size_t>(r);
     return result(r, true);
@@ -233,6 +275,7 @@ Stream::Io Stream::write_some(const void* data, size_t n, size_t& moved) {
   if (ssl_) {
     ERR_clear_error();
     errno = 0;
+    SigpipeBlocked no_sigpipe;
     const int r = SSL_write(ssl_, data, static_cast<int>(std::min<size_t>(n, 1 << 30)));
     if (r > 0) moved = static_cast<size_t>(r);
     return result(r, false);

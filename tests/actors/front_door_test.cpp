@@ -11,6 +11,7 @@
 
 #include <caf/all.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <future>
 #include <string>
@@ -276,6 +277,11 @@ TEST_CASE("ranks with the same secret meet through Runtime; a rank with another 
   CHECK(errors[1].find("TROUPE_JOB_SECRET") != std::string::npos);
   CHECK(errors[0].find("rank(s) 1 never arrived") != std::string::npos);
 
+  // The same secret: they meet (with the default deadlines: a busy machine may take seconds to
+  // start two runtimes, and the 3 s above are only for the refusal).
+  o0 = test::thread_rank(0, 2, port, fabric);
+  o1 = test::thread_rank(1, 2, port, fabric);
+  o0.rank_info->job_secret = kSecret;
   o1.rank_info->job_secret = kSecret;
   errors = test::run_ranks({o0, o1}, [](int, Runtime& rt) {
     double x = rt.rank() + 1;
@@ -373,4 +379,31 @@ TEST_CASE("a TLS file that cannot be used is named with its variable") {
     CHECK(std::string(e.what()).find("TROUPE_TLS_CERT='/nonexistent/rank.pem' cannot be used") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("a TLS stream whose peer has closed reports it closed instead of raising SIGPIPE") {
+  // SIGPIPE's default action would end this test binary: the case fails by crashing.
+  const bool default_action = std::signal(SIGPIPE, SIG_DFL) == SIG_DFL;
+  REQUIRE(default_action);
+  Certificates certificates;
+  REQUIRE(certificates.made);
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  auto server = std::make_unique<actors::wire::Stream>(
+      fds[0], actors::wire::tls_context(certificates.files("rank0"), /*server=*/true));
+  actors::wire::Stream client(fds[1],
+                              actors::wire::tls_context(certificates.files("rank1"), false));
+  const auto deadline = Clock::now() + 10s;
+  auto accepted = std::async(std::launch::async, [&] {
+    actors::wire::tls_handshake(*server, deadline, "the server's handshake");
+  });
+  actors::wire::tls_handshake(client, deadline, "the client's handshake");
+  accepted.get();
+  server.reset();  // closes its end of the socket
+  const std::string bytes(64 * 1024, 'x');
+  // TLS 1.3 reads may write too (to answer the peer); both must end in an error, not a signal.
+  CHECK_THROWS_WITH(actors::wire::send_all(client, bytes.data(), bytes.size(), deadline, "bytes"),
+                    doctest::Contains("bytes"));
+  char byte = 0;
+  CHECK_THROWS(actors::wire::recv_exact(client, &byte, 1, deadline, "a byte"));
 }

@@ -291,6 +291,7 @@ TEST_CASE("parameters without a gradient are named, or reduced as zeros with fin
     ddp.step(opt);
   });
   for (auto& e : errors) {
+    CAPTURE(e);
     CHECK(e.find("parameter(s) without a gradient: unused.weight, unused.bias") != std::string::npos);
   }
   std::vector<torch::Tensor> unused_after(2);
