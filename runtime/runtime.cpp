@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <exception>
 #include <fstream>
@@ -166,6 +167,8 @@ struct Runtime::Impl {
   void start();
   // Rank 0 publishes the directory behind its front door; every rank registers and gets the table.
   actors::PeerTable meet(actors::RendezvousRequest& request);
+  // Whether this rank's links are emulated (RuntimeOptions::links, TROUPE_LINK_*).
+  bool links_emulated = false;
   void find_real_hosts(const comm::UcxTransport* ucx);
   void publish_nccl_id(actors::RendezvousRequest& request);
   void announce_failure(const std::string& reason);
@@ -188,6 +191,7 @@ void Runtime::Impl::start() {
   const int threads = options.scheduler_threads ? options.scheduler_threads : default_threads();
   const comm::LinkEmulation links =
       options.links ? *options.links : link_emulation_from_env(info.world_size);
+  links_emulated = links.active();
   std::vector<comm::LinkShape> shapes;
   try {
     shapes = links.outgoing(info.rank, info.world_size);
@@ -349,6 +353,11 @@ void Runtime::Impl::find_real_hosts(const comm::UcxTransport* ucx) {
       gather_identities(*comm, options.machine.empty() ? machine_identity() : options.machine);
   host_index = real_host_indices(hosts, identities);
   comm->set_options(comm::for_layout(options.collectives, host_index));
+  // One real host, over UCX: allreduce through shared memory (futex wake-ups, no polling
+  // thread). Emulated links must carry the traffic, so they keep it on the transport.
+  const bool one_host = std::adjacent_find(host_index.begin(), host_index.end(),
+                                           std::not_equal_to<int>()) == host_index.end();
+  comm->use_shared_memory(ucx && one_host && !links_emulated && options.collectives.shared_memory);
   peer_paths = describe_peer_paths(info.rank, hosts, host_index,
                                    ucx ? ucx->peer_transports() : std::vector<std::string>{});
   if (ucx && info.world_size > 1) {

@@ -34,6 +34,10 @@ struct CollectiveOptions {
   size_t chunk_bytes = 0;
   /// At most this many lanes (chunks in flight) per collective.
   int max_lanes = 2;
+  /// When every rank of the job is on one host (and the Runtime emulates no links), allreduce
+  /// above small_bytes goes through shared memory (Communicator::use_shared_memory) instead of
+  /// the transport. Off: through the transport, as across hosts.
+  bool shared_memory = true;
   /// The host of each rank (any integers). When set, the gradient buckets of GradientAllReduce
   /// reduce hierarchically (hierarchical_allreduce_stages); empty: flat.
   std::vector<int> hosts;

@@ -20,6 +20,8 @@
 
 namespace troupe::comm {
 
+class LocalAllreduce;
+
 /// Keys at or above this value are never taken by a Communicator: code that names its own
 /// collectives (e.g. one key per (module, step, bucket)) uses them.
 constexpr uint32_t kFirstUserKey = tags::module_prefix(1);  // comm/tags.h
@@ -38,7 +40,21 @@ class Communicator {
   void set_options(CollectiveOptions options) { options_ = std::move(options); }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
+  /// Above options().small_bytes and with shared memory in use (below), through it; else a
+  /// schedule over the transport (allreduce_schedule).
   void allreduce(void* data, size_t count, DataType type, ReduceOp op);
+  /// Collective: with `on`, allreduce above options().small_bytes goes through memory shared by
+  /// the ranks (comm/shm/local_allreduce.h) from now on, instead of the transport; for ranks that
+  /// all share one host (the Runtime decides: CollectiveOptions::shared_memory). The ranks'
+  /// buffers are copied in chunks into a staging region of shared memory, each rank reduces its
+  /// share there straight from every rank's region, and the result is copied back while the next
+  /// chunk is copied in. Every wait sleeps in the kernel until a peer rings (a futex), so a busy
+  /// machine delays the ranks only as long as its scheduler does, where a transport's progress
+  /// thread polls. Every rank must call it alike. Returns whether shared memory is in use: where
+  /// the region cannot be made (a /dev/shm per container, a full /dev/shm) every rank says so on
+  /// stderr and stays on the transport; a peer that fails throws. Off: drops the region.
+  bool use_shared_memory(bool on);
+  bool uses_shared_memory() const;
   /// allreduce in three stages by host (collectives.h); `host_of[r]` is rank r's host.
   void hierarchical_allreduce(void* data, size_t count, DataType type, ReduceOp op,
                               const std::vector<int>& host_of);
@@ -66,15 +82,18 @@ class Communicator {
  private:
   Group group() const { return Group{rank(), world_size()}; }
   uint32_t next_key();
+  void shared_memory_allreduce(const std::shared_ptr<LocalAllreduce>& local, void* data,
+                               size_t count, DataType type, ReduceOp op);
 
   std::shared_ptr<Transport> transport_;
   CollectiveOptions options_;
   std::chrono::milliseconds timeout_;
   uint32_t key_ = 0;
   BlockingDriver driver_;
-  std::mutex broken_mutex_;
+  mutable std::mutex broken_mutex_;
   std::string broken_;  // why the job is broken; empty while it is not
   int broken_peer_ = -1;
+  std::shared_ptr<LocalAllreduce> local_;  // with shared memory in use (use_shared_memory)
 };
 
 }  // namespace troupe::comm

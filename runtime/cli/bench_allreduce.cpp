@@ -73,10 +73,14 @@ std::string link_text(const AllreduceBench& bench) {
   return text;
 }
 
-void print(const std::vector<Row>& rows, const AllreduceBench& bench) {
+void print(const std::vector<Row>& rows, const AllreduceBench& bench, bool shared_memory) {
   const int W = bench.world;
   const std::string link = link_text(bench);
-  const std::string over = bench.transport + (link.empty() ? "" : " (emulated link " + link + ")");
+  const std::string over = (shared_memory ? std::string("shared memory (above ") +
+                                                human(bench.tuning.small_bytes) + "; " +
+                                                bench.transport + " below)"
+                                          : bench.transport) +
+                           (link.empty() ? "" : " (emulated link " + link + ")");
   const std::string link_json = link.empty() ? "" : ", \"link\": \"" + link + "\"";
   if (!bench.json)
     std::printf("troupe allreduce, %d ranks over %s, float32 sum\n%10s %12s %12s %12s\n", W,
@@ -86,9 +90,10 @@ void print(const std::vector<Row>& rows, const AllreduceBench& bench) {
     double busbw = algbw * 2.0 * (W - 1) / W;
     if (bench.json)
       std::printf("{\"bytes\": %zu, \"world\": %d, \"transport\": \"%s\"%s, \"sec\": %.9g, "
-                  "\"algbw_GBps\": %.6g, \"busbw_GBps\": %.6g, \"chunk_bytes\": %zu}\n",
+                  "\"algbw_GBps\": %.6g, \"busbw_GBps\": %.6g, \"chunk_bytes\": %zu, "
+                  "\"shared_memory\": %s}\n",
                   r.bytes, W, bench.transport.c_str(), link_json.c_str(), r.sec, algbw, busbw,
-                  r.chunk_bytes);
+                  r.chunk_bytes, shared_memory && r.bytes > bench.tuning.small_bytes ? "true" : "false");
     else
       std::printf("%10s %12.1f %12.3f %12.3f\n", human(r.bytes).c_str(), r.sec * 1e6, algbw, busbw);
   }
@@ -103,7 +108,7 @@ int run_allreduce_bench_rank(const AllreduceBench& bench) {
   options.collectives = bench.tuning;
   Runtime rt(options);
   auto rows = measure(rt, bench);
-  if (rt.rank() == 0) print(rows, bench);
+  if (rt.rank() == 0) print(rows, bench, rt.comm().uses_shared_memory());
   return 0;
 }
 
@@ -151,7 +156,7 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
       auto got = ranks[r].get();
       if (r == 0) rows = got;
     }
-    print(rows, bench);
+    print(rows, bench, false);
     return 0;
   }
   if (bench.transport != "ucx")
@@ -171,6 +176,7 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
   for (auto& arg : {std::string("--small-bytes"), std::to_string(bench.tuning.small_bytes),
                     std::string("--max-lanes"), std::to_string(bench.tuning.max_lanes)})
     launch_options.command.push_back(arg);
+  if (!bench.tuning.shared_memory) launch_options.command.push_back("--no-shared-memory");
   if (bench.tuning.chunk_bytes != 0)  // else each rank takes its layout's default
     launch_options.command.insert(launch_options.command.end(),
                                   {"--chunk-bytes", std::to_string(bench.tuning.chunk_bytes)});

@@ -180,6 +180,9 @@ int main(int argc, char** argv) {
       ->check(troupe::cli::integer_in(1, std::numeric_limits<long long>::max()));
   bench_ar->add_option("--max-lanes", bench.tuning.max_lanes, "Chunks in flight per collective")
       ->check(troupe::cli::integer_in(1, 1024));
+  bench_ar->add_flag("!--no-shared-memory", bench.tuning.shared_memory,
+                     "On one host: allreduce over the transport (UCX shared memory through its "
+                     "progress thread), not through troupe's own shared memory");
   bench_ar->add_option("--link", bench.link,
                        "Emulate every link at a bandwidth and latency, e.g. 1gbit,5ms");
   bench_ar->add_option("--link-rank", bench.link_ranks,

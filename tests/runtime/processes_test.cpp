@@ -32,6 +32,7 @@ TEST_CASE("every collective over UCX between 2 processes matches the reference")
   auto r = run_job(2, "collectives", true, &log);
   INFO(log);
   CHECK(r.exit_code == 0);
+  CHECK(log.find("allreduce through shared memory: yes") != std::string::npos);
 }
 
 TEST_CASE("every collective over UCX between 4 processes matches the reference") {
@@ -39,15 +40,20 @@ TEST_CASE("every collective over UCX between 4 processes matches the reference")
   auto r = run_job(4, "collectives", true, &log);
   INFO(log);
   CHECK(r.exit_code == 0);
+  CHECK(log.find("allreduce through shared memory: yes") != std::string::npos);
 }
 
 TEST_CASE("killing one rank in a large allreduce ends every other rank's call with an error naming it") {
-  std::string log;
-  auto r = run_job(4, "kill_one", false, &log);
-  INFO(log);
-  REQUIRE(r.rank_exit_codes.size() == 4);
-  CHECK(r.rank_exit_codes[3] == 128 + 9);  // SIGKILL
-  for (int rank = 0; rank < 3; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
+  // Through shared memory (one host's default) and over the transport.
+  for (const char* scenario : {"kill_one", "kill_one_transport"}) {
+    CAPTURE(scenario);
+    std::string log;
+    auto r = run_job(4, scenario, false, &log);
+    INFO(log);
+    REQUIRE(r.rank_exit_codes.size() == 4);
+    CHECK(r.rank_exit_codes[3] == 128 + 9);  // SIGKILL
+    for (int rank = 0; rank < 3; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
+  }
 }
 
 TEST_CASE("a rank that dies mid-training ends every survivor's step with an error naming it") {

@@ -25,8 +25,14 @@ int collectives() {
   RuntimeOptions o;
   o.scheduler_threads = 1;
   Runtime rt(o);
+  // The ranks share this host: allreduce above 64 KiB goes through shared memory (the Runtime's
+  // choice), 600001 elements through several chunks of its staging region.
+  const bool shared = rt.comm().uses_shared_memory();
   auto failures = test::check_collectives(rt.comm(), {0, 1, 3, 1000, 100003});
-  // A second pass with tiny thresholds forces the pipelined ring on every size.
+  auto large = test::check_allreduce(rt.comm(), {600001});
+  failures.insert(failures.end(), large.begin(), large.end());
+  // A second pass with tiny thresholds forces the pipelined ring on every size (a Communicator
+  // of its own: over the transport).
   comm::CollectiveOptions ring;
   ring.small_bytes = 0;
   ring.chunk_bytes = 256;
@@ -37,6 +43,7 @@ int collectives() {
   for (auto& f : failures) std::cerr << "rank " << rt.rank() << ": " << f << "\n";
   if (failures.empty())
     std::cout << "rank " << rt.rank() << " of " << rt.world_size() << ": every collective correct"
+              << " (allreduce through shared memory: " << (shared ? "yes" : "no") << ")"
               << std::endl;
   return failures.empty() ? 0 : 1;
 }
@@ -44,11 +51,17 @@ int collectives() {
 // Every rank allreduces 64 MiB several times; the last rank kills itself after the first one.
 // Every survivor must end its next allreduce with an error naming that rank, well before the
 // collective timeout.
-int kill_one() {
+int kill_one(bool shared_memory) {
   RuntimeOptions o;
   o.scheduler_threads = 1;
   o.collective_timeout = std::chrono::seconds(30);
+  o.collectives.shared_memory = shared_memory;
   Runtime rt(o);
+  if (rt.comm().uses_shared_memory() != shared_memory) {
+    std::cerr << "rank " << rt.rank() << ": allreduce through shared memory is "
+              << (shared_memory ? "off" : "on") << ", expected the opposite\n";
+    return 4;
+  }
   const int victim = rt.world_size() - 1;
   std::vector<float> data((64u << 20) / sizeof(float), 1.0f);
   auto start = std::chrono::steady_clock::now();
@@ -340,7 +353,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (!std::strcmp(argv[1], "collectives")) return collectives();
-    if (!std::strcmp(argv[1], "kill_one")) return kill_one();
+    if (!std::strcmp(argv[1], "kill_one")) return kill_one(true);
+    if (!std::strcmp(argv[1], "kill_one_transport")) return kill_one(false);
     if (!std::strcmp(argv[1], "ddp_kill_one")) return ddp_kill_one();
     if (!std::strcmp(argv[1], "ddp_fail_one")) return ddp_fail_one(true);
     if (!std::strcmp(argv[1], "ddp_throw_one")) return ddp_fail_one(false);

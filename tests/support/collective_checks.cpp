@@ -78,32 +78,50 @@ struct Recorder {
   }
 };
 
+void check_allreduce(comm::Communicator& comm, DataType t, ReduceOp op, size_t count, int salt,
+                     Recorder& rec) {
+  const int W = comm.world_size(), r = comm.rank();
+  std::vector<char> buf(count * comm::element_size(t) + 1);
+  for (size_t i = 0; i < count; ++i) store(t, buf.data(), i, input_value(r, i, salt));
+  comm.allreduce(buf.data(), count, t, op);
+  for (size_t i = 0; i < count; ++i) {
+    double got = load(t, buf.data(), i), want = reduce_ref(t, op, W, i, salt);
+    if (!close(t, op, got, want)) {
+      rec.mismatch(std::string("allreduce ") + comm::to_string(op), t, count, i, got, want);
+      break;
+    }
+  }
+}
+
+const DataType kTypes[] = {DataType::float32, DataType::float64, DataType::float16,
+                           DataType::bfloat16, DataType::int32,   DataType::int64};
+const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
+
 }  // namespace
+
+std::vector<std::string> check_allreduce(comm::Communicator& comm,
+                                         const std::vector<size_t>& counts) {
+  Recorder rec;
+  int salt = 0;
+  for (DataType t : kTypes)
+    for (size_t count : counts) {
+      ++salt;
+      for (ReduceOp op : kOps) check_allreduce(comm, t, op, count, salt, rec);
+    }
+  return rec.failures;
+}
 
 std::vector<std::string> check_collectives(comm::Communicator& comm,
                                            const std::vector<size_t>& counts) {
   const int W = comm.world_size(), r = comm.rank();
   Recorder rec;
   int salt = 0;
-  const DataType types[] = {DataType::float32, DataType::float64, DataType::float16,
-                            DataType::bfloat16, DataType::int32,   DataType::int64};
-  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
-  for (DataType t : types) {
+  for (DataType t : kTypes) {
     const size_t es = comm::element_size(t);
     for (size_t count : counts) {
       ++salt;
-      for (ReduceOp op : ops) {
-        // allreduce
-        std::vector<char> buf(count * es + 1);
-        for (size_t i = 0; i < count; ++i) store(t, buf.data(), i, input_value(r, i, salt));
-        comm.allreduce(buf.data(), count, t, op);
-        for (size_t i = 0; i < count; ++i) {
-          double got = load(t, buf.data(), i), want = reduce_ref(t, op, W, i, salt);
-          if (!close(t, op, got, want)) {
-            rec.mismatch(std::string("allreduce ") + comm::to_string(op), t, count, i, got, want);
-            break;
-          }
-        }
+      for (ReduceOp op : kOps) {
+        check_allreduce(comm, t, op, count, salt, rec);
         // reduce_scatter
         std::vector<char> in(count * es + 1);
         for (size_t i = 0; i < count; ++i) store(t, in.data(), i, input_value(r, i, salt));

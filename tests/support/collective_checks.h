@@ -14,6 +14,10 @@ double input_value(int rank, size_t i, int salt);
 void store(comm::DataType t, void* buf, size_t i, double v);
 double load(comm::DataType t, const void* buf, size_t i);
 
+/// allreduce alone, every op x dtype x count; one line per mismatch.
+std::vector<std::string> check_allreduce(comm::Communicator& comm,
+                                         const std::vector<size_t>& counts);
+
 /// Runs the whole matrix; returns one line per mismatch (empty when everything matched).
 std::vector<std::string> check_collectives(comm::Communicator& comm,
                                            const std::vector<size_t>& counts);
