@@ -96,13 +96,14 @@ std::string timeout_message(const Execution& execution, const Transport& transpo
   for (int p : waiting)
     if (std::find(reach.silent.begin(), reach.silent.end(), p) == reach.silent.end())
       behind.push_back(p);
-  std::string text = head + ": rank(s) " + rank_list(reach.silent) + " cannot be reached from rank " +
-                     std::to_string(transport.rank()) + " (no answer to a reachability probe within " +
-                     window;
+  std::string text = head + ": rank(s) " + rank_list(reach.silent) +
+                     " cannot be reached from rank " + std::to_string(transport.rank()) +
+                     " (no answer to a reachability probe within " + window;
   if (transport.world_size() > 2 &&
       static_cast<int>(reach.silent.size()) == transport.world_size() - 1)
-    text += ": no other rank answers, so this rank's own link is likely down, or this process was "
-            "stopped";
+    text +=
+        ": no other rank answers, so this rank's own link is likely down, or this process was "
+        "stopped";
   else
     text += ": a link down, or a stopped process";
   text += ")";
@@ -200,7 +201,8 @@ Status finish(const std::shared_ptr<Execution>& execution, Transport& transport,
     // An unreachable rank is failed too, waited for or not: what this rank still has with it
     // (its unanswered probe included) ends now, and later operations with it fail at once.
     for (int p : reach.silent)
-      if (std::find(waiting.begin(), waiting.end(), p) == waiting.end()) transport.fail_peer(p, why);
+      if (std::find(waiting.begin(), waiting.end(), p) == waiting.end())
+        transport.fail_peer(p, why);
   }
   for (int p : waiting) transport.fail_peer(p, why);
   // Until every failed operation has ended, not merely the first: one still running could write

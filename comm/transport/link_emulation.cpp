@@ -312,7 +312,9 @@ void EmulatedTransport::recv(int peer, Tag tag, void* data, size_t bytes, Callba
 
 bool EmulatedTransport::can_probe() const { return impl_->inner->can_probe(); }
 
-void EmulatedTransport::probe(int peer, Callback done) { impl_->inner->probe(peer, std::move(done)); }
+void EmulatedTransport::probe(int peer, Callback done) {
+  impl_->inner->probe(peer, std::move(done));
+}
 
 void EmulatedTransport::fail_peer(int peer, const std::string& reason) {
   Impl& m = *impl_;

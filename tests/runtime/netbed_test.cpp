@@ -150,7 +150,8 @@ TEST_CASE("a host of four cut off for good: every rank's error blames the rank b
   // waits for rank 0 and rank 2 for rank 1, both healthy and blocked behind the cut. Each rank
   // must blame rank 3, and rank 3 every other rank (its own link is the one down).
   const int hosts = 4;
-  auto job = run_job(hosts, "--rate 1gbit --timeout 60 --when 'allreduce 3 done' --do 'link-down 3'",
+  auto job = run_job(hosts,
+                     "--rate 1gbit --timeout 60 --when 'allreduce 3 done' --do 'link-down 3'",
                      "link_fault 8", hosts);
   INFO(all_logs(job));
   CHECK(job.status == 0);

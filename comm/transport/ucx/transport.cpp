@@ -502,8 +502,8 @@ struct UcxTransport::Impl {
     op->done = [this, peer](const Status& status) {
       if (!status.ok()) return;
       auto answer = std::make_shared<uint64_t>(probe_in_[peer]);
-      start_op(make_op(Op::Kind::send, peer, tags::kProbeAnswerTag, answer.get(), [answer](
-                                                                                     const Status&) {}));
+      start_op(make_op(Op::Kind::send, peer, tags::kProbeAnswerTag, answer.get(),
+                       [answer](const Status&) {}));
       answer_probes(peer);
     };
     start_op(std::move(op));
@@ -771,8 +771,10 @@ void UcxTransport::recv(int peer, Tag tag, void* data, size_t bytes, Callback do
 
 void UcxTransport::probe(int peer, Callback done) {
   if (peer < 0 || peer >= impl_->world_size_ || peer == impl_->rank_) {
-    done(Status::failure("UcxTransport::probe: peer " + std::to_string(peer) + " (expected another rank in [0, " +
-                         std::to_string(impl_->world_size_) + "))", peer));
+    done(Status::failure("UcxTransport::probe: peer " + std::to_string(peer) +
+                             " (expected another rank in [0, " +
+                             std::to_string(impl_->world_size_) + "))",
+                         peer));
     return;
   }
   Impl* impl = impl_.get();
