@@ -105,7 +105,7 @@ std::string timeout_message(const Execution& execution, const Transport& transpo
         ": no other rank answers, so this rank's own link is likely down, or this process was "
         "stopped";
   else
-    text += ": a link down, or a stopped process";
+    text += ": a link down, or a process stopped or gone";
   text += ")";
   if (!behind.empty())
     text += "; rank(s) " + rank_list(behind) + ", which this rank waited for, answered: " +

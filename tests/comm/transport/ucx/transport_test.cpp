@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/collectives/communicator.h"
 #include "comm/transport/link_emulation.h"
 
 namespace troupe::comm {
@@ -566,6 +567,55 @@ TEST_CASE("a ucx probe is answered by a running peer whatever it does, never by 
   job.say(1, "probed");
   job.barrier();
   check_exit_codes(job.wait(), {0, 0, 0});
+}
+
+// Rank 0's allreduce over UCX with a 300 ms deadline, which its peers never join; returns the
+// error it ended with.
+std::string lonely_allreduce(RankContext& ctx) {
+  std::shared_ptr<Transport> borrowed(ctx.transport.get(), [](Transport*) {});
+  Communicator comm(borrowed, CollectiveOptions{}, std::chrono::milliseconds(300));
+  float x = 1;
+  try {
+    comm.allreduce(&x, 1, DataType::float32, ReduceOp::sum);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_CASE("a collective over ucx that times out says whether its peers answered a probe, and names the one that did not") {
+  // Rank 1 runs but joins no collective: it answers, so it is slow, not cut off.
+  ProcessJob slow(2, [](RankContext& ctx) {
+    if (ctx.rank == 1) return hear(ctx.from_parent, "rank 0's allreduce"), void();
+    const std::string error = lonely_allreduce(ctx);
+    ctx.verdict.expect(has(error, "timed out after 300 ms waiting for rank(s) 1 (every other rank "
+                                  "answered a reachability probe within 500 ms"),
+                       "error: " + error);
+    tell(ctx.to_parent, "timed out");
+  });
+  CHECK(slow.hear(0) == "timed out");
+  slow.say(1, "done");
+  slow.barrier();
+  check_exit_codes(slow.wait(), {0, 0});
+  // Rank 2 stopped: it alone cannot be reached, rank 1 answered.
+  ProcessJob stopped(3, [](RankContext& ctx) {
+    if (ctx.rank == 1) return hear(ctx.from_parent, "rank 0's allreduce"), void();
+    if (ctx.rank == 2) return tell(ctx.to_parent, "ready");
+    hear(ctx.from_parent, "rank 2 stopped");
+    const std::string error = lonely_allreduce(ctx);
+    ctx.verdict.expect(has(error, ": rank(s) 2 cannot be reached from rank 0 (no answer to a "
+                                  "reachability probe within 500 ms"),
+                       "error: " + error);
+    tell(ctx.to_parent, "timed out");
+  });
+  CHECK(stopped.hear(2) == "ready");
+  stopped.signal(2, SIGSTOP);
+  stopped.say(0, "stopped");
+  CHECK(stopped.hear(0) == "timed out");
+  stopped.signal(2, SIGCONT);
+  stopped.say(1, "done");
+  stopped.barrier();
+  check_exit_codes(stopped.wait(), {0, 0, 0});
 }
 
 TEST_CASE("a lone ucx rank rejects bad peers and tags and fails what is pending when destroyed") {
