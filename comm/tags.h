@@ -72,6 +72,11 @@ constexpr Tag tag_of(uint32_t key, uint32_t sub = 0) {
   return static_cast<Tag>(key) << kSubBits | (sub & ((uint32_t{1} << kSubBits) - 1));
 }
 
+/// A reachability probe and its answer (Transport::probe): the two highest tags of key 0, which
+/// no collective takes.
+constexpr Tag kProbeTag = tag_of(0, 0xfffe);
+constexpr Tag kProbeAnswerTag = tag_of(0, 0xffff);
+
 static_assert(tag_of(0xffffffffu, 0xffffu) == kTagMask, "the widest tag fills the transport's bits");
 static_assert(bucket_key(module_prefix(kMaxModules), kStepMask, kMaxStages - 1, kMaxBuckets - 1) ==
                   0xffffffffu,

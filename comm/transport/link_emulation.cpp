@@ -310,6 +310,12 @@ void EmulatedTransport::recv(int peer, Tag tag, void* data, size_t bytes, Callba
   impl_->inner->recv(peer, tag, data, bytes, std::move(done));
 }
 
+bool EmulatedTransport::can_probe() const { return impl_->inner->can_probe(); }
+
+void EmulatedTransport::probe(int peer, Callback done) {
+  impl_->inner->probe(peer, std::move(done));
+}
+
 void EmulatedTransport::fail_peer(int peer, const std::string& reason) {
   Impl& m = *impl_;
   if (peer < 0 || peer >= static_cast<int>(m.shapes.size())) {

@@ -52,6 +52,20 @@ class Transport {
   /// Declares `peer` dead: every pending operation with it fails with `reason`, and so does every
   /// later one. Called when the directory reports a lost rank, or when an operation times out.
   virtual void fail_peer(int peer, const std::string& reason) = 0;
+
+  /// True when probe() can ask a peer for a sign of life (UCX); false by default (inproc: ranks
+  /// are threads of one process, nothing to cut between them).
+  virtual bool can_probe() const { return false; }
+  /// Asks `peer` for a sign of life, to tell after a timeout which peer cannot be reached (under
+  /// the tags tags::kProbeTag and kProbeAnswerTag, which no other message may use):
+  /// `done` gets success once the peer's transport answered (its process runs, and the link
+  /// between the two carries messages both ways), a failure at once when it cannot ask (the peer
+  /// was failed, or can_probe() is false). A probe nobody answers (a cut link, a stopped process)
+  /// stays pending until fail_peer(peer) or the transport's end: the caller waits for it with
+  /// its own deadline, and fails the peer when that passes.
+  virtual void probe(int peer, Callback done) {
+    done(Status::failure(name() + " transport cannot probe its peers", peer));
+  }
 };
 
 }  // namespace troupe::comm

@@ -33,10 +33,12 @@
 #include <cstring>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/state.h"
@@ -357,8 +359,35 @@ int main(int argc, char** argv) {
       stop_slot = std::atoi(stop);
       stop_step = std::strchr(stop, ':') ? std::atoll(std::strchr(stop, ':') + 1) : -1;
     }
+    // TROUPE_TEST_HOLD="slot:step:path": that slot's first process waits before that step until
+    // `path` exists (at most 60 s), so that a test can cut a link while the job is mid-run: it
+    // watches for the line printed here, acts, then creates the file.
+    int hold_slot = -1;
+    int64_t hold_step = -1;
+    std::string hold_path;
+    if (const char* hold = std::getenv("TROUPE_TEST_HOLD"); hold && *hold && !restarted) {
+      const std::string spec = hold;
+      const size_t a = spec.find(':'), b = spec.find(':', a == std::string::npos ? a : a + 1);
+      if (a == std::string::npos || b == std::string::npos)
+        throw std::runtime_error("TROUPE_TEST_HOLD='" + spec + "' (expected slot:step:path)");
+      hold_slot = std::stoi(spec.substr(0, a));
+      hold_step = std::stoll(spec.substr(a + 1, b - a - 1));
+      hold_path = spec.substr(b + 1);
+    }
     while (trainer.steps() < steps ||
            (rt.world_size() < until_world && trainer.steps() < kMaxSteps)) {
+      if (rt.slot() == hold_slot && trainer.steps() == hold_step) {
+        hold_slot = -1;
+        std::cout << "slot " << rt.slot() << " holds before step " << hold_step << " until "
+                  << hold_path << " exists" << std::endl;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (!std::filesystem::exists(hold_path)) {
+          if (std::chrono::steady_clock::now() > until)
+            throw std::runtime_error("TROUPE_TEST_HOLD: " + hold_path + " did not appear in 60 s");
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling a file
+        }
+        std::cout << "slot " << rt.slot() << " goes on at unix ms " << unix_ms() << std::endl;
+      }
       if (rt.slot() == stop_slot && trainer.steps() == stop_step) {
         std::cout << "slot " << rt.slot() << " stops itself (SIGSTOP) before step " << stop_step
                   << std::endl;

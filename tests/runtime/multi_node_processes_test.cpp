@@ -153,3 +153,36 @@ TEST_CASE("troupe launch warns once when its ranks' threads exceed the cores, an
   CHECK(fits.status == 0);
   CHECK(count_of(fits.text, "warning") == 0);
 }
+
+TEST_CASE("two staggered two-node jobs that share a secret and a port never cross-wire: the other job's node is refused by its job id") {
+  // Job a's node 0 listens and waits for its node 1. Job b's node 1, given the same secret and
+  // port (job b's own node 0 could not listen on this host's port: it is job a's), reaches job
+  // a's node 0 and must be refused, naming its job; then job a's own node 1 arrives, and job a
+  // runs with its own ranks only. Before job ids, job b's rank trained with job a's rank 0.
+  const int port = troupe::pick_free_port();
+  auto node = [&](const std::string& job, int node_rank) {
+    return std::string("UCX_TLS=tcp,self TROUPE_JOB_SECRET=one-secret-for-two-jobs-0123456789 ") +
+           TROUPE_BIN + " launch --nnodes 2 --node-rank " + std::to_string(node_rank) +
+           " --master-addr 127.0.0.1 --master-port " + std::to_string(port) + " --job-id " + job +
+           " --timeout 120 -n 1 -- " + TROUPE_TEST_RANK_BIN + " collectives";
+  };
+  auto a0 = std::async(std::launch::async, [&] { return run(node("job-a", 0)); });
+  // Retries until job a's node 0 listens (its rendezvous deadline is 30 s), then is refused.
+  Output b1 = run(node("job-b", 1));
+  Output a1 = run(node("job-a", 1));
+  Output a0_out = a0.get();
+  INFO("job a node 0:\n" << a0_out.text);
+  INFO("job a node 1:\n" << a1.text);
+  INFO("job b node 1:\n" << b1.text);
+  CHECK(b1.status != 0);
+  CHECK(b1.text.find("cannot join the rendezvous at 127.0.0.1:" + std::to_string(port)) !=
+        std::string::npos);
+  CHECK(b1.text.find("does not hold this job's secret and id (this rank's job is 'job-b'") !=
+        std::string::npos);
+  CHECK(b1.text.find("every collective correct") == std::string::npos);
+  // Job a: its two ranks, each checking every collective against its closed form.
+  CHECK(a0_out.status == 0);
+  CHECK(a1.status == 0);
+  CHECK(count_of(a0_out.text, "[rank 0] rank 0 of 2: every collective correct") == 1);
+  CHECK(count_of(a1.text, "[rank 1] rank 1 of 2: every collective correct") == 1);
+}

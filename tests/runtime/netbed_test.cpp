@@ -140,3 +140,26 @@ TEST_CASE("a link taken down mid-run ends every rank's allreduce at its deadline
   CHECK(job.output.find("link of host 1 down") != std::string::npos);
   for (int r = 0; r < 2; ++r) CHECK(job.logs[r].find("failed after") != std::string::npos);
 }
+
+TEST_CASE("a host of four cut off for good: every rank's error blames the rank behind the cut link, never a healthy neighbour") {
+  if (auto why = netbed_unavailable(); !why.empty()) {
+    troupe::test::skip_case("no network test bed: " + why);
+    return;
+  }
+  // A ring 0 -> 1 -> 2 -> 3 -> 0 with host 3's link down: rank 0 waits for rank 3, but rank 1
+  // waits for rank 0 and rank 2 for rank 1, both healthy and blocked behind the cut. Each rank
+  // must blame rank 3, and rank 3 every other rank (its own link is the one down).
+  const int hosts = 4;
+  auto job = run_job(hosts,
+                     "--rate 1gbit --timeout 60 --when 'allreduce 3 done' --do 'link-down 3'",
+                     "link_fault 8", hosts);
+  INFO(all_logs(job));
+  CHECK(job.status == 0);
+  CHECK(job.output.find("link of host 3 down") != std::string::npos);
+  for (int r = 0; r < hosts; ++r) {
+    CAPTURE(r);
+    CHECK(job.logs[r].find("failed after") != std::string::npos);
+    CHECK(job.logs[r].find(r == 3 ? "blames rank(s) 0, 1, 2\n" : "blames rank(s) 3\n") !=
+          std::string::npos);
+  }
+}

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -65,6 +66,9 @@ struct Op {
   ucs_status_t ucx_status = UCS_OK;
   ucp_tag_recv_info_t info{};
   void* impl = nullptr;  // the UcxTransport::Impl that posted it
+  // A standing receive (the answerer of a peer's probes): not counted in in_flight_, so that an
+  // idle rank still sleeps kIdleWait instead of polling for a message that may never come.
+  bool standing = false;
 
   std::string describe() const {
     return std::string("ucx ") + (kind == Kind::send ? "send to" : "recv from") + " rank " +
@@ -167,6 +171,8 @@ struct UcxTransport::Impl {
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;  // every operation UCX may still call back
   std::vector<std::unordered_set<Op*>> pending_;      // per peer: posted, not yet finished
   std::vector<Op*> completed_;                        // called back by UCX, not yet processed
+  std::vector<uint64_t> probe_in_;  // per peer: the buffer of its standing probe receive
+  uint64_t probes_sent_ = 0;
   size_t in_flight_ = 0;  // operations posted to UCX whose callback has not run
   bool shutting_down_ = false;
   bool destroying_ = false;
@@ -176,7 +182,8 @@ struct UcxTransport::Impl {
         paths_(world_size),
         protocols_(world_size),
         dead_(world_size),
-        pending_(world_size) {}
+        pending_(world_size),
+        probe_in_(world_size) {}
 
   ~Impl() {
     if (thread_.joinable()) {
@@ -355,7 +362,7 @@ struct UcxTransport::Impl {
     }
     ops_.emplace(op, std::move(owned));
     pending_[op->peer].insert(op);
-    ++in_flight_;
+    if (!op->standing) ++in_flight_;
 
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -441,7 +448,7 @@ struct UcxTransport::Impl {
     if (op->finished) return;
     op->finished = true;
     pending_[op->peer].erase(op);
-    --in_flight_;
+    if (!op->standing) --in_flight_;
     Callback done = std::move(op->done);
     if (done) done(status);
   }
@@ -475,6 +482,59 @@ struct UcxTransport::Impl {
       paths_[r] = lanes_of(info);
       protocols_[r] = tag_send_protocols(info);
     }
+    for (int r = 0; r < world_size_; ++r)
+      if (r != rank_) answer_probes(r);
+  }
+
+  // ---- reachability probes (Transport::probe), on the progress thread ----
+
+  // Keeps a receive posted for `peer`'s probes; each one is answered and the receive posted
+  // again, until the peer is failed or the transport ends (the receive then fails: no repost).
+  void answer_probes(int peer) {
+    auto op = std::make_unique<Op>();
+    op->kind = Op::Kind::recv;
+    op->peer = peer;
+    op->tag = tags::kProbeTag;
+    op->data = &probe_in_[peer];
+    op->bytes = sizeof(uint64_t);
+    op->standing = true;
+    op->impl = this;
+    op->done = [this, peer](const Status& status) {
+      if (!status.ok()) return;
+      auto answer = std::make_shared<uint64_t>(probe_in_[peer]);
+      start_op(make_op(Op::Kind::send, peer, tags::kProbeAnswerTag, answer.get(),
+                       [answer](const Status&) {}));
+      answer_probes(peer);
+    };
+    start_op(std::move(op));
+  }
+
+  // A probe: its answer's receive, then the probe itself; `done` runs when the answer came (or
+  // the receive failed). The bytes live as long as the callbacks that hold them.
+  void probe_now(int peer, Callback done) {
+    if (!dead_[peer].empty()) return done(Status::failure(dead_[peer], peer));
+    if (shutting_down_) return done(Status::failure(kShutDown, peer));
+    if (eps_[peer] == nullptr)
+      return done(Status::failure("UcxTransport::probe: rank " + std::to_string(peer) +
+                                  " is not connected (call connect() first)", peer));
+    auto bytes = std::make_shared<std::array<uint64_t, 2>>();
+    (*bytes)[1] = ++probes_sent_;
+    start_op(make_op(Op::Kind::recv, peer, tags::kProbeAnswerTag, &(*bytes)[0],
+                     [bytes, done = std::move(done)](const Status& status) { done(status); }));
+    start_op(make_op(Op::Kind::send, peer, tags::kProbeTag, &(*bytes)[1],
+                     [bytes](const Status&) {}));
+  }
+
+  std::unique_ptr<Op> make_op(Op::Kind kind, int peer, Tag tag, void* data, Callback done) {
+    auto op = std::make_unique<Op>();
+    op->kind = kind;
+    op->peer = peer;
+    op->tag = tag;
+    op->data = data;
+    op->bytes = sizeof(uint64_t);
+    op->done = std::move(done);
+    op->impl = this;
+    return op;
   }
 
   // What ucp_ep_print_info writes about an endpoint (UCX 1.13 has no query for its lanes or
@@ -707,6 +767,20 @@ void UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes, Callb
 
 void UcxTransport::recv(int peer, Tag tag, void* data, size_t bytes, Callback done) {
   impl_->post(Op::Kind::recv, peer, tag, data, bytes, std::move(done));
+}
+
+void UcxTransport::probe(int peer, Callback done) {
+  if (peer < 0 || peer >= impl_->world_size_ || peer == impl_->rank_) {
+    done(Status::failure("UcxTransport::probe: peer " + std::to_string(peer) +
+                             " (expected another rank in [0, " +
+                             std::to_string(impl_->world_size_) + "))",
+                         peer));
+    return;
+  }
+  Impl* impl = impl_.get();
+  impl_->submit(Command{nullptr, [impl, peer, done = std::move(done)]() mutable {
+                          impl->probe_now(peer, std::move(done));
+                        }});
 }
 
 void UcxTransport::fail_peer(int peer, const std::string& reason) {

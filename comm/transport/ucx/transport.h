@@ -100,6 +100,10 @@ class UcxTransport final : public Transport {
   void send(int peer, Tag tag, const void* data, size_t bytes, Callback done) override;
   void recv(int peer, Tag tag, void* data, size_t bytes, Callback done) override;
   void fail_peer(int peer, const std::string& reason) override;
+  /// Every rank keeps a receive posted for each peer's probes and answers each one from its
+  /// progress thread, whatever its collectives are doing; after connect() only.
+  bool can_probe() const override { return true; }
+  void probe(int peer, Callback done) override;
 
  private:
   struct Impl;

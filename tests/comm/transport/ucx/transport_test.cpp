@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/collectives/communicator.h"
 #include "comm/transport/link_emulation.h"
 
 namespace troupe::comm {
@@ -224,6 +225,9 @@ class ProcessJob {
 
   std::string hear(int rank) { return troupe::comm::hear(children_[rank].from_child, "a child"); }
   void say(int rank, const std::string& message) { tell(children_[rank].to_child, message); }
+
+  /// Sends `sig` to a child (SIGSTOP, SIGCONT).
+  void signal(int rank, int sig) { REQUIRE(::kill(children_[rank].pid, sig) == 0); }
 
   void kill(int rank) {
     Child& child = children_[rank];
@@ -521,6 +525,97 @@ TEST_CASE("a ucx receive pending from a killed process fails through fail_peer w
   job.say(1, "killed");
   job.barrier();
   check_exit_codes(job.wait(), {128 + SIGKILL, 0});
+}
+
+TEST_CASE("a ucx probe is answered by a running peer whatever it does, never by a stopped one, and fails at once for a failed one") {
+  static const std::string reason = "rank 2 cannot be reached (test)";
+  ProcessJob job(3, [](RankContext& ctx) {
+    UcxTransport& t = *ctx.transport;
+    ctx.verdict.expect(t.can_probe(), "a ucx transport cannot probe");
+    if (ctx.rank == 1) {  // busy elsewhere: blocked on its pipe, not in any operation
+      hear(ctx.from_parent, "rank 0's probes");
+      return;
+    }
+    if (ctx.rank == 2) {
+      tell(ctx.to_parent, "ready");
+      return;
+    }
+    hear(ctx.from_parent, "rank 2 stopped");
+    Outcomes running, stopped, failed;
+    t.probe(1, running.track());
+    ctx.verdict.expect(running.wait_all(std::chrono::seconds(10)) && running.status(0).ok(),
+                       "rank 1's probe: " + running.status(0).message());
+    t.probe(2, stopped.track());
+    // A stopped process cannot answer: nothing within a second (an answer would be a bug).
+    ctx.verdict.expect(!stopped.wait_all(std::chrono::seconds(1)), "a stopped rank answered");
+    t.fail_peer(2, reason);
+    ctx.verdict.expect(stopped.wait_all(std::chrono::seconds(10)), "fail_peer left the probe");
+    ctx.verdict.expect(!stopped.status(0).ok() && stopped.status(0).message() == reason,
+                       "the unanswered probe ended with: " + stopped.status(0).message());
+    t.probe(2, failed.track());
+    ctx.verdict.expect(failed.wait_all(std::chrono::seconds(1)) && !failed.status(0).ok() &&
+                           failed.status(0).message() == reason,
+                       "a probe of a failed peer ended with: " + failed.status(0).message());
+    ctx.verdict.expect(stopped.calls(0) == 1 && running.calls(0) == 1, "a callback ran twice");
+    tell(ctx.to_parent, "probed");
+  });
+  CHECK(job.hear(2) == "ready");
+  job.signal(2, SIGSTOP);
+  job.say(0, "stopped");
+  CHECK(job.hear(0) == "probed");
+  job.signal(2, SIGCONT);
+  job.say(1, "probed");
+  job.barrier();
+  check_exit_codes(job.wait(), {0, 0, 0});
+}
+
+// Rank 0's allreduce over UCX with a 300 ms deadline, which its peers never join; returns the
+// error it ended with.
+std::string lonely_allreduce(RankContext& ctx) {
+  std::shared_ptr<Transport> borrowed(ctx.transport.get(), [](Transport*) {});
+  Communicator comm(borrowed, CollectiveOptions{}, std::chrono::milliseconds(300));
+  float x = 1;
+  try {
+    comm.allreduce(&x, 1, DataType::float32, ReduceOp::sum);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_CASE("a collective over ucx that times out says whether its peers answered a probe, and names the one that did not") {
+  // Rank 1 runs but joins no collective: it answers, so it is slow, not cut off.
+  ProcessJob slow(2, [](RankContext& ctx) {
+    if (ctx.rank == 1) return hear(ctx.from_parent, "rank 0's allreduce"), void();
+    const std::string error = lonely_allreduce(ctx);
+    ctx.verdict.expect(has(error, "timed out after 300 ms waiting for rank(s) 1 (every other rank "
+                                  "answered a reachability probe within 500 ms"),
+                       "error: " + error);
+    tell(ctx.to_parent, "timed out");
+  });
+  CHECK(slow.hear(0) == "timed out");
+  slow.say(1, "done");
+  slow.barrier();
+  check_exit_codes(slow.wait(), {0, 0});
+  // Rank 2 stopped: it alone cannot be reached, rank 1 answered.
+  ProcessJob stopped(3, [](RankContext& ctx) {
+    if (ctx.rank == 1) return hear(ctx.from_parent, "rank 0's allreduce"), void();
+    if (ctx.rank == 2) return tell(ctx.to_parent, "ready");
+    hear(ctx.from_parent, "rank 2 stopped");
+    const std::string error = lonely_allreduce(ctx);
+    ctx.verdict.expect(has(error, ": rank(s) 2 cannot be reached from rank 0 (no answer to a "
+                                  "reachability probe within 500 ms"),
+                       "error: " + error);
+    tell(ctx.to_parent, "timed out");
+  });
+  CHECK(stopped.hear(2) == "ready");
+  stopped.signal(2, SIGSTOP);
+  stopped.say(0, "stopped");
+  CHECK(stopped.hear(0) == "timed out");
+  stopped.signal(2, SIGCONT);
+  stopped.say(1, "done");
+  stopped.barrier();
+  check_exit_codes(stopped.wait(), {0, 0, 0});
 }
 
 TEST_CASE("a lone ucx rank rejects bad peers and tags and fails what is pending when destroyed") {
