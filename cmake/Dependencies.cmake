@@ -73,8 +73,8 @@ if(TROUPE_WITH_CUDA)
 endif()
 message(STATUS "troupe: CUDA ${TROUPE_HAVE_CUDA}")
 
-# NCCL (CUDA buffers' collectives, comm/transport/nccl/): with CUDA only, from the toolkit's tree
-# or NCCL_ROOT. TROUPE_HAVE_NCCL becomes a public compile definition of troupe_comm.
+# NCCL (CUDA buffers' collectives, comm/transport/nccl/): with CUDA only, its nccl.h from the
+# toolkit's tree or NCCL_ROOT. TROUPE_HAVE_NCCL becomes a public compile definition of troupe_comm.
 set(TROUPE_HAVE_NCCL OFF)
 if(TROUPE_HAVE_CUDA)
   get_filename_component(_troupe_cuda_root "${CUDAToolkit_BIN_DIR}" DIRECTORY)
@@ -84,20 +84,16 @@ if(TROUPE_HAVE_CUDA)
   get_filename_component(_troupe_wheel_nccl "${TORCH_INSTALL_PREFIX}/../nvidia/nccl" ABSOLUTE)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${_troupe_wheel_nccl}
     ${_troupe_cuda_root} /usr/local/cuda PATH_SUFFIXES include)
-  # The wheel names its library libnccl.so.2 only.
+  # troupe loads NCCL on first use (comm/transport/nccl/library.h) and links none; the library
+  # found here is only the last place it looks. The wheel names its library libnccl.so.2 only.
   find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT}
     ${_troupe_wheel_nccl} ${_troupe_cuda_root} /usr/local/cuda PATH_SUFFIXES lib64 lib)
   unset(_troupe_wheel_nccl)
-  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+  if(NCCL_INCLUDE_DIR)
     set(TROUPE_HAVE_NCCL ON)
     # Before every other folder: the CUDA toolkit's include folder, which every CUDA target has,
     # may hold an nccl.h of another version.
     include_directories(BEFORE SYSTEM ${NCCL_INCLUDE_DIR})
-    # An imported target, so that the exported troupe_comm names NCCL::nccl (which
-    # troupeConfig.cmake finds again on the consumer's machine), not this machine's libnccl path.
-    add_library(NCCL::nccl UNKNOWN IMPORTED)
-    set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}"
-      INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
   endif()
   unset(_troupe_cuda_root)
 endif()

@@ -5,7 +5,8 @@
 # under the installed `troupe launch`. Also checks that CUDA and NCCL are optional components: the
 # exported targets name NCCL by an imported target, not by this machine's path; the consumer sees
 # cuda/nccl exactly when troupe was built with them; a CPU-only troupe (-DTROUPE_WITH_CUDA=OFF)
-# gives an app that needs no libcudart or libnccl; an unknown or absent component is refused by
+# gives an app that needs no libcudart or libnccl, and one with NCCL an app that does not link
+# libnccl (troupe loads it on first use); an unknown or absent component is refused by
 # name. Registered in tests/CMakeLists.txt (label "install").
 # Arguments, name=value: source, build, work (scratch folder, emptied first), config, generator,
 # make_program, cxx, launcher (may be empty); prefix_path (optional: CMAKE_PREFIX_PATH given to the
@@ -98,6 +99,11 @@ needed="$(readelf -d "$consumer/app" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p' 
 echo "$needed"
 if [ "$have_cuda" != ON ] && grep -qE 'lib(cudart|nccl|cuda)\.' <<<"$needed"; then
   fail "the app of a troupe built without CUDA needs a CUDA library: $needed"
+fi
+# NCCL is loaded when a CUDA communicator is first made (comm/transport/nccl/library.h), never
+# linked: the CPU app needs no libnccl of its own, nor a driver (libcuda).
+if grep -qE 'lib(nccl|cuda)\.' <<<"$needed"; then
+  fail "the CPU app links libnccl or libcuda directly (expected NCCL loaded on first use): $needed"
 fi
 
 # Alone: no launcher variables, so rank 0 of 1. Its directory listens on MASTER_PORT: pick one

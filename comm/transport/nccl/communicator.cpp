@@ -36,7 +36,7 @@ int NcclCommunicator::compiled_version() { return NCCL_VERSION_CODE; }
 
 int NcclCommunicator::loaded_version() {
   int version = 0;
-  const ncclResult_t result = ncclGetVersion(&version);
+  const ncclResult_t result = nccl_library().GetVersion(&version);
   if (result != ncclSuccess) throw Error("ncclGetVersion failed: " + nccl_error(result));
   return version;
 }
@@ -53,7 +53,7 @@ std::string NcclCommunicator::version_mismatch(int compiled, int loaded) {
 std::string NcclCommunicator::unique_id() {
   check_version();
   ncclUniqueId id;
-  const ncclResult_t result = ncclGetUniqueId(&id);
+  const ncclResult_t result = nccl_library().GetUniqueId(&id);
   if (result != ncclSuccess)
     throw Error("ncclGetUniqueId failed: " + nccl_error(result));
   return std::string(id.internal, sizeof(id.internal));
@@ -86,14 +86,15 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size, const std::string& 
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const ncclResult_t result = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
+  const ncclResult_t result =
+      nccl_library().CommInitRankConfig(&comm, world_size, id, rank, &config);
   std::string error;
   if (result != ncclSuccess && result != ncclInProgress) error = nccl_error(result, comm);
   else error = nccl_wait_ready(comm, deadline);
   const std::string where = "rank " + std::to_string(rank) + " of " + std::to_string(world_size) +
                             " on device " + std::to_string(device);
   if (!error.empty()) {
-    if (comm != nullptr) ncclCommAbort(comm);
+    if (comm != nullptr) nccl_library().CommAbort(comm);
     if (error == "timeout")
       throw Error("NCCL communicator of " + where + " was not ready within " + ms(timeout) +
                   " (does every rank create it, with the same unique id and world size?)");
@@ -139,7 +140,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(std::chrono::milliseco
   op.timeout = timeout;
   const int key = impl_->rank;
   op.issue = [result, key](ncclComm_t comm, cudaStream_t) {
-    return ncclCommSplit(comm, 0, key, &result->child, &result->config);
+    return nccl_library().CommSplit(comm, 0, key, &result->child, &result->config);
   };
   op.done = [result](const Status& s) { result->status.set_value(s); };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -149,7 +150,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(std::chrono::milliseco
     throw Error("NCCL split on " + impl_->who() + " did not answer within " + ms(timeout));
   const Status status = future.get();
   if (!status.ok()) {
-    if (result->child != nullptr) ncclCommAbort(result->child);
+    if (result->child != nullptr) nccl_library().CommAbort(result->child);
     throw Error(status.message());
   }
   // NCCL fills in the child's handle only once the parent has left ncclInProgress (NCCL 2.23 on,
@@ -168,7 +169,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(std::chrono::milliseco
   cuda::DeviceGuard guard(impl_->device);
   const std::string error = nccl_wait_ready(child, deadline);
   if (!error.empty()) {
-    ncclCommAbort(child);
+    nccl_library().CommAbort(child);
     throw Error("NCCL split on " + impl_->who() + ": the new communicator " +
                 (error == "timeout" ? "was not ready within " + ms(timeout) : "failed: " + error));
   }

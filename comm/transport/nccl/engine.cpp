@@ -20,8 +20,8 @@ std::string ms(std::chrono::milliseconds t) { return std::to_string(t.count()) +
 }  // namespace
 
 std::string nccl_error(ncclResult_t result, ncclComm_t comm) {
-  std::string text = ncclGetErrorString(result);
-  const char* last = ncclGetLastError(comm);
+  std::string text = nccl_library().GetErrorString(result);
+  const char* last = nccl_library().GetLastError(comm);
   if (last != nullptr && *last != '\0') text += " (" + std::string(last) + ")";
   return text;
 }
@@ -30,7 +30,7 @@ std::string nccl_wait_ready(ncclComm_t comm, std::chrono::steady_clock::time_poi
   auto pause = std::chrono::microseconds(50);
   while (true) {
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t call = ncclCommGetAsyncError(comm, &state);
+    const ncclResult_t call = nccl_library().CommGetAsyncError(comm, &state);
     if (call != ncclSuccess) return nccl_error(call, comm);
     if (state == ncclSuccess) return "";
     if (state != ncclInProgress) return nccl_error(state, comm);
@@ -47,7 +47,7 @@ NcclCommunicator::Impl::Impl(int r, int w, int d, std::chrono::milliseconds time
     cuda::DeviceGuard guard(device);
     stream = static_cast<cudaStream_t>(cuda::create_stream());
   } catch (...) {
-    ncclCommAbort(comm_);
+    nccl_library().CommAbort(comm_);
     throw;
   }
   thread_ = std::thread([this] { loop(); });
@@ -150,7 +150,7 @@ bool NcclCommunicator::Impl::advance() {
   const auto now = std::chrono::steady_clock::now();
   if (enqueuing_) {
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t call = ncclCommGetAsyncError(comm_, &state);
+    const ncclResult_t call = nccl_library().CommGetAsyncError(comm_, &state);
     if (call != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
       fail_all("NCCL " + enqueuing_->name + " failed on " + who() + ": " +
                nccl_error(call != ncclSuccess ? call : state, comm_));
@@ -200,7 +200,7 @@ bool NcclCommunicator::Impl::advance() {
     // A peer that died or a network failure shows here, not in the events (they would never
     // complete).
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t call = ncclCommGetAsyncError(comm_, &state);
+    const ncclResult_t call = nccl_library().CommGetAsyncError(comm_, &state);
     if (call != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
       fail_all("NCCL " + in_flight_.front().name + " on " + who() + " failed: " +
                nccl_error(call != ncclSuccess ? call : state, comm_));
@@ -285,7 +285,7 @@ void NcclCommunicator::Impl::fail_all(const std::string& reason) {
     broken_ = "the NCCL communicator (" + who() + ") was aborted: " + reason;
   }
   aborted = true;
-  if (comm_ != nullptr) ncclCommAbort(comm_);
+  if (comm_ != nullptr) nccl_library().CommAbort(comm_);
   comm_ = nullptr;
   std::string broken;
   {
@@ -309,11 +309,13 @@ void NcclCommunicator::Impl::teardown() {
     // Flush and free the communicator; abort it when that does not end in time (a peer gone).
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms.load());
-    const ncclResult_t result = ncclCommFinalize(comm_);
+    const ncclResult_t result = nccl_library().CommFinalize(comm_);
     const bool finalized = (result == ncclSuccess || result == ncclInProgress) &&
                            nccl_wait_ready(comm_, deadline).empty();
-    if (finalized) ncclCommDestroy(comm_);
-    else ncclCommAbort(comm_);
+    if (finalized)
+      nccl_library().CommDestroy(comm_);
+    else
+      nccl_library().CommAbort(comm_);
     comm_ = nullptr;
   }
   for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/transport/nccl/communicator.h"
+#include "comm/transport/nccl/library.h"
 
 namespace troupe::comm {
 

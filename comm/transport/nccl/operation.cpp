@@ -138,7 +138,7 @@ void NcclCommunicator::allreduce(const void* in, void* out, size_t count, DataTy
   if (count > 0) {
     o = with_integer_average(op, o, type, out, count, impl_->world, operation);
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      return ncclAllReduce(in, out, count, t, o, comm, stream);
+      return nccl_library().AllReduce(in, out, count, t, o, comm, stream);
     };
   }
   impl_->submit(std::move(operation));
@@ -169,13 +169,14 @@ void NcclCommunicator::allreduce_scaled(const void* in, void* out, size_t count,
       void* scalar = type == DataType::float64 ? static_cast<void*>(const_cast<double*>(&scale))
                      : type == DataType::float32 ? static_cast<void*>(&f)
                                                  : static_cast<void*>(&h);
-      ncclResult_t r = ncclRedOpCreatePreMulSum(op.get(), scalar, t, ncclScalarHostImmediate, comm);
+      ncclResult_t r =
+          nccl_library().RedOpCreatePreMulSum(op.get(), scalar, t, ncclScalarHostImmediate, comm);
       if (r != ncclSuccess) return r;
       *created = true;
-      return ncclAllReduce(in, out, count, t, *op, comm, stream);
+      return nccl_library().AllReduce(in, out, count, t, *op, comm, stream);
     };
     operation.after = [=](ncclComm_t comm, cudaStream_t) {
-      if (*created) ncclRedOpDestroy(*op, comm);
+      if (*created) nccl_library().RedOpDestroy(*op, comm);
     };
   }
   impl_->submit(std::move(operation));
@@ -193,7 +194,7 @@ void NcclCommunicator::broadcast(void* data, size_t count, DataType type, int ro
   NcclOperation operation = named(name, ready, std::move(done));
   if (count > 0)
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      return ncclBroadcast(data, data, count, t, root, comm, stream);
+      return nccl_library().Broadcast(data, data, count, t, root, comm, stream);
     };
   impl_->submit(std::move(operation));
 }
@@ -209,7 +210,7 @@ void NcclCommunicator::allgather(const void* in, void* out, size_t count_per_ran
   NcclOperation operation = named(name, ready, std::move(done));
   if (count_per_rank > 0)
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      return ncclAllGather(in, out, count_per_rank, t, comm, stream);
+      return nccl_library().AllGather(in, out, count_per_rank, t, comm, stream);
     };
   impl_->submit(std::move(operation));
 }
@@ -229,7 +230,7 @@ void NcclCommunicator::reduce_scatter(const void* in, void* out, size_t count_pe
   if (count_per_rank > 0) {
     o = with_integer_average(op, o, type, out, count_per_rank, impl_->world, operation);
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      return ncclReduceScatter(in, out, count_per_rank, t, o, comm, stream);
+      return nccl_library().ReduceScatter(in, out, count_per_rank, t, o, comm, stream);
     };
   }
   impl_->submit(std::move(operation));
@@ -249,20 +250,21 @@ void NcclCommunicator::alltoall(const void* in, void* out, size_t count_per_rank
     const int world = impl_->world;
     const size_t block = count_per_rank * element_size(type);
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      ncclResult_t r = ncclGroupStart();
+      ncclResult_t r = nccl_library().GroupStart();
       if (r != ncclSuccess) return r;
       for (int peer = 0; peer < world; ++peer) {
         const auto offset = static_cast<size_t>(peer) * block;
-        ncclResult_t s = ncclSend(static_cast<const char*>(in) + offset, count_per_rank, t, peer,
-                                  comm, stream);
+        ncclResult_t s = nccl_library().Send(static_cast<const char*>(in) + offset, count_per_rank,
+                                             t, peer, comm, stream);
         if (s == ncclSuccess)
-          s = ncclRecv(static_cast<char*>(out) + offset, count_per_rank, t, peer, comm, stream);
+          s = nccl_library().Recv(static_cast<char*>(out) + offset, count_per_rank, t, peer, comm,
+                                  stream);
         if (s != ncclSuccess) {
-          ncclGroupEnd();
+          nccl_library().GroupEnd();
           return s;
         }
       }
-      return ncclGroupEnd();
+      return nccl_library().GroupEnd();
     };
   }
   impl_->submit(std::move(operation));
@@ -301,13 +303,13 @@ void NcclCommunicator::exchange(const void* send, size_t count, DataType type,
   NcclOperation operation = named(name, ready, std::move(done));
   if (count > 0 && (!send_to.empty() || !recv_from.empty()))
     operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      ncclResult_t r = ncclGroupStart();
+      ncclResult_t r = nccl_library().GroupStart();
       if (r != ncclSuccess) return r;
       for (int peer : send_to)
-        if ((r = ncclSend(send, count, t, peer, comm, stream)) != ncclSuccess) break;
+        if ((r = nccl_library().Send(send, count, t, peer, comm, stream)) != ncclSuccess) break;
       for (size_t i = 0; r == ncclSuccess && i < recv_from.size(); ++i)
-        r = ncclRecv(recv_buffers[i], count, t, recv_from[i], comm, stream);
-      const ncclResult_t end = ncclGroupEnd();
+        r = nccl_library().Recv(recv_buffers[i], count, t, recv_from[i], comm, stream);
+      const ncclResult_t end = nccl_library().GroupEnd();
       return r != ncclSuccess ? r : end;
     };
   impl_->submit(std::move(operation));
