@@ -22,7 +22,7 @@
 #include "cuda/reduce.h"
 #endif
 #ifdef TROUPE_HAVE_NCCL
-#include <nccl.h>
+#include "comm/transport/nccl/library.h"
 #endif
 
 namespace {
@@ -73,11 +73,27 @@ void print_info() {
   // path it took to every peer at start.
   std::cout << "this host: " << troupe::machine_identity() << "\n";
 #ifdef TROUPE_HAVE_CUDA
+#ifdef TROUPE_HAVE_NCCL
+  // troupe loads NCCL on first use; `info` loads it to say which one a job would get.
+  auto loaded_nccl = []() -> std::string {
+    try {
+      const auto& nccl = troupe::comm::nccl_library();
+      int version = 0;
+      nccl.GetVersion(&version);
+      return "loaded on first use: " + std::to_string(version / 10000) + "." +
+             std::to_string(version / 100 % 100) + "." + std::to_string(version % 100) + " from " +
+             nccl.file;
+    } catch (const troupe::comm::Error& e) {
+      return std::string("none loads: ") + e.what();
+    }
+  };
+#endif
   int runtime = 0;
   cudaRuntimeGetVersion(&runtime);
   std::cout << "CUDA runtime " << runtime / 1000 << "." << (runtime % 1000) / 10
 #ifdef TROUPE_HAVE_NCCL
-            << ", NCCL " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH << " (compiled)"
+            << ", NCCL " << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH << " (compiled; "
+            << loaded_nccl() << ")"
 #else
             << ", NCCL not built"
 #endif
