@@ -132,7 +132,10 @@ struct Runtime::Impl {
   std::vector<int> host_index;        // each rank's real host (runtime/host_identity.h)
   std::vector<std::string> peer_paths;  // how this rank reaches each rank
   std::unique_ptr<comm::Communicator> comm;
-  mutable std::mutex dead_mutex;  // guards dead, death, death_rank and the creation of comm
+  // Guards dead, death, death_rank and the creation of comm; in an elastic job also every change
+  // of transport and of info's rank and world size, which the membership client's thread reads
+  // (on_membership_change) while the rank's own thread forms and tears down generations.
+  mutable std::mutex dead_mutex;
   std::vector<int> dead;
   std::string death;  // the first fatal loss, if any
   int death_rank = -1;
@@ -440,6 +443,7 @@ void Runtime::Impl::on_membership_change(int number, const std::string& why) {
 }
 
 void Runtime::Impl::teardown() {
+  std::shared_ptr<comm::Transport> old;  // destroyed outside the lock, after the worker's exit
   {
     std::lock_guard<std::mutex> lock(dead_mutex);
     comm.reset();
@@ -447,10 +451,11 @@ void Runtime::Impl::teardown() {
     death.clear();
     death_rank = -1;
     module_ids = 0;  // the modules were destroyed before a reform (runtime.h), each giving its id back
+    old = std::move(transport);
   }
   if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
   worker = nullptr;
-  transport.reset();
+  old.reset();
 }
 
 void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) {
@@ -481,8 +486,12 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
                     : std::make_shared<comm::UcxTransport>(a.rank, a.world_size, launch_single_host);
     auto table = membership->exchange(a.generation, ucx->local_address(), deadline);
     if (!table) continue;  // a newer generation opened: join it
-    info.rank = a.rank;
-    info.world_size = a.world_size;
+    {
+      std::lock_guard<std::mutex> lock(dead_mutex);
+      info.rank = a.rank;
+      info.world_size = a.world_size;
+      transport = ucx;
+    }
     // This generation's ranks on this host (by the host names the members reported).
     info.local_rank = 0;
     info.local_world_size = 0;
@@ -493,7 +502,6 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
       ++info.local_world_size;
     }
     hosts = table->hosts;
-    transport = ucx;
     worker = actors::spawn_worker(*system, info.rank, transport,
                                   [](int, const std::string&, bool) {});
     try {
@@ -529,10 +537,12 @@ void Runtime::Impl::stop() {
         .receive([](bool) {}, [](caf::error&) {});
   }
   std::shared_ptr<comm::NcclCommunicator> nccl_comm;
+  std::shared_ptr<comm::Transport> old_transport;  // destroyed last, as before
   {
     std::lock_guard<std::mutex> lock(dead_mutex);
     comm.reset();
     nccl_comm = std::move(nccl);
+    old_transport = std::move(transport);
   }
   nccl_comm.reset();  // may wait for its operations in flight, up to their deadlines
   if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
@@ -541,7 +551,7 @@ void Runtime::Impl::stop() {
   if (owns_directory && directory) caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
   worker = nullptr;
   directory = nullptr;
-  transport.reset();
+  old_transport.reset();
   system.reset();
   membership.reset();
 }
