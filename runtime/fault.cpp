@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <mutex>
 
 #include "comm/status.h"
 
@@ -125,6 +126,22 @@ namespace fault {
 
 std::array<int64_t, 5> g_armed = {-1, -1, -1, -1, -1};
 
+namespace {
+
+// Several Runtimes of one process (thread ranks) arm at once. The plan is computed aside and
+// written under this lock, and only the entries that change are written: in the usual case (no
+// fault, or the same plan) nothing is written at all, so the hooks' plain reads race with
+// nothing. With thread ranks and faults the last Runtime made sets the process's plan.
+std::mutex g_arm_mutex;
+
+void store(const std::array<int64_t, 5>& plan) {
+  std::lock_guard<std::mutex> lock(g_arm_mutex);
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (g_armed[i] != plan[i]) g_armed[i] = plan[i];
+}
+
+}  // namespace
+
 void arm(const std::vector<Fault>& faults, int rank, int world_size, int restart_count,
          const std::string& source) {
   for (const Fault& f : faults)
@@ -132,15 +149,16 @@ void arm(const std::vector<Fault>& faults, int rank, int world_size, int restart
       throw comm::Error(source + ": a fault names rank " + std::to_string(f.rank) +
                         " (expected 0.." + std::to_string(world_size - 1) + " in a job of " +
                         std::to_string(world_size) + " ranks)");
-  disarm();
+  std::array<int64_t, 5> plan = {-1, -1, -1, -1, -1};
   for (const Fault& f : faults) {
     if (f.rank != rank || f.life != restart_count) continue;
-    int64_t& armed = g_armed[static_cast<size_t>(f.phase)];
+    int64_t& armed = plan[static_cast<size_t>(f.phase)];
     if (armed < 0 || f.step < armed) armed = f.step;  // kAnyStep is the largest
   }
+  store(plan);
 }
 
-void disarm() { g_armed.fill(-1); }
+void disarm() { store({-1, -1, -1, -1, -1}); }
 
 void fire(FaultPhase phase, int64_t step) {
   timespec now{};
