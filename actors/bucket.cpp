@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/atoms.h"
+#include "actors/handoff.h"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
 
@@ -69,6 +70,7 @@ void begin_step(Bucket* self, uint32_t step) {
 void report(int index, uint32_t step, BucketStats& stats, const caf::actor& reducer,
             const comm::Status& status) {
   stats.done_us = now_us();
+  handoff_release();  // the reduced bucket, and its algorithm's state, go back to the trainer
   caf::anon_send(reducer, bucket_done_atom::value, index, step, status.ok(), status.message(),
                  status.peer());
 }
@@ -110,11 +112,13 @@ caf::behavior bucket(Bucket* self, int index, int parameters, std::shared_ptr<Bu
   st.stats = std::move(stats);
   return {
       [self](ready_atom, uint32_t step, double denominator) {
+        handoff_acquire();  // the trainer's gradients in the bucket
         begin_step(self, step);
         auto& st = self->state;
         if (++st.ready == st.parameters && !st.launched) launch(self, denominator);
       },
       [self](launch_atom, uint32_t step, double denominator) {
+        handoff_acquire();
         begin_step(self, step);
         if (!self->state.launched) launch(self, denominator);
       },

@@ -1,10 +1,10 @@
 #include "actors/gossip_links.h"
 
+#include <algorithm>
 #include <caf/all.hpp>
 
-#include <algorithm>
-
 #include "actors/atoms.h"
+#include "actors/handoff.h"
 
 namespace troupe::actors {
 
@@ -70,6 +70,7 @@ void GossipLinks::start(uint64_t round, const void* data, size_t bytes,
   recv_from_ = recv_from;
   waiting_ = peers;
   in_flight_ = true;
+  handoff_release();  // `data`, for the links (actors/handoff.h)
   for (int p : peers) {
     EdgeRound r;
     r.round = round;
@@ -117,6 +118,7 @@ RoundOutcome GossipLinks::wait(std::chrono::steady_clock::time_point deadline,
     }
   }
   in_flight_ = false;
+  handoff_acquire();  // what the links received
   RoundOutcome out;
   for (auto& [peer, r] : answers) {
     out.bytes_sent += r.bytes_sent;

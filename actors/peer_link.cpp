@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/atoms.h"
+#include "actors/handoff.h"
 #include "comm/codecs/minmax.h"
 #include "comm/tags.h"
 
@@ -48,7 +49,10 @@ using PeerLink = caf::stateful_actor<PeerLinkState>;
 
 void answer(PeerLink* self, EdgeResult result) {
   auto& st = self->state;
-  if (st.owner) self->send(st.owner, edge_done_atom::value, std::move(result));
+  if (st.owner) {
+    handoff_release();  // the round's buffers go back to the trainer (actors/handoff.h)
+    self->send(st.owner, edge_done_atom::value, std::move(result));
+  }
   st.owner = nullptr;
 }
 
@@ -132,12 +136,14 @@ void start_round(PeerLink* self, const EdgeRound& r) {
     auto inbox = st.inbox;
     st.transport->recv(st.peer, tag, inbox->data(), r.bytes,
                        [me, round, inbox](const comm::Status& s) {
+                         handoff_release();  // the received bytes are in the inbox
                          caf::anon_send(me, op_done_atom::value, round, false, s.ok(),
                                         s.message());
                        });
   }
   if (r.send)
     st.transport->send(st.peer, tag, r.data, r.bytes, [me, round](const comm::Status& s) {
+      handoff_release();
       caf::anon_send(me, op_done_atom::value, round, true, s.ok(), s.message());
     });
 }
@@ -249,6 +255,7 @@ caf::behavior peer_link(PeerLink* self, int peer, std::shared_ptr<comm::Transpor
         return {link_state_atom::value, self->state.peer, self->state.failure};
       },
       [self](exchange_atom, const EdgeRound& r) {
+        handoff_acquire();  // the trainer's send buffer
         auto& st = self->state;
         auto sender = caf::actor_cast<caf::actor>(self->current_sender());
         if (auto why = refusal(st, r); !why.empty()) {  // the round in flight, if any, goes on
@@ -263,6 +270,7 @@ caf::behavior peer_link(PeerLink* self, int peer, std::shared_ptr<comm::Transpor
         start_round(self, r);
       },
       [self](op_done_atom, uint64_t round, bool is_send, bool ok, const std::string& error) {
+        handoff_acquire();
         auto& st = self->state;
         if (!st.in_flight || round != st.current.round) return;
         if (ok) {

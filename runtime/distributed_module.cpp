@@ -1,6 +1,5 @@
 #include "runtime/distributed_module.h"
 
-#include <caf/all.hpp>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -8,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <caf/all.hpp>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -16,6 +16,7 @@
 
 #include "actors/atoms.h"
 #include "actors/bucket.h"
+#include "actors/handoff.h"
 #include "actors/reducer.h"
 #include "comm/tags.h"
 #include "comm/timeout_setting.h"
@@ -25,9 +26,9 @@
 #include "runtime/fault.h"
 #include "runtime/gradient_path.h"
 #include "runtime/model_check.h"
+#include "runtime/module_buffers.h"
 #include "runtime/module_id.h"
 #include "runtime/runtime_internal.h"
-#include "runtime/module_buffers.h"
 #include "runtime/wrapped_modules.h"
 
 namespace troupe {
@@ -490,8 +491,10 @@ void DistributedModule::Impl::on_grad_ready(int index) {
     grad_views[static_cast<size_t>(index)].copy_(params[static_cast<size_t>(index)].grad());
   }
   if (cuda) cuda->record_gradient(index);
-  if (!opt.delay_reduce)
+  if (!opt.delay_reduce) {
+    actors::handoff_release();  // the bucket's gradients, for its actor (actors/handoff.h)
     caf::anon_send(bucket.actor, actors::ready_atom::value, round, bucket_denominator());
+  }
 }
 
 // The end of a backward pass that reached this module: its reductions are finished here, as
@@ -562,6 +565,7 @@ void DistributedModule::Impl::copy_out() {
 // awaited; `by` divides the sum over ranks. `fault_point`: where TROUPE_FAULT's phase=reduce
 // strikes (runtime/fault.h).
 void DistributedModule::Impl::launch_and_await(double by, bool fault_point) {
+  actors::handoff_release();
   for (auto& bucket : buckets) caf::anon_send(bucket.actor, actors::launch_atom::value, round, by);
   if (fault_point) fault::at(FaultPhase::reduce, step);
   await_step();
@@ -586,6 +590,7 @@ void DistributedModule::Impl::await_step() {
                  error = "step " + std::to_string(step) + ": no answer from the reducer: " +
                          detail::actor_system(rt).render(e);
                });
+  actors::handoff_acquire();  // the buckets' reductions (actors/handoff.h)
   // The reducer's stall report ("step N stalled: not done after T ms: ...") says where each bucket
   // stands; the user also needs to know which setting gave T.
   if (!ok)
