@@ -53,7 +53,16 @@ troupe_torch_link_options("${TORCH_INSTALL_PREFIX}")
 add_link_options(${TROUPE_TORCH_LINK_OPTIONS})
 
 set(TROUPE_HAVE_CUDA OFF)
-if(TROUPE_WITH_CUDA)
+# troupe's CUDA parts serve CUDA tensors, which only a CUDA LibTorch makes: with a CPU LibTorch
+# (no libc10_cuda) they would only tie every program to the CUDA runtime, so they are not built.
+set(_troupe_torch_has_cuda FALSE)
+if(EXISTS "${TORCH_INSTALL_PREFIX}/lib/libc10_cuda.so")
+  set(_troupe_torch_has_cuda TRUE)
+endif()
+if(TROUPE_WITH_CUDA AND NOT _troupe_torch_has_cuda)
+  message(STATUS "troupe: CUDA OFF: the LibTorch in ${TORCH_INSTALL_PREFIX} is a CPU build (no "
+    "lib/libc10_cuda.so); point Torch_DIR at a CUDA LibTorch for troupe's CUDA and NCCL parts")
+elseif(TROUPE_WITH_CUDA)
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()
@@ -99,9 +108,9 @@ if(TROUPE_HAVE_CUDA)
 endif()
 message(STATUS "troupe: NCCL ${TROUPE_HAVE_NCCL} ${NCCL_LIBRARY}")
 
-# LibTorch's c10_cuda (the torch wheel on GPU machines; Debian's CPU libtorch has none): with it,
-# DistributedModule records gradient events on torch's current CUDA stream instead of the legacy
-# default stream.
+# LibTorch's c10_cuda (every CUDA LibTorch has it: troupe builds its CUDA parts only then): with
+# it, DistributedModule records gradient events on torch's current CUDA stream instead of the
+# legacy default stream.
 set(TROUPE_HAVE_C10_CUDA OFF)
 if(TROUPE_HAVE_CUDA)
   find_library(TROUPE_C10_CUDA_LIBRARY c10_cuda HINTS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
