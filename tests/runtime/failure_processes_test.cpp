@@ -88,6 +88,13 @@ TEST_CASE("a rank joining a stopped rank 0 fails at its rendezvous deadline nami
   while (!port_accepts(port) && Clock::now() < give_up) std::this_thread::sleep_for(20ms);
   REQUIRE(port_accepts(port));
   REQUIRE(kill(rank0.pid(), SIGSTOP) == 0);
+  // kill() returns before rank 0's threads have stopped: wait for the kernel's stop report, so
+  // that none of them can still welcome rank 1.
+  int status = 0;
+  pid_t got = 0;
+  while ((got = waitpid(rank0.pid(), &status, WUNTRACED | WNOHANG)) == 0 && Clock::now() < give_up)
+    std::this_thread::sleep_for(1ms);
+  REQUIRE_MESSAGE((got == rank0.pid() && WIFSTOPPED(status)), "rank 0 did not report stopped");
 
   RuntimeOptions o;
   RankInfo info;
