@@ -3,6 +3,7 @@
 // once, naming it (and its error when it called Runtime::fail); and `troupe run` of a gossip job
 // lets the survivors of a dead rank finish, then says which rank failed.
 #include <arpa/inet.h>
+#include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -10,8 +11,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <doctest/doctest.h>
 
 #include <chrono>
 #include <cstdio>
@@ -23,6 +22,7 @@
 
 #include "runtime/launch.h"
 #include "runtime/runtime.h"
+#include "tests/support/stop_process.h"
 
 extern char** environ;
 
@@ -87,14 +87,7 @@ TEST_CASE("a rank joining a stopped rank 0 fails at its rendezvous deadline nami
   const auto give_up = Clock::now() + 60s;
   while (!port_accepts(port) && Clock::now() < give_up) std::this_thread::sleep_for(20ms);
   REQUIRE(port_accepts(port));
-  REQUIRE(kill(rank0.pid(), SIGSTOP) == 0);
-  // kill() returns before rank 0's threads have stopped: wait for the kernel's stop report, so
-  // that none of them can still welcome rank 1.
-  int status = 0;
-  pid_t got = 0;
-  while ((got = waitpid(rank0.pid(), &status, WUNTRACED | WNOHANG)) == 0 && Clock::now() < give_up)
-    std::this_thread::sleep_for(1ms);
-  REQUIRE_MESSAGE((got == rank0.pid() && WIFSTOPPED(status)), "rank 0 did not report stopped");
+  test::stop_process(rank0.pid());  // waits until none of its threads can welcome rank 1
 
   RuntimeOptions o;
   RankInfo info;

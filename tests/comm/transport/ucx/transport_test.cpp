@@ -24,6 +24,7 @@
 
 #include "comm/collectives/communicator.h"
 #include "comm/transport/link_emulation.h"
+#include "tests/support/stop_process.h"
 
 namespace troupe::comm {
 namespace {
@@ -226,21 +227,10 @@ class ProcessJob {
   std::string hear(int rank) { return troupe::comm::hear(children_[rank].from_child, "a child"); }
   void say(int rank, const std::string& message) { tell(children_[rank].to_child, message); }
 
-  /// Sends `sig` to a child (SIGSTOP, SIGCONT). kill() returns before the child's threads have
-  /// stopped: for SIGSTOP this waits (at most 10 s) for the kernel's report that every one has, so
-  /// that nothing the test does next can still be answered by a running thread of the child.
+  /// Sends `sig` to a child (SIGCONT); SIGSTOP returns once the child has stopped.
   void signal(int rank, int sig) {
-    const pid_t pid = children_[rank].pid;
-    REQUIRE(::kill(pid, sig) == 0);
-    if (sig != SIGSTOP) return;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    int status = 0;
-    pid_t got = 0;
-    while ((got = ::waitpid(pid, &status, WUNTRACED | WNOHANG)) == 0 &&
-           std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    REQUIRE_MESSAGE((got == pid && WIFSTOPPED(status)),
-                    "child " << rank << " did not report stopped within 10 s of SIGSTOP");
+    if (sig == SIGSTOP) return troupe::test::stop_process(children_[rank].pid);
+    REQUIRE(::kill(children_[rank].pid, sig) == 0);
   }
 
   void kill(int rank) {
