@@ -1,6 +1,5 @@
 #include "comm/collectives/communicator.h"
 
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 
@@ -12,10 +11,10 @@ namespace troupe::comm {
 namespace {
 
 // The staging region of allreduce through shared memory: kSharedSlots chunks of
-// kSharedChunkBytes, used in turn, so that a rank copies one chunk in (and an earlier one out)
-// while the ranks' workers reduce another.
+// kSharedChunkBytes, taken in turn (LocalAllreduce::allreduce_private), so that a rank stages
+// the next chunks while the others still reduce or take an earlier one.
 constexpr int kSharedSlots = 4;
-constexpr size_t kSharedChunkBytes = size_t{1} << 20;
+constexpr size_t kSharedChunkBytes = size_t{256} << 10;
 
 }  // namespace
 
@@ -100,70 +99,7 @@ bool Communicator::uses_shared_memory() const {
 
 void Communicator::shared_memory_allreduce(const std::shared_ptr<LocalAllreduce>& local,
                                            void* data, size_t count, DataType type, ReduceOp op) {
-  const size_t elem = element_size(type);
-  const size_t per_chunk = kSharedChunkBytes / elem;
-  const size_t chunks = (count + per_chunk - 1) / per_chunk;
-  const LocalReduce how{op, 1.0, false};
-  char* user = static_cast<char*>(data);
-  char* region = local->data();
-
-  // Chunk c goes through slot c % kSharedSlots. The workers' callbacks mark the chunks that
-  // ended; they may run after this call has thrown, so the marks live in a block of their own.
-  struct Ended {
-    std::mutex mutex;
-    std::condition_variable changed;
-    std::vector<char> chunk;
-    Status failure;
-  };
-  auto ended = std::make_shared<Ended>();
-  ended->chunk.assign(chunks, 0);
-  auto range = [&](size_t c) {
-    const size_t first = c * per_chunk;
-    return std::make_pair(first, std::min(count, first + per_chunk) - first);
-  };
-  // Waits until chunk c is reduced. LocalAllreduce fails an operation at its own deadline, naming
-  // the ranks it waits for; this wait outlasts that.
-  auto wait_for = [&](size_t c) {
-    std::unique_lock<std::mutex> lock(ended->mutex);
-    const auto deadline = std::chrono::steady_clock::now() + timeout_ + std::chrono::seconds(10);
-    const bool in_time = ended->changed.wait_until(
-        lock, deadline, [&] { return ended->chunk[c] != 0 || !ended->failure.ok(); });
-    if (!ended->failure.ok())
-      throw Error("allreduce through shared memory on rank " + std::to_string(rank()) +
-                      " failed: " + ended->failure.message(),
-                  ended->failure.peer());
-    if (!in_time)
-      throw Error("allreduce through shared memory on rank " + std::to_string(rank()) +
-                  ": chunk " + std::to_string(c) + " of " + std::to_string(chunks) +
-                  " did not end within " + std::to_string(timeout_.count()) + " ms" +
-                  kTimeoutSetting);
-  };
-  auto copy_out = [&](size_t c) {
-    auto [first, n] = range(c);
-    std::memcpy(user + first * elem, region + (c % kSharedSlots) * kSharedChunkBytes, n * elem);
-  };
-  for (size_t c = 0; c < chunks; ++c) {
-    if (c >= kSharedSlots) {  // the slot's previous chunk ends and is copied back first
-      wait_for(c - kSharedSlots);
-      copy_out(c - kSharedSlots);
-    }
-    auto [first, n] = range(c);
-    const size_t offset = (c % kSharedSlots) * kSharedChunkBytes;
-    std::memcpy(region + offset, user + first * elem, n * elem);
-    local->allreduce(static_cast<int>(c % kSharedSlots), offset, n, type, how,
-                     [ended, c](const Status& status) {
-                       {
-                         std::lock_guard<std::mutex> guard(ended->mutex);
-                         if (status.ok()) ended->chunk[c] = 1;
-                         else if (ended->failure.ok()) ended->failure = status;
-                       }
-                       ended->changed.notify_all();
-                     });
-  }
-  for (size_t c = chunks > kSharedSlots ? chunks - kSharedSlots : 0; c < chunks; ++c) {
-    wait_for(c);
-    copy_out(c);
-  }
+  local->allreduce_private(data, count, type, op, kSharedChunkBytes);
 }
 
 void Communicator::hierarchical_allreduce(void* data, size_t count, DataType type, ReduceOp op,

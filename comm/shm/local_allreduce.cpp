@@ -1,5 +1,6 @@
 #include "comm/shm/local_allreduce.h"
 
+#include <immintrin.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -37,6 +38,9 @@ constexpr size_t kPage = 4096;
 constexpr size_t kBlockBytes = 16384;
 // The longest a worker sleeps before it looks at its deadlines again.
 constexpr auto kWakeSlice = std::chrono::milliseconds(50);
+// How long allreduce_private spins on another rank's flag before it sleeps on a futex: about what
+// a rank of a busy pair takes to copy or reduce a few blocks, far below a scheduler tick.
+constexpr auto kSpin = std::chrono::microseconds(20);
 
 // The start of every rank's segment. Flags count generations: ready[s] = g once this rank's
 // contribution to the g-th reduction of slot s is in place; done[s] = g once this rank has
@@ -50,6 +54,13 @@ struct Control {
   alignas(kLine) Flag bell;
   alignas(kLine) Flag ready[LocalAllreduce::kMaxSlots];
   alignas(kLine) Flag done[LocalAllreduce::kMaxSlots];
+  // allreduce_private: the chunks this rank has staged, reduced and taken since connect (the
+  // count, mod 2^32), and the bell its waits sleep on, rung only while `sleepers` is not 0.
+  alignas(kLine) Flag staged;
+  alignas(kLine) Flag reduced;
+  alignas(kLine) Flag taken;
+  alignas(kLine) Flag private_bell;
+  alignas(kLine) Flag sleepers;
 };
 
 constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -127,8 +138,11 @@ struct LocalAllreduce::Impl {
   std::vector<uint32_t> generation = std::vector<uint32_t>(kMaxSlots, 0);  // submitted per slot
   std::list<Pending> pending;  // submission order (a list: `work` below survives erasing others)
   Status broken;           // set once: every pending and later operation fails with it
+  std::atomic<bool> failed{false};  // broken is set (read without the lock)
   bool stop = false;
   std::vector<char> scratch;  // the worker's: two blocks
+  std::vector<char> private_scratch = std::vector<char>(kBlockBytes);  // allreduce_private's
+  uint64_t private_chunks = 0;  // chunks of allreduce_private so far (the same on every rank)
   std::thread worker;
 
   Control* mine() const { return control[static_cast<size_t>(rank)]; }
@@ -146,7 +160,91 @@ struct LocalAllreduce::Impl {
     return out;
   }
   void reduce_share(const Pending& op);
+
+  void fail(Status why) {  // under `mutex`
+    if (broken.ok()) broken = std::move(why);
+    failed.store(true, std::memory_order_release);
+  }
+  [[noreturn]] void throw_broken() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    throw Error("allreduce through shared memory on rank " + std::to_string(rank) +
+                    " failed: " + broken.message(),
+                broken.peer());
+  }
+  // allreduce_private's flags: set this rank's count, ring the peers that sleep on theirs.
+  void publish(Flag Control::*count, uint32_t value);
+  // Until every other rank's count has reached `want`; `what` and `chunk` name the step.
+  void await_peers(Flag Control::*count, uint32_t want, const char* what, size_t chunk,
+                   size_t chunks);
 };
+
+namespace {
+bool reached(const Control* c, Flag Control::*count, uint32_t want) {
+  return static_cast<int32_t>((c->*count).load(std::memory_order_acquire) - want) >= 0;
+}
+}  // namespace
+
+void LocalAllreduce::Impl::publish(Flag Control::*count, uint32_t value) {
+  (mine()->*count).store(value, std::memory_order_release);
+  // Against a peer that checks its condition and goes to sleep in between: its increment of
+  // `sleepers` and our store are ordered one way or the other (see await_peers).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (int k = 0; k < world; ++k) {
+    Control* c = control[static_cast<size_t>(k)];
+    if (k == rank || c->sleepers.load(std::memory_order_relaxed) == 0) continue;
+    c->private_bell.fetch_add(1, std::memory_order_release);
+    futex_wake_all(&c->private_bell);
+  }
+}
+
+void LocalAllreduce::Impl::await_peers(Flag Control::*count, uint32_t want, const char* what,
+                                       size_t chunk, size_t chunks) {
+  auto all_there = [&] {
+    for (int k = 0; k < world; ++k)
+      if (k != rank && !reached(control[static_cast<size_t>(k)], count, want)) return false;
+    return true;
+  };
+  if (all_there()) return;
+  const auto start = Clock::now();
+  for (unsigned i = 1;; ++i) {  // the peer is usually a few microseconds away
+    if (all_there()) return;
+    if (failed.load(std::memory_order_acquire)) throw_broken();
+    _mm_pause();
+    if (i % 64 == 0 && Clock::now() - start > kSpin) break;
+  }
+  const auto deadline = start + timeout;
+  Control* me = mine();
+  for (;;) {
+    const uint32_t seen = me->private_bell.load(std::memory_order_acquire);
+    me->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const bool there = all_there();
+    const auto now = Clock::now();
+    if (!there && !failed.load(std::memory_order_acquire) && now < deadline)
+      futex_wait(&me->private_bell, seen,
+                 std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::min<Clock::duration>(deadline - now, kWakeSlice)));
+    me->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (there || all_there()) return;
+    if (failed.load(std::memory_order_acquire)) throw_broken();
+    if (Clock::now() >= deadline) {
+      std::vector<int> late;
+      for (int k = 0; k < world; ++k)
+        if (k != rank && !reached(control[static_cast<size_t>(k)], count, want)) late.push_back(k);
+      const std::string text =
+          "allreduce through shared memory on rank " + std::to_string(rank) + ": ranks " +
+          ranks_text(late) + " did not " + what + " chunk " + std::to_string(chunk + 1) + " of " +
+          std::to_string(chunks) + " within " + std::to_string(timeout.count()) +
+          " ms (a rank that died or stalls, or ranks that called allreduce with different sizes)" +
+          kTimeoutSetting;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        fail(Status::failure(text, late.empty() ? -1 : late.front()));
+      }
+      throw Error(text, late.empty() ? -1 : late.front());
+    }
+  }
+}
 
 void LocalAllreduce::Impl::reduce_share(const Pending& op) {
   const size_t elem = element_size(op.type);
@@ -185,19 +283,19 @@ void LocalAllreduce::Impl::run() {
     Clock::time_point next_deadline = Clock::now() + kWakeSlice;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (stop && broken.ok()) broken = Status::failure("LocalAllreduce: shut down");
+      if (stop && broken.ok()) fail(Status::failure("LocalAllreduce: shut down"));
       const auto now = Clock::now();
       for (auto it = pending.begin(); it != pending.end();) {
         Pending& op = *it;
         if (broken.ok() && now >= op.deadline) {
           const auto waiting = missing(op.reduced, op.slot, op.generation);
-          broken = Status::failure(
+          fail(Status::failure(
               "a reduction through shared memory timed out: ranks " + ranks_text(waiting) +
                   (op.reduced ? " did not finish their shares" : " did not contribute") +
                   " within " + std::to_string(timeout.count()) + " ms (LocalAllreduce slot " +
-                  std::to_string(op.slot) + ", generation " + std::to_string(op.generation) +
-                  ")" + kTimeoutSetting,
-              waiting.empty() ? -1 : waiting.front());
+                  std::to_string(op.slot) + ", generation " + std::to_string(op.generation) + ")" +
+                  kTimeoutSetting,
+              waiting.empty() ? -1 : waiting.front()));
         }
         if (!broken.ok()) {
           finished.emplace_back(std::move(op.done), broken);
@@ -356,10 +454,11 @@ void LocalAllreduce::allreduce(int slot, size_t offset, size_t count, DataType t
 void LocalAllreduce::abort(const Status& why) {
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
-    if (impl_->broken.ok())
-      impl_->broken = why.ok() ? Status::failure("LocalAllreduce: aborted") : why;
+    impl_->fail(why.ok() ? Status::failure("LocalAllreduce: aborted") : why);
   }
   ring(impl_->mine());
+  impl_->mine()->private_bell.fetch_add(1, std::memory_order_release);
+  futex_wake_all(&impl_->mine()->private_bell);
 }
 
 std::vector<int> LocalAllreduce::waiting_on(int slot) const {
@@ -368,6 +467,84 @@ std::vector<int> LocalAllreduce::waiting_on(int slot) const {
   for (auto it = impl_->pending.rbegin(); it != impl_->pending.rend(); ++it)
     if (it->slot == slot) return impl_->missing(it->reduced, slot, it->generation);
   return {};
+}
+
+void LocalAllreduce::allreduce_private(void* data, size_t count, DataType type, ReduceOp op,
+                                       size_t chunk_bytes) {
+  auto& m = *impl_;
+  const size_t elem = element_size(type);
+  const size_t slots = chunk_bytes == 0 ? 0 : m.data_bytes / chunk_bytes;
+  if (chunk_bytes % kLine != 0 || chunk_bytes < elem || slots < 2)
+    throw Error("LocalAllreduce::allreduce_private: chunk_bytes " + std::to_string(chunk_bytes) +
+                " (expected a multiple of " + std::to_string(kLine) + " of which the region of " +
+                std::to_string(m.data_bytes) + " bytes holds at least 2)");
+  if (m.failed.load(std::memory_order_acquire)) m.throw_broken();
+  if (count == 0 || m.world == 1) return;
+  const size_t per_chunk = chunk_bytes / elem;
+  const size_t chunks = (count + per_chunk - 1) / per_chunk;
+  const uint64_t base = m.private_chunks;
+  m.private_chunks += chunks;
+  char* user = static_cast<char*>(data);
+  const size_t world = static_cast<size_t>(m.world);
+  const size_t me = static_cast<size_t>(m.rank);
+  auto slot_of = [&](size_t k, size_t c) { return m.data[k] + (base + c) % slots * chunk_bytes; };
+  auto first_of = [&](size_t c) { return c * per_chunk; };
+  auto size_of = [&](size_t c) { return std::min(count - c * per_chunk, per_chunk); };
+  auto flag = [&](size_t c) { return static_cast<uint32_t>(base + c + 1); };
+
+  // 1. The shares the other ranks reduce, into this rank's slot, once the slot's previous chunk
+  //    has been taken by every rank.
+  auto stage = [&](size_t c) {
+    m.await_peers(&Control::taken, static_cast<uint32_t>(flag(c) - slots), "take", c, chunks);
+    const size_t n = size_of(c);
+    char* slot = slot_of(me, c);
+    for (size_t k = 0; k < world; ++k) {
+      if (k == me) continue;
+      const auto [lo, hi] = share_of(n, type, static_cast<int>(k), m.world);
+      std::memcpy(slot + lo * elem, user + (first_of(c) + lo) * elem, (hi - lo) * elem);
+    }
+    m.publish(&Control::staged, flag(c));
+  };
+  // 2. This rank's share, in rank order, block by block through L1, into its own memory and its
+  //    slot's share (where the others take it from).
+  auto reduce_own = [&](size_t c) {
+    m.await_peers(&Control::staged, flag(c), "stage", c, chunks);
+    const size_t n = size_of(c);
+    const auto [lo, hi] = share_of(n, type, m.rank, m.world);
+    const size_t block = kBlockBytes / elem;
+    char* acc = m.private_scratch.data();
+    char* own = user + first_of(c) * elem;
+    for (size_t i = lo; i < hi; i += block) {
+      const size_t b = std::min(block, hi - i);
+      auto from = [&](size_t k) -> const char* {
+        return k == me ? own + i * elem : slot_of(k, c) + i * elem;
+      };
+      comm::reduce(acc, from(0), from(1), b, type, op);
+      for (size_t k = 2; k < world; ++k) comm::reduce(acc, acc, from(k), b, type, op);
+      if (op == ReduceOp::avg) divide(acc, b, type, m.world);
+      std::memcpy(own + i * elem, acc, b * elem);
+      std::memcpy(slot_of(me, c) + i * elem, acc, b * elem);
+    }
+    m.publish(&Control::reduced, flag(c));
+  };
+  // 3. The other ranks' results out of their slots.
+  auto take = [&](size_t c) {
+    m.await_peers(&Control::reduced, flag(c), "reduce its share of", c, chunks);
+    const size_t n = size_of(c);
+    for (size_t k = 0; k < world; ++k) {
+      if (k == me) continue;
+      const auto [lo, hi] = share_of(n, type, static_cast<int>(k), m.world);
+      std::memcpy(user + (first_of(c) + lo) * elem, slot_of(k, c) + lo * elem, (hi - lo) * elem);
+    }
+    m.publish(&Control::taken, flag(c));
+  };
+  // Taking lags a chunk behind, so that the others' reductions of it have run meanwhile.
+  for (size_t c = 0; c < chunks; ++c) {
+    stage(c);
+    if (c > 0) take(c - 1);
+    reduce_own(c);
+  }
+  take(chunks - 1);
 }
 
 size_t LocalAllreduce::peer_bytes(size_t count, DataType type) const {

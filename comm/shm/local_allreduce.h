@@ -84,6 +84,23 @@ class LocalAllreduce {
   void allreduce(int slot, size_t offset, size_t count, DataType type, const LocalReduce& how,
                  Callback done);
 
+  /// Allreduces, in place, `count` elements of `type` at `data`: memory of this process, not the
+  /// shared region. Runs on the calling thread (no worker, no callback), for
+  /// Communicator::allreduce; every rank calls it with the same count, type and op. The region
+  /// serves as data_bytes() / chunk_bytes staging slots (at least 2), taken in turn by chunks of
+  /// the buffer; per chunk each rank
+  ///   1. copies the shares the other ranks reduce into its slot (its own share stays put),
+  ///   2. reduces its share from its own memory and the others' slots, in rank order, and writes
+  ///      the result into its memory and into its own share of its slot,
+  ///   3. copies the other ranks' results from their slots into its memory (one chunk behind).
+  /// Each byte of the buffer is thus copied twice per rank at most and the ranks' results agree
+  /// bit for bit. A rank waits for another's step (flags in the control blocks, monotonic chunk
+  /// counts) by spinning for a few microseconds, then on a futex; each wait ends at `timeout` with
+  /// comm::Error naming the ranks and the step, and at once after abort(). A failure breaks the
+  /// LocalAllreduce (every later call fails): the ranks' counts no longer agree. Not for a
+  /// LocalAllreduce whose region also holds slots of allreduce() above.
+  void allreduce_private(void* data, size_t count, DataType type, ReduceOp op, size_t chunk_bytes);
+
   /// Fails every pending and later operation with `why` (from any thread; returns at once).
   void abort(const Status& why);
 

@@ -20,9 +20,10 @@ using namespace std::chrono_literals;
 TEST_CASE("allreduce through shared memory matches a single-process reference for every op and dtype") {
   for (int world : {2, 3, 5}) {
     CAPTURE(world);
-    // 20011 float32 is above small_bytes; 262144 float32 is one chunk exactly, 262147 a chunk
-    // and a bit; 600001 float64 spans 5 chunks of 1 MiB, more than the 4 staging slots.
-    std::vector<size_t> counts = {20011, 262144, 262147};
+    // 20011 float32 is above small_bytes; 65536 float32 is one chunk of 256 KiB exactly, 262147
+    // four chunks and a bit (the 4 staging slots once round and a chunk); 600001 float64 spans
+    // 19 chunks.
+    std::vector<size_t> counts = {20011, 65536, 262147};
     if (world == 2) counts.push_back(600001);
     std::vector<std::vector<std::string>> failures(static_cast<size_t>(world));
     auto threw = test::run_communicators(world, {}, [&](comm::Communicator& c) {
@@ -37,9 +38,11 @@ TEST_CASE("allreduce through shared memory matches a single-process reference fo
   }
 }
 
-TEST_CASE("allreduce through shared memory of a buffer 9 times the staging region gives every rank the same bits") {
+TEST_CASE(
+    "allreduce through shared memory of a buffer 36 times the staging region gives every rank the "
+    "same bits") {
   const int world = 3;
-  const size_t count = 9 * (1u << 20) + 12345;  // float32: 36 chunks through 4 slots
+  const size_t count = 9 * (1u << 20) + 12345;  // float32: 145 chunks of 256 KiB through 4 slots
   std::vector<std::vector<float>> results(world);
   auto threw = test::run_communicators(world, {}, [&](comm::Communicator& c) {
     REQUIRE(c.use_shared_memory(true));
@@ -77,6 +80,39 @@ TEST_CASE("a rank that never joins an allreduce through shared memory fails it a
     CHECK(what.find("RuntimeOptions::collective_timeout") != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - start < 5s);
+}
+
+TEST_CASE(
+    "ranks that allreduce buffers of different sizes through shared memory fail at the deadline, "
+    "naming the rank behind") {
+  comm::InprocFabric fabric(2);
+  comm::Communicator c0(fabric.transport(0), {}, 300ms);
+  comm::Communicator c1(fabric.transport(1), {}, 300ms);
+  auto other = std::async(std::launch::async, [&] { return c1.use_shared_memory(true); });
+  REQUIRE(c0.use_shared_memory(true));
+  REQUIRE(other.get());
+  // Rank 0 reduces 1 Mi elements (16 chunks) and stops; rank 1 waits for chunk 17 of its 2 Mi.
+  std::vector<float> a(1 << 20, 1.0f), b(2 << 20, 2.0f);
+  auto shorter = std::async(std::launch::async, [&] {
+    c0.allreduce(a.data(), a.size(), comm::DataType::float32, comm::ReduceOp::sum);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    c1.allreduce(b.data(), b.size(), comm::DataType::float32, comm::ReduceOp::sum);
+    FAIL("allreduce of a longer buffer than rank 0's returned normally");
+  } catch (const comm::Error& e) {
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(what.find("rank 1: ranks 0 did not stage chunk 17 of 32") != std::string::npos);
+    CHECK(what.find("different sizes") != std::string::npos);
+    CHECK(e.peer() == 0);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  shorter.get();  // rank 0's 16 chunks met rank 1's first 16
+  CHECK(a[0] == 3.0f);
+  // The counts no longer agree: every later call fails at once, naming the first failure.
+  CHECK_THROWS_WITH(c1.allreduce(b.data(), b.size(), comm::DataType::float32, comm::ReduceOp::sum),
+                    doctest::Contains("did not stage chunk 17 of 32"));
 }
 
 TEST_CASE("abort ends an allreduce through shared memory at once with the reason, and every later one") {

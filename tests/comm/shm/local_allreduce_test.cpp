@@ -265,6 +265,16 @@ TEST_CASE("LocalAllreduce and SharedSegment refuse bad arguments with named erro
     REQUIRE(f.wait_for(10s) == std::future_status::ready);
     CHECK(f.get().ok());
     CHECK(reinterpret_cast<float*>(local->data())[0] == 2.5f);
+    float mine[3] = {1.5f, 2.5f, 3.5f};
+    CHECK_THROWS_WITH(
+        local->allreduce_private(mine, 3, comm::DataType::float32, comm::ReduceOp::sum, 100),
+        "LocalAllreduce::allreduce_private: chunk_bytes 100 (expected a multiple of "
+        "64 of which the region of 4096 bytes holds at least 2)");
+    CHECK_THROWS_WITH(
+        local->allreduce_private(mine, 3, comm::DataType::float32, comm::ReduceOp::sum, 4096),
+        doctest::Contains("chunk_bytes 4096 (expected"));
+    local->allreduce_private(mine, 3, comm::DataType::float32, comm::ReduceOp::avg, 2048);
+    CHECK(mine[2] == 3.5f);  // world 1: the buffer is the result
   });
   CHECK(errors == std::vector<std::string>{""});
 
