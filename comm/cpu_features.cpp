@@ -17,6 +17,7 @@ const CpuFeatures& cpu_features() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     f.f16c = f.avx2 && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
     f.fma = __builtin_cpu_supports("fma");
+    f.avx512f = __builtin_cpu_supports("avx512f");
 #endif
     return f;
   }();

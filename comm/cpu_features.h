@@ -7,6 +7,8 @@ struct CpuFeatures {
   bool avx2 = false;
   bool f16c = false;  // float16 <-> float32 conversions
   bool fma = false;
+  bool avx512f =
+      false;  // with the OS saving the AVX-512 state (what __builtin_cpu_supports checks)
 };
 
 /// Measured at the first call, then cached.

@@ -151,6 +151,62 @@ void divide_float(T* p, size_t n, int divisor) {
   }
 }
 
+// reduce_to_two's float32 sum: r = a + b, then r * k (kMul: a power-of-two divisor's exact
+// reciprocal, as divide_float does) or r / k (kDiv), or r as it is (kPlain).
+enum SumMode { kPlain, kMul, kDiv };
+
+TROUPE_INLINE float finish(float r, SumMode mode, float k) {
+  return mode == kPlain ? r : mode == kMul ? r * k : r / k;
+}
+
+TROUPE_INLINE void sum_to_two_tail(float* o1, float* o2, const float* a, const float* b, size_t i,
+                                   size_t n, SumMode mode, float k) {
+  for (; i < n; ++i) {
+    const float r = finish(a[i] + b[i], mode, k);
+    o1[i] = r;
+    o2[i] = r;
+  }
+}
+
+void sum_to_two_generic(float* o1, float* o2, const float* a, const float* b, size_t n,
+                        SumMode mode, float k) {
+  sum_to_two_tail(o1, o2, a, b, 0, n, mode, k);
+}
+
+__attribute__((target("avx2"))) void sum_to_two_avx2(float* o1, float* o2, const float* a,
+                                                     const float* b, size_t n, SumMode mode,
+                                                     float k) {
+  const __m256 kv = _mm256_set1_ps(k);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    if (mode == kMul)
+      r = _mm256_mul_ps(r, kv);
+    else if (mode == kDiv)
+      r = _mm256_div_ps(r, kv);
+    _mm256_storeu_ps(o1 + i, r);
+    _mm256_storeu_ps(o2 + i, r);
+  }
+  sum_to_two_tail(o1, o2, a, b, i, n, mode, k);
+}
+
+__attribute__((target("avx512f"))) void sum_to_two_avx512(float* o1, float* o2, const float* a,
+                                                          const float* b, size_t n, SumMode mode,
+                                                          float k) {
+  const __m512 kv = _mm512_set1_ps(k);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 r = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    if (mode == kMul)
+      r = _mm512_mul_ps(r, kv);
+    else if (mode == kDiv)
+      r = _mm512_div_ps(r, kv);
+    _mm512_storeu_ps(o1 + i, r);
+    _mm512_storeu_ps(o2 + i, r);
+  }
+  sum_to_two_tail(o1, o2, a, b, i, n, mode, k);
+}
+
 // The vector loops below use F16C conversions and FMA beside AVX2.
 bool have_vector_loops() {
   static const bool yes = have_avx2() && cpu_features().f16c && cpu_features().fma;
@@ -214,6 +270,32 @@ void reduce(void* dst, const void* a, const void* b, size_t count, DataType type
   if (count == 0) return;
   if (have_vector_loops()) reduce_avx2(dst, a, b, count, type, op);
   else reduce_generic(dst, a, b, count, type, op);
+}
+
+void reduce_to_two(void* out1, void* out2, const void* a, const void* b, size_t count,
+                   DataType type, ReduceOp op, int divisor) {
+  if (divisor < 1)
+    throw Error("reduce_to_two: divisor " + std::to_string(divisor) + " is not >= 1");
+  if (count == 0) return;
+  if (type == DataType::float32 && (op == ReduceOp::sum || op == ReduceOp::avg)) {
+    const int d = op == ReduceOp::avg ? divisor : 1;
+    const SumMode mode = d == 1 ? kPlain : (d & (d - 1)) == 0 ? kMul : kDiv;
+    const float k = mode == kMul ? 1.0f / static_cast<float>(d) : static_cast<float>(d);
+    auto* o1 = static_cast<float*>(out1);
+    auto* o2 = static_cast<float*>(out2);
+    const auto* x = static_cast<const float*>(a);
+    const auto* y = static_cast<const float*>(b);
+    if (cpu_features().avx512f)
+      sum_to_two_avx512(o1, o2, x, y, count, mode, k);
+    else if (have_avx2())
+      sum_to_two_avx2(o1, o2, x, y, count, mode, k);
+    else
+      sum_to_two_generic(o1, o2, x, y, count, mode, k);
+    return;
+  }
+  reduce(out1, a, b, count, type, op);
+  if (op == ReduceOp::avg) divide(out1, count, type, divisor);
+  if (out2 != out1) std::memcpy(out2, out1, count * element_size(type));
 }
 
 void divide(void* data, size_t count, DataType type, int divisor) {

@@ -13,6 +13,13 @@ namespace troupe::comm {
 /// ReduceOp::avg reduces like sum; divide() applies the denominator once at the end.
 void reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op);
 
+/// out1[i] = out2[i] = a[i] op b[i] for i < count, then divided by `divisor` for ReduceOp::avg:
+/// bit for bit reduce(), divide() and a copy, in one pass over memory instead of four (the sum of
+/// two ranks' shares written back to both). out1 and out2 may be a and b, in either order; no
+/// partial overlaps. divisor must be >= 1.
+void reduce_to_two(void* out1, void* out2, const void* a, const void* b, size_t count,
+                   DataType type, ReduceOp op, int divisor);
+
 /// data[i] /= divisor for i < count (integer types truncate toward zero). divisor must be >= 1.
 void divide(void* data, size_t count, DataType type, int divisor);
 

@@ -253,6 +253,15 @@ void LocalAllreduce::Impl::reduce_share(const Pending& op) {
   char* acc = scratch.data();
   char* tmp = scratch.data() + kBlockBytes;
   const bool scaled = op.how.op == ReduceOp::sum && op.how.scale != 1.0;
+  // Two ranks: one pass, both buffers read once and written once (their shares start at the same
+  // offset, cut at cache lines, so that the stores are aligned alike; allreduce_private's user
+  // buffers are not, and go through the blocks below).
+  if (world == 2 && !scaled) {
+    const size_t at = op.offset + lo * elem;
+    comm::reduce_to_two(data[0] + at, data[1] + at, data[0] + at, data[1] + at, hi - lo, op.type,
+                        op.how.op, world);
+    return;
+  }
   for (size_t i = lo; i < hi; i += block) {
     const size_t n = std::min(block, hi - i);
     const size_t at = op.offset + i * elem;
