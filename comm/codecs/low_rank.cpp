@@ -82,11 +82,25 @@ TROUPE_INLINE void by_fours(size_t r, F f) {
   }
 }
 
+// With `add`: m's row += add's row first (then read from cache by the dot products).
 template <class V>
 TROUPE_INLINE void project(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
-                           float* p) {
+                           float* p, const float* add = nullptr) {
   for (size_t i = 0; i < rows; ++i) {
     const float* mi = m + i * cols;
+    if (add) {
+      float* row = const_cast<float*>(mi);  // m is the caller's writable buffer when add is set
+      const float* ai = add + i * cols;
+      size_t j = 0;
+      for (; j + kLanes<V> <= cols; j += kLanes<V>) {
+        V x, y;
+        load(x, row + j);
+        load(y, ai + j);
+        x += y;
+        store(row + j, x);
+      }
+      for (; j < cols; ++j) row[j] += ai[j];
+    }
     by_fours(r, [&](size_t k, auto count) {
       constexpr size_t kCount = decltype(count)::value;
       const float* b[kCount];
@@ -111,9 +125,10 @@ TROUPE_INLINE void back_project(const float* m, size_t rows, size_t cols, const 
   }
 }
 
+// With `e`: e = m as it was - (the new m) * back, in the same pass.
 template <class V>
 TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
-                          float scale, float* m) {
+                          float scale, float* m, float back = 0.0f, float* e = nullptr) {
   for (size_t i = 0; i < rows; ++i) {
     const float* pi = p + i * r;
     float* mi = m + i * cols;
@@ -125,11 +140,18 @@ TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t c
         acc += pi[k] * row;
       }
       acc *= scale;
+      if (e) {
+        V old;
+        load(old, mi + j);
+        old -= acc * back;
+        store(e + i * cols + j, old);
+      }
       store(mi + j, acc);
     }
     for (; j < cols; ++j) {
       float acc = 0.0f;
       for (size_t k = 0; k < r; ++k) acc += pi[k] * qt[k * cols + j];
+      if (e) e[i * cols + j] = mi[j] - scale * acc * back;
       mi[j] = scale * acc;
     }
   }
@@ -138,6 +160,24 @@ TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t c
 void project_generic(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
                      float* p) {
   project<Float4>(m, rows, cols, qt, r, p);
+}
+void add_project_generic(float* m, const float* add, size_t rows, size_t cols, const float* qt,
+                         size_t r, float* p) {
+  project<Float4>(m, rows, cols, qt, r, p, add);
+}
+void expand_error_generic(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                          float scale, float back, float* m, float* e) {
+  expand<Float4>(p, qt, rows, cols, r, scale, m, back, e);
+}
+__attribute__((target("avx2"))) void add_project_avx2(float* m, const float* add, size_t rows,
+                                                      size_t cols, const float* qt, size_t r,
+                                                      float* p) {
+  project<Float8>(m, rows, cols, qt, r, p, add);
+}
+__attribute__((target("avx2"))) void expand_error_avx2(const float* p, const float* qt, size_t rows,
+                                                       size_t cols, size_t r, float scale,
+                                                       float back, float* m, float* e) {
+  expand<Float8>(p, qt, rows, cols, r, scale, m, back, e);
 }
 void back_project_generic(const float* m, size_t rows, size_t cols, const float* p, size_t r,
                           float* qt) {
@@ -179,6 +219,22 @@ void low_rank_project(const float* m, size_t rows, size_t cols, const float* qt,
                       float* p) {
   if (have_avx2()) project_avx2(m, rows, cols, qt, r, p);
   else project_generic(m, rows, cols, qt, r, p);
+}
+
+void low_rank_add_project(float* m, const float* add, size_t rows, size_t cols, const float* qt,
+                          size_t r, float* p) {
+  if (have_avx2())
+    add_project_avx2(m, add, rows, cols, qt, r, p);
+  else
+    add_project_generic(m, add, rows, cols, qt, r, p);
+}
+
+void low_rank_expand_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                           float scale, float back, float* m, float* e) {
+  if (have_avx2())
+    expand_error_avx2(p, qt, rows, cols, r, scale, back, m, e);
+  else
+    expand_error_generic(p, qt, rows, cols, r, scale, back, m, e);
 }
 
 void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,

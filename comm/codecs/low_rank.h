@@ -10,12 +10,22 @@ namespace troupe::comm {
 /// p = m * qt^T: p[i][k] = sum_j m[i][j] * qt[k][j].
 void low_rank_project(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
                       float* p);
+/// m += add, then p = m * qt^T, row by row: one pass over memory for error feedback's sum and the
+/// projection (each row is summed, then read again from cache). The same bits as adding, then
+/// low_rank_project.
+void low_rank_add_project(float* m, const float* add, size_t rows, size_t cols, const float* qt,
+                          size_t r, float* p);
 /// qt = p^T * m: qt[k][j] = sum_i p[i][k] * m[i][j].
 void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,
                            float* qt);
 /// m = p * qt (scaled): m[i][j] = scale * sum_k p[i][k] * qt[k][j].
 void low_rank_expand(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                      float scale, float* m);
+/// low_rank_expand, and the error it leaves: e = m - (the new m) * back, from m as it was (for
+/// PowerSGD's memory, back = 1 / (world * scale)), in the same pass. The same bits as copying m to
+/// e, expanding, then e[i] -= m[i] * back.
+void low_rank_expand_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                           float scale, float back, float* m, float* e);
 /// Makes the r columns of p (rows x r, row-major) orthonormal in place by modified Gram-Schmidt
 /// (dot products in double; each earlier column is removed twice, which keeps P^T P = I to
 /// rounding even when columns are nearly dependent). A column whose norm falls below 1e-8 after

@@ -87,14 +87,15 @@ class PowerSgdReduction final : public Reduction {
           for (auto& m : matrices_) {
             const auto& t = bucket_.tensors[m.tensor];
             float* x = data + t.offset;
-            if (config_.error_feedback) {
-              const float* e = error_.data() + t.offset;
-              for (size_t k = 0; k < t.count; ++k) x[k] += e[k];
-            }
             if (!config_.warm_start)
               random_normal(mix_seed(config_.seed, static_cast<uint64_t>(bucket_.index) << 32 | step.step, m.tensor),
                             m.qt.data(), m.qt.size());
-            low_rank_project(x, m.rows, m.cols, m.qt.data(), m.r, p_.data() + m.p_at);
+            // M = gradient + memory, summed row by row as the projection reads it.
+            if (config_.error_feedback)
+              low_rank_add_project(x, error_.data() + t.offset, m.rows, m.cols, m.qt.data(), m.r,
+                                   p_.data() + m.p_at);
+            else
+              low_rank_project(x, m.rows, m.cols, m.qt.data(), m.r, p_.data() + m.p_at);
           }
           for (auto& u : plain_) {
             const auto& t = bucket_.tensors[u.tensor];
@@ -160,14 +161,13 @@ class PowerSgdReduction final : public Reduction {
       float* x = data + t.offset;
       const float* p = p_.data() + m.p_at;
       const float* q = q_.data() + m.q_at;
-      float* e = config_.error_feedback ? error_.data() + t.offset : nullptr;
-      if (e) std::memcpy(e, x, t.count * sizeof(float));
-      low_rank_expand(p, q, m.rows, m.cols, m.r, factor, x);
-      if (e) {
-        // e = M - P Q^T / world, where x now holds P Q^T * factor.
-        const float back = 1.0f / (world * factor);
-        for (size_t k = 0; k < t.count; ++k) e[k] -= x[k] * back;
-      }
+      // With error feedback, in the same pass: e = M - P Q^T / world, where x becomes
+      // P Q^T * factor.
+      if (config_.error_feedback)
+        low_rank_expand_error(p, q, m.rows, m.cols, m.r, factor, 1.0f / (world * factor), x,
+                              error_.data() + t.offset);
+      else
+        low_rank_expand(p, q, m.rows, m.cols, m.r, factor, x);
       if (config_.warm_start) {
         const float inv = 1.0f / world;
         for (size_t k = 0; k < m.qt.size(); ++k) m.qt[k] = q[k] * inv;

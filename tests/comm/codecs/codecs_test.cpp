@@ -591,6 +591,42 @@ TEST_CASE("low-rank project, back_project and expand match naive triple loops") 
   }
 }
 
+TEST_CASE("low-rank add_project and expand_error give the bits of the separate passes they fuse") {
+  struct Shape {
+    size_t rows, cols, r;
+  };
+  for (Shape s : {Shape{1, 1, 1}, Shape{7, 13, 3}, Shape{33, 70, 5}, Shape{64, 64, 4},
+                  Shape{9, 100, 7}, Shape{4, 6, 0}}) {
+    CAPTURE(s.rows);
+    CAPTURE(s.cols);
+    CAPTURE(s.r);
+    const std::vector<float> m = uniform_floats(s.rows * s.cols, -1.0f, 1.0f, 30);
+    const std::vector<float> add = uniform_floats(s.rows * s.cols, -0.1f, 0.1f, 31);
+    const std::vector<float> qt = uniform_floats(s.r * s.cols, -1.0f, 1.0f, 32);
+    const std::vector<float> p0 = uniform_floats(s.rows * s.r, -1.0f, 1.0f, 33);
+
+    // m + add, then the projection of the sum.
+    std::vector<float> summed = m, want_p(s.rows * s.r + 1, 5.0f);
+    for (size_t i = 0; i < summed.size(); ++i) summed[i] += add[i];
+    low_rank_project(summed.data(), s.rows, s.cols, qt.data(), s.r, want_p.data());
+    std::vector<float> fused = m, p(s.rows * s.r + 1, 5.0f);
+    low_rank_add_project(fused.data(), add.data(), s.rows, s.cols, qt.data(), s.r, p.data());
+    CHECK(fused == summed);
+    CHECK(p == want_p);
+
+    // The copy to e, the expansion, then e -= expansion * back.
+    const float scale = -0.5f, back = 1.0f / (4.0f * scale);
+    std::vector<float> want_m = m, want_e = m;
+    low_rank_expand(p0.data(), qt.data(), s.rows, s.cols, s.r, scale, want_m.data());
+    for (size_t i = 0; i < want_e.size(); ++i) want_e[i] -= want_m[i] * back;
+    std::vector<float> got_m = m, got_e(m.size(), 7.0f);
+    low_rank_expand_error(p0.data(), qt.data(), s.rows, s.cols, s.r, scale, back, got_m.data(),
+                          got_e.data());
+    CHECK(got_m == want_m);
+    CHECK(got_e == want_e);
+  }
+}
+
 namespace {
 
 // max |P^T P - I| over the columns that are not zero (a zero column must be zero entirely).
