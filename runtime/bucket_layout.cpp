@@ -24,6 +24,7 @@ BucketLayout plan_buckets(const std::vector<ParameterShape>& params, const std::
     const int64_t last = ready(b.params.back()), next = ready(i);
     return last >= 0 && next >= 0 && next - last > gap_us;
   };
+  const size_t split_floor = std::min(options.first_bucket_bytes, kSplitFloorBytes);
   for (int i : sequence) {
     const auto& p = params[static_cast<size_t>(i)];
     const auto elem = static_cast<int64_t>(c10::elementSize(p.type));
@@ -36,8 +37,7 @@ BucketLayout plan_buckets(const std::vector<ParameterShape>& params, const std::
       const size_t limit = it->second == 0 ? options.first_bucket_bytes : options.bucket_bytes;
       const auto bytes = static_cast<size_t>((aligned(b.elements) + p.numel) * elem);
       const auto held = static_cast<size_t>(b.elements * elem);
-      need_new = (!b.params.empty() && bytes > limit) ||
-                 (held >= options.first_bucket_bytes && gap_before(b, i));
+      need_new = (!b.params.empty() && bytes > limit) || (held >= split_floor && gap_before(b, i));
     }
     if (need_new) {
       BucketLayout::Bucket b;

@@ -9,18 +9,24 @@
 /// bucket per dtype. A parameter larger than the limit gets a bucket to itself.
 ///
 /// With the gradient-ready times of an observed step, a bucket that already holds
-/// `first_bucket_bytes` is also closed before a gradient that became ready more than
+/// min(`first_bucket_bytes`, 64 KiB) is also closed before a gradient that became ready more than
 /// `bucket_split_gap` after the bucket's previous one: backward computes a layer between the
 /// two, and the closed bucket reduces meanwhile instead of waiting for it (a 25 MiB bucket that
-/// ends with the first layer's bias would otherwise start only when backward ends).
+/// ends with the first layer's bias would otherwise start only when backward ends, and so would a
+/// whole model smaller than the first bucket: a small CNN whose fc layer is most of its bytes).
 #include <c10/core/ScalarType.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace troupe {
 
 struct DdpOptions;
+
+/// Below this, a bucket is not closed at a pause in backward (unless first_bucket_bytes is
+/// smaller): its reduction is mostly latency, and one more collective costs as much.
+inline constexpr size_t kSplitFloorBytes = size_t{64} << 10;
 
 /// One parameter as the layout sees it.
 struct ParameterShape {

@@ -132,9 +132,9 @@ struct DdpOptions {
   bool gradient_as_bucket_view = true;
   /// After step 1, rebuild buckets in the observed gradient-ready order.
   bool rebuild_buckets = true;
-  /// With the rebuild, a bucket holding at least first_bucket_bytes also closes before a
-  /// gradient that became ready (in step 1) more than this after the bucket's previous one, so
-  /// it reduces while backward computes the layers in between (runtime/bucket_layout.h).
+  /// With the rebuild, a bucket holding at least min(first_bucket_bytes, 64 KiB) also closes
+  /// before a gradient that became ready (in step 1) more than this after the bucket's previous
+  /// one, so it reduces while backward computes the layers in between (runtime/bucket_layout.h).
   /// Zero: sizes alone decide.
   std::chrono::microseconds bucket_split_gap{1000};
   /// Multi-host jobs: GradientAllReduce buckets reduce inside each host to a leader, allreduce

@@ -91,3 +91,27 @@ TEST_CASE("observed ready times split a bucket at a pause in backward once it ho
   std::vector<int64_t> unobserved = {-1, 5000, 0, 0, 0, 0};
   CHECK(plan_buckets(p, {}, small_limits(), unobserved).buckets.size() == 2);
 }
+
+TEST_CASE(
+    "a model smaller than the first bucket splits at a pause in backward once a bucket holds 64 "
+    "KiB") {
+  // The Fashion-MNIST CNN: conv1 (3x3, 1 -> 16), conv2 (3x3, 16 -> 32), fc1 (1568 -> 128), fc2
+  // (128 -> 10); 828 KB in all, under the default first bucket of 1 MiB. Backward gives fc2's and
+  // fc1's gradients within a millisecond, then computes conv2's for 6 ms and conv1's for 6 more.
+  const std::vector<ParameterShape> p = {{144, kFloat},  {16, kFloat},     {4608, kFloat},
+                                         {32, kFloat},   {200704, kFloat}, {128, kFloat},
+                                         {1280, kFloat}, {10, kFloat}};
+  const std::vector<int64_t> ready = {12000, 12000, 6000, 6000, 300, 200, 100, 0};
+  const DdpOptions defaults;
+  auto layout = plan_buckets(p, {}, defaults, ready);
+  // fc2 and fc1 (808 KB) reduce while backward computes the convolutions; conv2 (18.6 KB) is below
+  // 64 KiB and waits for conv1 in the next bucket.
+  REQUIRE(layout.buckets.size() == 2);
+  CHECK((layout.buckets[0].params == std::vector<int>{7, 6, 5, 4}));
+  CHECK((layout.buckets[1].params == std::vector<int>{3, 2, 1, 0}));
+  // Without the observed pauses, or with the gap turned off: one bucket, as PyTorch DDP makes it.
+  CHECK(plan_buckets(p, {}, defaults).buckets.size() == 1);
+  auto no_gap = defaults;
+  no_gap.bucket_split_gap = std::chrono::microseconds(0);
+  CHECK(plan_buckets(p, {}, no_gap, ready).buckets.size() == 1);
+}
