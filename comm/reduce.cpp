@@ -168,43 +168,43 @@ TROUPE_INLINE void sum_to_two_tail(float* o1, float* o2, const float* a, const f
   }
 }
 
+// The vector loop on GCC vectors of `sizeof(V) / 4` floats, built once per instruction set.
+template <class V>
+TROUPE_INLINE void sum_to_two(float* o1, float* o2, const float* a, const float* b, size_t n,
+                              SumMode mode, float k) {
+  constexpr size_t kLanes = sizeof(V) / sizeof(float);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    V x, y;
+    std::memcpy(&x, a + i, sizeof x);
+    std::memcpy(&y, b + i, sizeof y);
+    V r = x + y;
+    if (mode == kMul)
+      r *= k;
+    else if (mode == kDiv)
+      r /= k;
+    std::memcpy(o1 + i, &r, sizeof r);
+    std::memcpy(o2 + i, &r, sizeof r);
+  }
+  sum_to_two_tail(o1, o2, a, b, i, n, mode, k);
+}
+
+typedef float Float8 __attribute__((vector_size(32)));
+typedef float Float16 __attribute__((vector_size(64)));
+
 void sum_to_two_generic(float* o1, float* o2, const float* a, const float* b, size_t n,
                         SumMode mode, float k) {
   sum_to_two_tail(o1, o2, a, b, 0, n, mode, k);
 }
-
 __attribute__((target("avx2"))) void sum_to_two_avx2(float* o1, float* o2, const float* a,
                                                      const float* b, size_t n, SumMode mode,
                                                      float k) {
-  const __m256 kv = _mm256_set1_ps(k);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 r = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
-    if (mode == kMul)
-      r = _mm256_mul_ps(r, kv);
-    else if (mode == kDiv)
-      r = _mm256_div_ps(r, kv);
-    _mm256_storeu_ps(o1 + i, r);
-    _mm256_storeu_ps(o2 + i, r);
-  }
-  sum_to_two_tail(o1, o2, a, b, i, n, mode, k);
+  sum_to_two<Float8>(o1, o2, a, b, n, mode, k);
 }
-
 __attribute__((target("avx512f"))) void sum_to_two_avx512(float* o1, float* o2, const float* a,
                                                           const float* b, size_t n, SumMode mode,
                                                           float k) {
-  const __m512 kv = _mm512_set1_ps(k);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 r = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
-    if (mode == kMul)
-      r = _mm512_mul_ps(r, kv);
-    else if (mode == kDiv)
-      r = _mm512_div_ps(r, kv);
-    _mm512_storeu_ps(o1 + i, r);
-    _mm512_storeu_ps(o2 + i, r);
-  }
-  sum_to_two_tail(o1, o2, a, b, i, n, mode, k);
+  sum_to_two<Float16>(o1, o2, a, b, n, mode, k);
 }
 
 // The vector loops below use F16C conversions and FMA beside AVX2.

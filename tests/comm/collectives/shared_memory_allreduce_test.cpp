@@ -17,6 +17,23 @@
 using namespace troupe;
 using namespace std::chrono_literals;
 
+namespace {
+
+// Two communicators over an in-process fabric, both with shared memory on, each operation's
+// deadline `timeout`.
+struct SharedMemoryPair {
+  explicit SharedMemoryPair(std::chrono::milliseconds timeout)
+      : c0(fabric.transport(0), {}, timeout), c1(fabric.transport(1), {}, timeout) {
+    auto other = std::async(std::launch::async, [&] { return c1.use_shared_memory(true); });
+    REQUIRE(c0.use_shared_memory(true));
+    REQUIRE(other.get());
+  }
+  comm::InprocFabric fabric{2};
+  comm::Communicator c0, c1;
+};
+
+}  // namespace
+
 TEST_CASE("allreduce through shared memory matches a single-process reference for every op and dtype") {
   for (int world : {2, 3, 5}) {
     CAPTURE(world);
@@ -61,12 +78,8 @@ TEST_CASE(
 }
 
 TEST_CASE("a rank that never joins an allreduce through shared memory fails it at the deadline, naming the rank") {
-  comm::InprocFabric fabric(2);
-  comm::Communicator c0(fabric.transport(0), {}, 300ms);
-  comm::Communicator c1(fabric.transport(1), {}, 300ms);
-  auto other = std::async(std::launch::async, [&] { return c1.use_shared_memory(true); });
-  REQUIRE(c0.use_shared_memory(true));
-  REQUIRE(other.get());
+  SharedMemoryPair pair(300ms);
+  auto& c0 = pair.c0;
   std::vector<float> a(1 << 20, 1.0f);
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -85,12 +98,9 @@ TEST_CASE("a rank that never joins an allreduce through shared memory fails it a
 TEST_CASE(
     "ranks that allreduce buffers of different sizes through shared memory fail at the deadline, "
     "naming the rank behind") {
-  comm::InprocFabric fabric(2);
-  comm::Communicator c0(fabric.transport(0), {}, 300ms);
-  comm::Communicator c1(fabric.transport(1), {}, 300ms);
-  auto other = std::async(std::launch::async, [&] { return c1.use_shared_memory(true); });
-  REQUIRE(c0.use_shared_memory(true));
-  REQUIRE(other.get());
+  SharedMemoryPair pair(300ms);
+  auto& c0 = pair.c0;
+  auto& c1 = pair.c1;
   // Rank 0 reduces 1 Mi elements (16 chunks) and stops; rank 1 waits for chunk 17 of its 2 Mi.
   std::vector<float> a(1 << 20, 1.0f), b(2 << 20, 2.0f);
   auto shorter = std::async(std::launch::async, [&] {
@@ -116,12 +126,8 @@ TEST_CASE(
 }
 
 TEST_CASE("abort ends an allreduce through shared memory at once with the reason, and every later one") {
-  comm::InprocFabric fabric(2);
-  comm::Communicator c0(fabric.transport(0), {}, 30s);
-  comm::Communicator c1(fabric.transport(1), {}, 30s);
-  auto other = std::async(std::launch::async, [&] { return c1.use_shared_memory(true); });
-  REQUIRE(c0.use_shared_memory(true));
-  REQUIRE(other.get());
+  SharedMemoryPair pair(30s);
+  auto& c0 = pair.c0;
   std::vector<float> a(3 << 20, 1.0f);
   const auto start = std::chrono::steady_clock::now();
   auto call = std::async(std::launch::async, [&] {
