@@ -45,14 +45,15 @@ class Communicator {
   void allreduce(void* data, size_t count, DataType type, ReduceOp op);
   /// Collective: with `on`, allreduce above options().small_bytes goes through memory shared by
   /// the ranks (comm/shm/local_allreduce.h) from now on, instead of the transport; for ranks that
-  /// all share one host (the Runtime decides: CollectiveOptions::shared_memory). The ranks'
-  /// buffers are copied in chunks into a staging region of shared memory, each rank reduces its
-  /// share there straight from every rank's region, and the result is copied back while the next
-  /// chunk is copied in. Every wait sleeps in the kernel until a peer rings (a futex), so a busy
-  /// machine delays the ranks only as long as its scheduler does, where a transport's progress
-  /// thread polls. Every rank must call it alike. Returns whether shared memory is in use: where
-  /// the region cannot be made (a /dev/shm per container, a full /dev/shm) every rank says so on
-  /// stderr and stays on the transport; a peer that fails throws. Off: drops the region.
+  /// all share one host (the Runtime decides: CollectiveOptions::shared_memory). The allreduce then
+  /// runs on the calling thread (LocalAllreduce::allreduce_private): chunk by chunk, each rank
+  /// stages the shares the others reduce in its region of shared memory, reduces its own share
+  /// from its own buffer and the others' regions, and copies the others' results out of theirs.
+  /// A wait spins a few microseconds, then sleeps in the kernel until a peer rings (a futex), so a
+  /// busy machine delays the ranks only as long as its scheduler does, where a transport's
+  /// progress thread polls. Every rank must call it alike. Returns whether shared memory is in use:
+  /// where the region cannot be made (a /dev/shm per container, a full /dev/shm) every rank says so
+  /// on stderr and stays on the transport; a peer that fails throws. Off: drops the region.
   bool use_shared_memory(bool on);
   bool uses_shared_memory() const;
   /// allreduce in three stages by host (collectives.h); `host_of[r]` is rank r's host.
