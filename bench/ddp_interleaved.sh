@@ -15,7 +15,8 @@
 # medians over rounds of: the step, the two baselines, and the two overheads (data parallel over
 # every rank computing alone: what data parallelism costs; over rank 0 alone: what it costs and
 # what two processes computing at once cost each other on this machine).
-# Environment: TROUPE_BIN overrides the troupe binary (default build/bin/troupe).
+# Environment: TROUPE_BIN overrides the troupe binary (default build/bin/troupe); MODEL=cnn runs
+# the Fashion-MNIST CNN instead of the MLP (both sides).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,7 +37,7 @@ need_torch "$python"
 
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
-common=(--world "$world" --interleave --model mlp --batch 64 --steps "$iterations" --json)
+common=(--world "$world" --interleave --model "${MODEL:-mlp}" --batch 64 --steps "$iterations" --json)
 run() {
   local impl="$1" round="$2" line
   case "$impl" in

@@ -46,7 +46,7 @@ import time
 
 from gloo_job import gloo_group, one_compute_thread, spawn
 
-MODELS = ("mlp",)
+MODELS = ("mlp", "cnn")
 WARMUP_STEPS = 5
 SEED = 1234
 IN_FEATURES = 784
@@ -74,20 +74,38 @@ def build_mlp(torch):
     )
 
 
-def workload(torch, model, batch, rank):
+def build_cnn(torch):
+    """The Fashion-MNIST CNN of examples/fashion_mnist (206,922 parameters)."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, CLASSES),
+    )
+
+
+def build_model(torch, name):
+    return build_cnn(torch) if name == "cnn" else build_mlp(torch)
+
+
+def input_shape(name, batch):
+    return (batch, 1, 28, 28) if name == "cnn" else (batch, IN_FEATURES)
+
+
+def workload(torch, model, batch, rank, name="mlp"):
     """The optimizer (SGD, momentum) and a function returning the loss on one fixed random batch."""
     import torch.nn.functional as F
 
     generator = torch.Generator().manual_seed(SEED + rank)
-    inputs = torch.randn(batch, IN_FEATURES, generator=generator, dtype=torch.float32)
+    inputs = torch.randn(*input_shape(name, batch), generator=generator, dtype=torch.float32)
     labels = torch.randint(0, CLASSES, (batch,), generator=generator)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return optimizer, lambda: F.nll_loss(F.log_softmax(model(inputs), dim=1), labels)
 
 
-def train_and_time(torch, model, batch, steps, rank):
+def train_and_time(torch, model, batch, steps, rank, name):
     """Per-step seconds of `steps` timed steps (after WARMUP_STEPS untimed ones)."""
-    optimizer, loss_of_batch = workload(torch, model, batch, rank)
+    optimizer, loss_of_batch = workload(torch, model, batch, rank, name)
 
     def step():
         optimizer.zero_grad()
@@ -108,7 +126,7 @@ def interleaved(torch, dist, model, args, rank):
     """Per-iteration seconds of the three interleaved kinds of step, the slowest rank's."""
     import contextlib
 
-    optimizer, loss_of_batch = workload(torch, model, args.batch, rank)
+    optimizer, loss_of_batch = workload(torch, model, args.batch, rank, args.model)
     kinds = ("dp", "compute", "alone")
 
     def run(kind):
@@ -207,9 +225,9 @@ def run_alone(args):
 
     one_compute_thread(torch)
     torch.manual_seed(SEED)
-    model = build_mlp(torch)
+    model = build_model(torch, args.model)
     params = sum(p.numel() for p in model.parameters())
-    median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank=0))
+    median = statistics.median(train_and_time(torch, model, args.batch, args.steps, 0, args.model))
     report(args, median, median, params)
 
 
@@ -218,7 +236,7 @@ def run_rank(rank, args, port):
 
     with gloo_group(rank, args.world, port) as dist:
         torch.manual_seed(SEED + rank)  # DDP broadcasts rank 0's parameters at construction
-        model = build_mlp(torch)
+        model = build_model(torch, args.model)
         if not args.compute_only:
             model = torch.nn.parallel.DistributedDataParallel(model)
             register_hook(torch, model, args)
@@ -228,7 +246,7 @@ def run_rank(rank, args, port):
                 report_interleaved(args, runs)
             return
         params = sum(p.numel() for p in model.parameters())
-        median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank))
+        median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank, args.model))
         slowest = torch.tensor([median], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         if rank == 0:
@@ -242,7 +260,8 @@ def main():
     parser.add_argument("--world", type=positive_int, default=2,
                         help="number of ranks (processes); 1 = no DDP, compute alone")
     parser.add_argument("--model", default="mlp",
-                        help="model: only 'mlp' (784-2048-2048-1024-10)")
+                        help="model: 'mlp' (784-2048-2048-1024-10) or 'cnn' (the Fashion-MNIST "
+                             "CNN: conv16, conv32, fc128, fc10; inputs 1x28x28)")
     parser.add_argument("--batch", type=positive_int, default=64, help="samples per rank")
     parser.add_argument("--steps", type=positive_int, default=50,
                         help=f"timed steps (after {WARMUP_STEPS} warm-up steps)")

@@ -29,6 +29,16 @@ torch::nn::Sequential make_mlp() {
                                torch::nn::Linear(1024, 10));
 }
 
+// The Fashion-MNIST CNN of examples/fashion_mnist (206,922 parameters): conv16, conv32, fc128,
+// fc10 on 1x28x28 inputs.
+torch::nn::Sequential make_cnn() {
+  namespace nn = torch::nn;
+  return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1)), nn::ReLU(),
+                        nn::MaxPool2d(2), nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1)),
+                        nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(), nn::Linear(32 * 7 * 7, 128),
+                        nn::ReLU(), nn::Linear(128, 10));
+}
+
 struct Timing {
   double step_sec = 0;       // median step
   double wait_sec = 0;       // median time in step() waiting for reductions after backward
@@ -93,18 +103,20 @@ DdpOptions ddp_options(const DdpBench& bench) {
   return o;
 }
 
-torch::nn::Sequential seeded_mlp(int rank) {
+torch::nn::Sequential seeded_model(const std::string& name, int rank) {
   set_compute_threads(1);
   torch::manual_seed(1234 + rank);
-  return make_mlp();
+  return name == "cnn" ? make_cnn() : make_mlp();
 }
 
-// One rank's training: the MLP (one intra-op thread), SGD with momentum, one fixed random batch.
+// One rank's training: the MLP or the CNN (one intra-op thread), SGD with momentum, one fixed
+// random batch.
 struct Workload {
   explicit Workload(const DdpBench& bench, int rank)
-      : model(seeded_mlp(rank)),
+      : model(seeded_model(bench.model, rank)),
         opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)),
-        x(torch::randn({bench.batch, 784})),
+        x(bench.model == "cnn" ? torch::randn({bench.batch, 1, 28, 28})
+                               : torch::randn({bench.batch, 784})),
         y(torch::randint(0, 10, {bench.batch}, torch::kLong)) {}
   torch::Tensor loss() { return torch::nll_loss(torch::log_softmax(model->forward(x), 1), y); }
 
@@ -295,8 +307,8 @@ void print(const DdpBench& bench, const Timing& t) {
 }
 
 void check(const DdpBench& bench) {
-  if (bench.model != "mlp")
-    throw comm::Error("--model '" + bench.model + "' (expected mlp)");
+  if (bench.model != "mlp" && bench.model != "cnn")
+    throw comm::Error("--model '" + bench.model + "' (expected mlp or cnn)");
   if (bench.world < 1 || bench.batch < 1 || bench.steps < 1)
     throw comm::Error("--world, --batch and --steps must be >= 1 (got " +
                       std::to_string(bench.world) + ", " + std::to_string(bench.batch) + ", " +

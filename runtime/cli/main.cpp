@@ -213,7 +213,9 @@ int main(int argc, char** argv) {
   bool ddp_as_rank = false;
   bench_ddp->add_option("--world", ddp.world, "Number of ranks (1: compute alone)")
       ->check(troupe::cli::integer_in(1, 1024));
-  bench_ddp->add_option("--model", ddp.model, "mlp (784-2048-2048-1024-10)");
+  bench_ddp->add_option("--model", ddp.model,
+                        "mlp (784-2048-2048-1024-10) or cnn (Fashion-MNIST's: conv16, conv32, "
+                        "fc128, fc10)");
   bench_ddp->add_option("--batch", ddp.batch, "Batch per rank")
       ->check(troupe::cli::integer_in(1, std::numeric_limits<int>::max()));
   bench_ddp->add_option("--steps", ddp.steps, "Measured steps")
