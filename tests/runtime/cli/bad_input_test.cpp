@@ -69,6 +69,13 @@ TEST_CASE("troupe bench allreduce refuses a negative, a partial and an unallocat
   CHECK_FALSE(has(huge, "bad_alloc"));
 }
 
+TEST_CASE("troupe bench ddp refuses a model it does not have, naming the two it has") {
+  auto unknown = run(kTroupe + " bench ddp --world 1 --model resnet --steps 1");
+  INFO(unknown.text);
+  CHECK(unknown.status != 0);
+  CHECK(has(unknown, "--model 'resnet' (expected mlp or cnn)"));
+}
+
 TEST_CASE("floating and integer flags name the flag, the value and the range") {
   auto nan_lr = run(kFashionMnist + " --lr nan");
   INFO(nan_lr.text);
