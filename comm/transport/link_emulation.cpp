@@ -310,6 +310,10 @@ void EmulatedTransport::recv(int peer, Tag tag, void* data, size_t bytes, Callba
   impl_->inner->recv(peer, tag, data, bytes, std::move(done));
 }
 
+std::string EmulatedTransport::survive_peer_loss(uint32_t key_prefix) {
+  return impl_->inner->survive_peer_loss(key_prefix);
+}
+
 bool EmulatedTransport::can_probe() const { return impl_->inner->can_probe(); }
 
 void EmulatedTransport::probe(int peer, Callback done) {

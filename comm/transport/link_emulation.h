@@ -84,6 +84,8 @@ class EmulatedTransport final : public Transport {
   void send(int peer, Tag tag, const void* data, size_t bytes, Callback done) override;
   void recv(int peer, Tag tag, void* data, size_t bytes, Callback done) override;
   void fail_peer(int peer, const std::string& reason) override;
+  /// Forwarded to `inner`.
+  std::string survive_peer_loss(uint32_t key_prefix) override;
   /// Probes go to `inner` unshaped: they ask whether the peer is there, not how fast.
   bool can_probe() const override;
   void probe(int peer, Callback done) override;

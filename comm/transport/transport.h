@@ -53,6 +53,17 @@ class Transport {
   /// later one. Called when the directory reports a lost rank, or when an operation times out.
   virtual void fail_peer(int peer, const std::string& reason) = 0;
 
+  /// Asks that the messages of one module (`key_prefix`: tags::module_prefix(id)) go on reaching
+  /// this rank after another rank dies in the middle of a send, for a module that goes on without
+  /// its dead peers (gossip). Call it on every rank after the transport is connected and before
+  /// the module's first message; it holds for the transport's life. Returns an empty string when
+  /// that is so (always here: ranks that are threads of one process die together), otherwise why
+  /// it cannot be, for a warning.
+  virtual std::string survive_peer_loss(uint32_t key_prefix) {
+    (void)key_prefix;
+    return {};
+  }
+
   /// True when probe() can ask a peer for a sign of life (UCX); false by default (inproc: ranks
   /// are threads of one process, nothing to cut between them).
   virtual bool can_probe() const { return false; }

@@ -45,9 +45,11 @@ struct AsynchronousModule::Impl {
         algorithm(std::move(algo)),
         options(opts),
         wrapped(module.get(), "AsynchronousModule"),
-        flat(runtime, std::move(module), std::move(what), opts.broadcast_parameters),
+        flat(runtime, std::move(module), what, opts.broadcast_parameters),
         key_prefix(id.key_prefix()),
-        pending(flat.count(), 0.0f) {}
+        pending(flat.count(), 0.0f) {
+    gossip::survive_peer_loss(runtime, key_prefix, what);
+  }
 
   // The background rounds' results waiting to land in the weights (see land()), whether there
   // are any, and the generation of the weights (a new one when reattach() replaced them); all

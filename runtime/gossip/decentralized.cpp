@@ -87,6 +87,7 @@ struct DecentralizedModule::Impl {
         rank(runtime.rank()) {
     const bool dpsgd = std::holds_alternative<Decentralized>(algorithm);
     if (!flat.on_cuda()) {
+      gossip::survive_peer_loss(runtime, key_prefix, what);
       path = "cpu";
       links = std::make_unique<actors::GossipLinks>(detail::actor_system(runtime), transport,
                                                     key_prefix);
@@ -99,6 +100,7 @@ struct DecentralizedModule::Impl {
     if (over_nccl) {
       nccl = std::make_unique<gossip::NcclGossip>(runtime, flat.device(), options.timeout);
     } else {
+      gossip::survive_peer_loss(runtime, key_prefix, what);
       links = std::make_unique<actors::GossipLinks>(detail::actor_system(runtime), transport,
                                                     key_prefix);
     }

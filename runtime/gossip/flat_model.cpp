@@ -2,9 +2,21 @@
 
 #include <torch/torch.h>
 
+#include <iostream>
+
+#include "comm/transport/transport.h"
 #include "runtime/model_check.h"
 
 namespace troupe::gossip {
+
+void survive_peer_loss(Runtime& runtime, uint32_t key_prefix, const std::string& what) {
+  auto transport = runtime.transport();
+  if (!transport) return;
+  const std::string gap = transport->survive_peer_loss(key_prefix);
+  if (!gap.empty() && runtime.rank() == 0)
+    std::cerr << "troupe: " << what << ": a neighbour that dies may leave this job's other ranks "
+              << "unable to hear each other: " << gap << "\n";
+}
 
 FlatModel::FlatModel(Runtime& runtime, std::shared_ptr<torch::nn::Module> module, std::string what,
                      bool broadcast)

@@ -25,6 +25,12 @@
 
 namespace troupe::gossip {
 
+/// Asks the Runtime's transport to carry the messages of the module with `key_prefix` so that a
+/// neighbour's death cannot silence the others (comm::Transport::survive_peer_loss): a gossip
+/// module goes on without its dead neighbours. Where the transport cannot, rank 0 warns on stderr,
+/// naming `what` and the reason.
+void survive_peer_loss(Runtime& runtime, uint32_t key_prefix, const std::string& what);
+
 class FlatModel {
  public:
   /// A collective: checks that every rank has the same parameters (names, shapes; all float32,

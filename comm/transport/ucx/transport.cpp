@@ -33,7 +33,10 @@ using Clock = std::chrono::steady_clock;
 constexpr int kRankBits = 64 - kTagBits;
 constexpr int kMaxWorldSize = 1 << kRankBits;
 constexpr ucp_tag_t kFullTagMask = ~ucp_tag_t{0};
-constexpr const char* kSingleHostTls = "posix,sysv,self";
+// tcp rides along only for the endpoints of modules that go on after a peer dies
+// (survive_peer_loss); UCX_MAX_RNDV_LANES=0 keeps it off every other endpoint, whose lanes stay
+// shared memory alone (with tcp it would take their rendezvous).
+constexpr const char* kSingleHostTls = "posix,sysv,tcp,self";
 // Across hosts, UCX's default sends every message above 8 KiB over tcp by rendezvous (a request,
 // then the data once the receiver answers): a round trip per message, which held a 4-host ring
 // allreduce at 1 Gbit/s to ~90% of the line rate's bound; eager messages reached 94-95%, as gloo
@@ -82,6 +85,47 @@ struct Command {
   std::function<void()> task;
 };
 
+// The UCX transports a context found ("posix", "sysv", "tcp", ...), in its order.
+std::vector<std::string> resource_names(ucp_context_h context) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = ::open_memstream(&text, &size);
+  if (stream == nullptr)
+    throw Error(std::string("UcxTransport: open_memstream failed: ") + std::strerror(errno));
+  ucp_context_print_info(context, stream);
+  std::fclose(stream);
+  std::string info(text, size);
+  std::free(text);
+  // Lines read "#      resource 1  :  md 1  dev 1  flags -- tcp/lo": keep the names before '/'.
+  std::vector<std::string> names;
+  std::istringstream lines(info);
+  std::string line;
+  while (std::getline(lines, line)) {
+    size_t slash = line.rfind('/');
+    size_t space = slash == std::string::npos ? slash : line.rfind(' ', slash);
+    if (line.find("resource") == std::string::npos || space == std::string::npos) continue;
+    std::string name = line.substr(space + 1, slash - space - 1);
+    if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
+// Whether an endpoint's lanes (lanes_of) include one of UCX's shared-memory FIFOs (the mm
+// transports). Each receiving worker has one such FIFO, filled by every sender in turn and read in
+// order: a sender that dies between taking an element and marking it written (UCX's mm transports
+// have no peer-failure handling) leaves the receiver waiting on that element for good, deaf to
+// every other sender on the host. Other transports (tcp, cma, self) keep no state between peers.
+bool shares_fifo(const std::string& lanes) {
+  std::istringstream words(lanes);
+  for (std::string word; words >> word;) {
+    const std::string name = word.substr(0, word.find('/'));
+    if (name == "posix" || name == "sysv" || name == "xpmem") return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 struct UcxWorker::Handles {
@@ -105,6 +149,7 @@ UcxWorker::UcxWorker(bool single_host, int estimated_peers) : handles_(std::make
   // messages ~1.5x faster here than UCX's default (which adds cma); UCX_TLS, when set, wins.
   if (single_host && std::getenv("UCX_TLS") == nullptr) {
     check_ucx("ucp_config_modify", ucp_config_modify(config, "TLS", kSingleHostTls));
+    check_ucx("ucp_config_modify", ucp_config_modify(config, "MAX_RNDV_LANES", "0"));
     h.single_host_tls = true;
   }
   if (!single_host && std::getenv("UCX_RNDV_THRESH") == nullptr)
@@ -172,18 +217,31 @@ struct UcxTransport::Impl {
   std::vector<std::unordered_set<Op*>> pending_;      // per peer: posted, not yet finished
   std::vector<Op*> completed_;                        // called back by UCX, not yet processed
   std::vector<uint64_t> probe_in_;  // per peer: the buffer of its standing probe receive
+  // Modules that go on after a peer dies (survive_peer_loss): their sends to a peer whose
+  // endpoint shares a FIFO go through a second endpoint in UCX's peer-failure mode (tcp), made
+  // on the first such request. Bit m: module m.
+  std::vector<std::string> addresses_;  // as connect() got them
+  uint32_t robust_modules_ = 0;
+  bool robust_made_ = false;
+  std::vector<ucp_ep_h> robust_eps_;
+  std::string robust_gap_;  // why some peer has no such endpoint; empty when none lacks one
+  std::vector<std::pair<ucp_ep_h, ucs_status_t>> broken_;  // endpoints UCX reported failed
   uint64_t probes_sent_ = 0;
   size_t in_flight_ = 0;  // operations posted to UCX whose callback has not run
   bool shutting_down_ = false;
   bool destroying_ = false;
 
   Impl(int rank, int world_size, UcxTransport::Progress progress)
-      : rank_(rank), world_size_(world_size), progress_(progress), eps_(world_size),
+      : rank_(rank),
+        world_size_(world_size),
+        progress_(progress),
+        eps_(world_size),
         paths_(world_size),
         protocols_(world_size),
         dead_(world_size),
         pending_(world_size),
-        probe_in_(world_size) {}
+        probe_in_(world_size),
+        robust_eps_(world_size) {}
 
   ~Impl() {
     if (thread_.joinable()) {
@@ -267,6 +325,7 @@ struct UcxTransport::Impl {
         last_event = Clock::now();
       }
       if (ucp_worker_progress(worker_) != 0) last_event = Clock::now();
+      if (!broken_.empty()) close_broken();
       if (!completed_.empty()) process_completions();
       if (Clock::now() - last_event < progress_.spin) {
         // On few cores the thread that waits for our completions may share this core: let it run.
@@ -370,8 +429,8 @@ struct UcxTransport::Impl {
     ucs_status_ptr_t result;
     if (op->kind == Op::Kind::send) {
       param.cb.send = &on_send_done;
-      result = ucp_tag_send_nbx(eps_[op->peer], op->data, op->bytes, wire_tag(rank_, op->tag),
-                                &param);
+      result = ucp_tag_send_nbx(endpoint_for(op->peer, op->tag), op->data, op->bytes,
+                                wire_tag(rank_, op->tag), &param);
     } else {
       // UCX 1.13 leaves recv_info.tag_info unfilled when an unexpected eager message completes
       // the receive inside the call, so the length check would be blind: have UCX call back.
@@ -390,6 +449,14 @@ struct UcxTransport::Impl {
     op->ucx_status = UCS_PTR_STATUS(result);
     finish(op, outcome(*op));
     ops_.erase(op);
+  }
+
+  ucp_ep_h endpoint_for(int peer, Tag tag) const {
+    const uint32_t module =
+        static_cast<uint32_t>(tag >> (tags::kSubBits + tags::kModuleShift)) & tags::kModuleMask;
+    if (robust_eps_[peer] != nullptr && (robust_modules_ >> module & 1u) != 0)
+      return robust_eps_[peer];
+    return eps_[peer];
   }
 
   static void on_send_done(void* request, ucs_status_t status, void* user_data) {
@@ -454,6 +521,7 @@ struct UcxTransport::Impl {
   }
 
   void connect_all(const std::vector<std::string>& addresses) {
+    addresses_ = addresses;
     for (int r = 0; r < world_size_; ++r) {
       if (eps_[r] != nullptr) throw Error("UcxTransport::connect: already connected to rank " +
                                           std::to_string(r), r);
@@ -484,6 +552,73 @@ struct UcxTransport::Impl {
     }
     for (int r = 0; r < world_size_; ++r)
       if (r != rank_) answer_probes(r);
+  }
+
+  // ---- modules that survive a peer's death (survive_peer_loss), on the progress thread ----
+
+  // Marks `module`'s sends for the peer-failure endpoints, making them on the first call: one to
+  // each peer whose endpoint shares a FIFO. Returns robust_gap_.
+  std::string survive_peer_loss_now(uint32_t module) {
+    if (addresses_.empty())
+      throw Error("UcxTransport::survive_peer_loss: not connected (call connect() first)");
+    robust_modules_ |= 1u << module;
+    if (robust_made_) return robust_gap_;
+    robust_made_ = true;
+    std::vector<int> needing;
+    for (int r = 0; r < world_size_; ++r)
+      if (r != rank_ && dead_[r].empty() && eps_[r] != nullptr && shares_fifo(paths_[r]))
+        needing.push_back(r);
+    if (needing.empty()) return robust_gap_;
+    const auto names = resource_names(context_);
+    std::string lacking, why;
+    if (std::find(names.begin(), names.end(), "tcp") == names.end()) {
+      const char* tls = std::getenv("UCX_TLS");
+      why = std::string("UCX_TLS=") + (tls != nullptr ? tls : "(unset)") +
+            " offers no transport that survives a peer's death (add tcp)";
+      for (int r : needing) lacking += (lacking.empty() ? "" : ", ") + std::to_string(r);
+    } else {
+      for (int r : needing) {
+        ucp_ep_params_t params{};
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        params.address = reinterpret_cast<const ucp_address_t*>(addresses_[r].data());
+        params.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // UCX leaves out the mm transports
+        params.err_handler.cb = &on_endpoint_error;
+        params.err_handler.arg = this;
+        ucs_status_t status = ucp_ep_create(worker_, &params, &robust_eps_[r]);
+        if (status != UCS_OK) {
+          robust_eps_[r] = nullptr;
+          lacking += (lacking.empty() ? "" : ", ") + std::to_string(r);
+          why = std::string("ucp_ep_create in peer-failure mode failed: ") +
+                ucs_status_string(status);
+        }
+      }
+    }
+    if (!lacking.empty())
+      robust_gap_ = "messages to ranks " + lacking +
+                    " go through UCX's shared-memory FIFO, which " +
+                    "a sender that dies in the middle of a send blocks for every other sender, " +
+                    "and " + why;
+    return robust_gap_;
+  }
+
+  // UCX's error handler of a peer-failure endpoint (inside ucp_worker_progress): record only.
+  static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    static_cast<Impl*>(arg)->broken_.emplace_back(ep, status);
+  }
+
+  // A peer-failure endpoint fails when its peer's process has ended (its connection reset): UCX
+  // fails what was in flight on it, and wants it closed. Later sends to that peer take its other
+  // endpoint, as every send to a dead peer did before (the directory tells who died).
+  void close_broken() {
+    while (!broken_.empty()) {
+      auto broken = std::move(broken_);
+      broken_.clear();
+      for (auto [ep, status] : broken) {
+        auto at = std::find(robust_eps_.begin(), robust_eps_.end(), ep);
+        if (at != robust_eps_.end()) close_endpoint(std::exchange(*at, nullptr));
+      }
+    }
   }
 
   // ---- reachability probes (Transport::probe), on the progress thread ----
@@ -587,9 +722,12 @@ struct UcxTransport::Impl {
   }
 
   void close_ep(int peer) {
-    ucp_ep_h ep = eps_[peer];
+    close_endpoint(std::exchange(eps_[peer], nullptr));
+    close_endpoint(std::exchange(robust_eps_[peer], nullptr));
+  }
+
+  static void close_endpoint(ucp_ep_h ep) {
     if (ep == nullptr) return;
-    eps_[peer] = nullptr;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // never waits for the peer, which may be gone
@@ -723,33 +861,14 @@ std::string UcxTransport::available_transports() {
   ucs_status_t status = ucp_init(&params, config, &context);
   ucp_config_release(config);
   check_ucx("ucp_init", status);
-
-  char* text = nullptr;
-  size_t size = 0;
-  FILE* stream = ::open_memstream(&text, &size);
-  if (stream == nullptr) {
-    ucp_cleanup(context);
-    throw Error(std::string("UcxTransport: open_memstream failed: ") + std::strerror(errno));
-  }
-  ucp_context_print_info(context, stream);
-  std::fclose(stream);
-  ucp_cleanup(context);
-  std::string info(text, size);
-  std::free(text);
-
-  // Lines read "#      resource 1  :  md 1  dev 1  flags -- tcp/lo": keep the names before '/'.
   std::vector<std::string> names;
-  std::istringstream lines(info);
-  std::string line;
-  while (std::getline(lines, line)) {
-    size_t slash = line.rfind('/');
-    size_t space = slash == std::string::npos ? slash : line.rfind(' ', slash);
-    if (line.find("resource") == std::string::npos || space == std::string::npos) continue;
-    std::string name = line.substr(space + 1, slash - space - 1);
-    if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) {
-      names.push_back(name);
-    }
+  try {
+    names = resource_names(context);
+  } catch (...) {
+    ucp_cleanup(context);
+    throw;
   }
+  ucp_cleanup(context);
   std::string joined;
   for (const std::string& name : names) joined += (joined.empty() ? "" : ", ") + name;
   return joined;
@@ -781,6 +900,27 @@ void UcxTransport::probe(int peer, Callback done) {
   impl_->submit(Command{nullptr, [impl, peer, done = std::move(done)]() mutable {
                           impl->probe_now(peer, std::move(done));
                         }});
+}
+
+std::string UcxTransport::survive_peer_loss(uint32_t key_prefix) {
+  const uint32_t module = key_prefix >> tags::kModuleShift & tags::kModuleMask;
+  auto done = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> result = done->get_future();
+  Impl* impl = impl_.get();
+  impl_->submit(Command{nullptr, [impl, module, done] {
+                          try {
+                            done->set_value(impl->survive_peer_loss_now(module));
+                          } catch (...) {
+                            done->set_exception(std::current_exception());
+                          }
+                        }});
+  if (result.wait_for(kConnectDeadline) != std::future_status::ready) {
+    throw Error(
+        "UcxTransport::survive_peer_loss: the progress thread did not make the endpoints "
+        "within " +
+        std::to_string(kConnectDeadline.count()) + " s");
+  }
+  return result.get();
 }
 
 void UcxTransport::fail_peer(int peer, const std::string& reason) {

@@ -8,10 +8,17 @@
 /// wake-up fd, so an idle rank costs no CPU.
 ///
 /// Which UCX transports carry the bytes is chosen by UCX's own environment: UCX_TLS (e.g.
-/// "sm,self" for shared memory on one host, "tcp,self" across hosts), UCX_NET_DEVICES (e.g. "eth0").
-/// Without UCX_TLS, a job whose ranks all run on one host uses "posix,sysv,self" (see below).
-/// Peer error handling is left at UCP_ERR_HANDLING_MODE_NONE because PEER mode silently disables
-/// shared memory; dead peers are detected by the directory actor instead, which calls fail_peer.
+/// "sm,self" for shared memory on one host, "tcp,self" across hosts), UCX_NET_DEVICES (e.g.
+/// "eth0"). Without UCX_TLS, a job whose ranks all run on one host uses "posix,sysv,tcp,self" (see
+/// below). Peer error handling is left at UCP_ERR_HANDLING_MODE_NONE because PEER mode silently
+/// disables shared memory; dead peers are detected by the directory actor instead, which calls
+/// fail_peer.
+///
+/// UCX's shared memory has one receive FIFO per worker, filled by every sender on the host and
+/// read in order: a sender killed between taking an element and marking it written leaves the
+/// receiver deaf to all other senders for good. Modules that go on without a dead peer (gossip)
+/// call survive_peer_loss: their sends to each peer on this host then go through a second endpoint
+/// in PEER mode, which UCX builds over tcp (loopback), whose connections are the peers' own.
 ///
 /// The wire tag is (source rank << 48) | tag, so a receive matches one peer.
 #include <chrono>
@@ -50,8 +57,9 @@ class UcxWorker {
 class UcxTransport final : public Transport {
  public:
   /// Creates the ucp context and worker and starts the progress thread. With `single_host` (every
-  /// rank on this host) and UCX_TLS unset, UCX is limited to "posix,sysv,self": shared memory
-  /// without cross-memory attach, which measured ~1.5x faster for large messages here. Without
+  /// rank on this host) and UCX_TLS unset, UCX is limited to "posix,sysv,tcp,self" with
+  /// UCX_MAX_RNDV_LANES=0: shared memory without cross-memory attach (which measured ~1.5x faster
+  /// for large messages here) for every endpoint, tcp only for survive_peer_loss's. Without
   /// `single_host` and with UCX_RNDV_THRESH unset, messages of every size are sent eagerly (no
   /// rendezvous round trip per message: 94-95% of a 1 Gbit/s ring's bound against ~90%).
   /// Throws comm::Error naming the UCX call and status when UCX cannot start.
@@ -100,6 +108,10 @@ class UcxTransport final : public Transport {
   void send(int peer, Tag tag, const void* data, size_t bytes, Callback done) override;
   void recv(int peer, Tag tag, void* data, size_t bytes, Callback done) override;
   void fail_peer(int peer, const std::string& reason) override;
+  /// The module's sends to every peer whose endpoint goes through shared memory take a second
+  /// endpoint in UCX's peer-failure mode (tcp), made on the first call; a reason when some peer
+  /// cannot have one (UCX_TLS without tcp). After connect() only: throws comm::Error before.
+  std::string survive_peer_loss(uint32_t key_prefix) override;
   /// Every rank keeps a receive posted for each peer's probes and answers each one from its
   /// progress thread, whatever its collectives are doing; after connect() only.
   bool can_probe() const override { return true; }

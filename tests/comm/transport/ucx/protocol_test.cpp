@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/tags.h"
 #include "comm/transport/ucx/transport.h"
 
 namespace troupe::comm {
@@ -67,6 +68,42 @@ TEST_CASE("across hosts ucx sends every message eagerly unless UCX_RNDV_THRESH i
     const std::string across = protocols_to_peer(/*single_host=*/false);
     INFO("across hosts, UCX_RNDV_THRESH=65536: " << across);
     CHECK(has(across, "65536..<rndv>"));
+  }
+}
+
+// On one host the endpoints go through shared memory alone (tcp, which UCX has for
+// survive_peer_loss, takes no lane of theirs); a module that must survive a peer's death gets
+// endpoints that avoid the shared FIFO, or a reason naming UCX_TLS where none can.
+TEST_CASE(
+    "on one host ucx endpoints stay in shared memory, and survive_peer_loss says when it cannot "
+    "hold") {
+  const uint32_t prefix = tags::module_prefix(3);
+  {
+    ScopedEnv tls("UCX_TLS", std::nullopt);
+    UcxTransport a(0, 2, /*single_host=*/true);
+    UcxTransport b(1, 2, /*single_host=*/true);
+    CHECK_THROWS_WITH(a.survive_peer_loss(prefix),
+                      doctest::Contains("not connected (call connect() first)"));
+    const std::vector<std::string> addresses{a.local_address(), b.local_address()};
+    a.connect(addresses);
+    b.connect(addresses);
+    const std::string lanes = a.peer_transports()[1];
+    INFO("rank 0's lanes to rank 1: " << lanes);
+    CHECK((has(lanes, "sysv/") || has(lanes, "posix/")));
+    CHECK_FALSE(has(lanes, "tcp"));
+    CHECK(a.survive_peer_loss(prefix) == "");
+    CHECK(b.survive_peer_loss(prefix) == "");
+  }
+  {
+    ScopedEnv tls("UCX_TLS", std::string("sm,self"));
+    UcxTransport a(0, 2, /*single_host=*/true);
+    UcxTransport b(1, 2, /*single_host=*/true);
+    const std::vector<std::string> addresses{a.local_address(), b.local_address()};
+    a.connect(addresses);
+    b.connect(addresses);
+    const std::string gap = a.survive_peer_loss(prefix);
+    CHECK(has(gap, "messages to ranks 1 go through UCX's shared-memory FIFO"));
+    CHECK(has(gap, "UCX_TLS=sm,self offers no transport that survives a peer's death (add tcp)"));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -529,6 +530,74 @@ TEST_CASE("a ucx receive pending from a killed process fails through fail_peer w
   job.say(1, "killed");
   job.barrier();
   check_exit_codes(job.wait(), {128 + SIGKILL, 0});
+}
+
+// On one host UCX moves messages through one shared-memory FIFO per receiver, which every sender
+// fills in turn: a sender killed between taking an element and marking it written leaves the
+// receiver stuck on that element, deaf to the others. Rank 2 floods rank 0 with gossip-sized
+// messages of a module that survives peer loss and is killed mid-stream; rank 1's messages of
+// that module must still reach rank 0. (Without survive_peer_loss 3 of 12 rounds went deaf.)
+TEST_CASE("a ucx sender killed in the middle of its sends leaves its receiver hearing the others") {
+  constexpr int kRounds = 12;
+  constexpr int kMessages = 8;
+  constexpr size_t kBytes = 2700;
+  static const uint32_t prefix = tags::module_prefix(1);
+  auto tag = [](int k) { return tags::tag_of(tags::round_key(prefix, static_cast<uint64_t>(k))); };
+  for (int round = 0; round < kRounds; ++round) {
+    CAPTURE(round);
+    ProcessJob job(
+        3,
+        [&](RankContext& ctx) {
+          UcxTransport& t = *ctx.transport;
+          const std::string gap = t.survive_peer_loss(prefix);
+          ctx.verdict.expect(gap.empty(), "survive_peer_loss: " + gap);
+          tell(ctx.to_parent, "ready");
+          if (ctx.rank == 2) {
+            std::vector<uint8_t> out(kBytes, 3);
+            std::atomic<int> in_flight{0};
+            hear(ctx.from_parent, "every rank ready");
+            tell(ctx.to_parent, "flooding");
+            for (int k = 1000;; ++k) {
+              while (in_flight.load() > 16) std::this_thread::yield();
+              in_flight.fetch_add(1);
+              t.send(0, tag(k), out.data(), out.size(),
+                     [&](const Status&) { in_flight.fetch_sub(1); });
+            }
+          }
+          if (ctx.rank == 1) {
+            hear(ctx.from_parent, "rank 2 killed");
+            std::vector<std::vector<uint8_t>> out;
+            Outcomes sent;
+            for (int k = 0; k < kMessages; ++k) out.push_back(patterned(1, tag(k), kBytes));
+            for (int k = 0; k < kMessages; ++k)
+              t.send(0, tag(k), out[k].data(), out[k].size(), sent.track());
+            ctx.verdict.expect(sent.wait_all(seconds(10)), "rank 1's sends did not complete");
+            return;
+          }
+          std::vector<std::vector<uint8_t>> in(kMessages, std::vector<uint8_t>(kBytes));
+          Outcomes heard;
+          for (int k = 0; k < kMessages; ++k)
+            t.recv(1, tag(k), in[k].data(), in[k].size(), heard.track());
+          hear(ctx.from_parent, "rank 2 killed");
+          t.fail_peer(2, "rank 2 was killed (test)");
+          ctx.verdict.expect(heard.wait_all(seconds(10)),
+                             "rank 0 did not hear rank 1 within 10 s after rank 2 was killed");
+          for (int k = 0; k < kMessages; ++k) {
+            ctx.verdict.expect(
+                heard.calls(k) == 1 && heard.status(k).ok() && intact(in[k], 1, tag(k)),
+                "message " + std::to_string(k) + " from rank 1 missing or corrupted");
+          }
+        },
+        Layout::one_host);
+    for (int r = 0; r < 3; ++r) REQUIRE(job.hear(r) == "ready");
+    job.say(2, "go");
+    CHECK(job.hear(2) == "flooding");
+    job.kill(2);
+    job.say(0, "killed");
+    job.say(1, "killed");
+    job.barrier();
+    check_exit_codes(job.wait(), {0, 0, 128 + SIGKILL});
+  }
 }
 
 TEST_CASE("a ucx probe is answered by a running peer whatever it does, never by a stopped one, and fails at once for a failed one") {
