@@ -115,6 +115,20 @@ Share share_of(size_t count, DataType type, int rank, int world) {
   return Share{lo, std::min(count, lo + share)};
 }
 
+// One block of `n` elements reduced into `acc` from every rank's copy, in rank order
+// (`source(k)`: rank k's first element of the block), then divided for an average or scaled
+// after the sum (by `factor`, when not 1): reduce_share and allreduce_private both go through it.
+template <typename Source>
+void reduce_block(char* acc, const Source& source, size_t n, DataType type, ReduceOp op,
+                  size_t world, double factor = 1.0) {
+  comm::reduce(acc, source(0), source(1), n, type, op);
+  for (size_t k = 2; k < world; ++k) comm::reduce(acc, acc, source(k), n, type, op);
+  if (op == ReduceOp::avg)
+    divide(acc, n, type, static_cast<int>(world));
+  else if (factor != 1.0)
+    scale(acc, n, type, factor);
+}
+
 }  // namespace
 
 LocalReduce LocalReduce::scaled(double scale, bool before, int world) {
@@ -217,6 +231,9 @@ void LocalAllreduce::Impl::await_peers(Flag Control::*count, uint32_t want, cons
   for (;;) {
     const uint32_t seen = me->private_bell.load(std::memory_order_acquire);
     me->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    // Not redundant beside the seq_cst increment: the loads of all_there() are acquire, outside
+    // the seq_cst order, and only a fence here pairs with publish()'s to forbid that both sides
+    // miss each other (this rank reads the old flags while the publisher reads sleepers == 0).
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const bool there = all_there();
     const auto now = Clock::now();
@@ -274,11 +291,9 @@ void LocalAllreduce::Impl::reduce_share(const Pending& op) {
         comm::reduce(acc, acc, tmp, n, op.type, ReduceOp::sum);
       }
     } else {
-      comm::reduce(acc, data[0] + at, data[1] + at, n, op.type, op.how.op);
-      for (int k = 2; k < world; ++k)
-        comm::reduce(acc, acc, data[static_cast<size_t>(k)] + at, n, op.type, op.how.op);
-      if (op.how.op == ReduceOp::avg) divide(acc, n, op.type, world);
-      else if (scaled) scale(acc, n, op.type, op.how.scale);
+      auto from = [&](size_t k) -> const char* { return data[k] + at; };
+      reduce_block(acc, from, n, op.type, op.how.op, static_cast<size_t>(world),
+                   scaled ? op.how.scale : 1.0);
     }
     for (int k = 0; k < world; ++k) std::memcpy(data[static_cast<size_t>(k)] + at, acc, n * elem);
   }
@@ -528,9 +543,7 @@ void LocalAllreduce::allreduce_private(void* data, size_t count, DataType type, 
       auto from = [&](size_t k) -> const char* {
         return k == me ? own + i * elem : slot_of(k, c) + i * elem;
       };
-      comm::reduce(acc, from(0), from(1), b, type, op);
-      for (size_t k = 2; k < world; ++k) comm::reduce(acc, acc, from(k), b, type, op);
-      if (op == ReduceOp::avg) divide(acc, b, type, m.world);
+      reduce_block(acc, from, b, type, op, world);
       std::memcpy(own + i * elem, acc, b * elem);
       std::memcpy(slot_of(me, c) + i * elem, acc, b * elem);
     }
