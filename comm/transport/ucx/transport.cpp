@@ -43,6 +43,9 @@ constexpr const char* kSingleHostTls = "posix,sysv,tcp,self";
 // (docs/benchmarks.md, "Eager messages across hosts"). UCX_RNDV_THRESH, when set, wins.
 constexpr const char* kAcrossHostsRndvThresh = "inf";
 constexpr auto kIdleWait = std::chrono::milliseconds(100);
+// The longest sleep with operations in flight when none goes through shared memory (as across
+// hosts: UcxTransport::progress_for(false)).
+constexpr auto kUnpolledBusyWait = std::chrono::microseconds(250);
 constexpr auto kConnectDeadline = std::chrono::seconds(30);
 const char* const kShutDown = "transport shut down";
 
@@ -72,6 +75,9 @@ struct Op {
   // A standing receive (the answerer of a peer's probes): not counted in in_flight_, so that an
   // idle rank still sleeps kIdleWait instead of polling for a message that may never come.
   bool standing = false;
+  // Its message may come or go through a shared-memory FIFO, which UCX does not always signal on
+  // its fd: worth polling for (see run()).
+  bool polled = false;
 
   std::string describe() const {
     return std::string("ucx ") + (kind == Kind::send ? "send to" : "recv from") + " rank " +
@@ -228,6 +234,8 @@ struct UcxTransport::Impl {
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> broken_;  // endpoints UCX reported failed
   uint64_t probes_sent_ = 0;
   size_t in_flight_ = 0;  // operations posted to UCX whose callback has not run
+  size_t polled_in_flight_ = 0;  // those of them that are `polled`
+  std::vector<char> fifo_;       // per peer: its endpoint shares a FIFO (shares_fifo)
   bool shutting_down_ = false;
   bool destroying_ = false;
 
@@ -327,7 +335,12 @@ struct UcxTransport::Impl {
       if (ucp_worker_progress(worker_) != 0) last_event = Clock::now();
       if (!broken_.empty()) close_broken();
       if (!completed_.empty()) process_completions();
-      if (Clock::now() - last_event < progress_.spin) {
+      // Polling pays only for shared memory. Once a module rides the peer-failure endpoints
+      // (tcp), the thread polls only while an operation through a FIFO is in flight: tcp wakes
+      // it through the fd, and beside busy processes each sched_yield gives the core away for a
+      // scheduler tick (docs/benchmarks.md, "One host beside busy processes").
+      const bool poll = !robust_made_ || polled_in_flight_ > 0;
+      if (poll && Clock::now() - last_event < progress_.spin) {
         // On few cores the thread that waits for our completions may share this core: let it run.
         sched_yield();
         continue;
@@ -342,8 +355,8 @@ struct UcxTransport::Impl {
         sleeping_ = true;
       }
       epoll_event events[2];
-      int woken =
-          wait_events(events, 2, status == UCS_OK && !in_flight ? kIdleWait : progress_.busy_wait);
+      const auto busy_wait = poll ? progress_.busy_wait : kUnpolledBusyWait;
+      int woken = wait_events(events, 2, status == UCS_OK && !in_flight ? kIdleWait : busy_wait);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         sleeping_ = false;
@@ -422,6 +435,8 @@ struct UcxTransport::Impl {
     ops_.emplace(op, std::move(owned));
     pending_[op->peer].insert(op);
     if (!op->standing) ++in_flight_;
+    op->polled = !op->standing && through_fifo(op->peer, op->tag);
+    if (op->polled) ++polled_in_flight_;
 
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -451,12 +466,20 @@ struct UcxTransport::Impl {
     ops_.erase(op);
   }
 
-  ucp_ep_h endpoint_for(int peer, Tag tag) const {
+  bool robust_route(int peer, Tag tag) const {
     const uint32_t module =
         static_cast<uint32_t>(tag >> (tags::kSubBits + tags::kModuleShift)) & tags::kModuleMask;
-    if (robust_eps_[peer] != nullptr && (robust_modules_ >> module & 1u) != 0)
-      return robust_eps_[peer];
-    return eps_[peer];
+    return robust_eps_[peer] != nullptr && (robust_modules_ >> module & 1u) != 0;
+  }
+
+  ucp_ep_h endpoint_for(int peer, Tag tag) const {
+    return robust_route(peer, tag) ? robust_eps_[peer] : eps_[peer];
+  }
+
+  // Whether an operation's message goes through a shared-memory FIFO: a send by its endpoint, a
+  // receive by the endpoint the peer sends it through (every rank registers the same modules).
+  bool through_fifo(int peer, Tag tag) const {
+    return fifo_.empty() || (fifo_[peer] != 0 && !robust_route(peer, tag));
   }
 
   static void on_send_done(void* request, ucs_status_t status, void* user_data) {
@@ -516,6 +539,7 @@ struct UcxTransport::Impl {
     op->finished = true;
     pending_[op->peer].erase(op);
     if (!op->standing) --in_flight_;
+    if (op->polled) --polled_in_flight_;
     Callback done = std::move(op->done);
     if (done) done(status);
   }
@@ -548,6 +572,8 @@ struct UcxTransport::Impl {
       }
       const std::string info = print_info(eps_[r]);
       paths_[r] = lanes_of(info);
+      fifo_.resize(world_size_, 1);
+      fifo_[r] = shares_fifo(paths_[r]) ? 1 : 0;
       protocols_[r] = tag_send_protocols(info);
     }
     for (int r = 0; r < world_size_; ++r)

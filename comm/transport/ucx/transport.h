@@ -4,8 +4,9 @@
 /// One progress thread owns the ucp worker (UCX workers are single-threaded): callers submit
 /// operations through a lock-protected queue and wake the thread through an eventfd; the thread
 /// polls ucp_worker_progress for a while after each event (only when every rank is on this host,
-/// progress_for()) and otherwise sleeps in epoll on the worker's event fd (ucp_worker_arm) and the
-/// wake-up fd, so an idle rank costs no CPU.
+/// progress_for(), and once a module has called survive_peer_loss only while an operation through
+/// shared memory is in flight) and otherwise sleeps in epoll on the worker's event fd
+/// (ucp_worker_arm) and the wake-up fd, so an idle rank costs no CPU.
 ///
 /// Which UCX transports carry the bytes is chosen by UCX's own environment: UCX_TLS (e.g.
 /// "sm,self" for shared memory on one host, "tcp,self" across hosts), UCX_NET_DEVICES (e.g.
