@@ -545,13 +545,14 @@ struct UcxTransport::Impl {
   }
 
   void connect_all(const std::vector<std::string>& addresses) {
-    addresses_ = addresses;
     for (int r = 0; r < world_size_; ++r) {
       if (eps_[r] != nullptr) throw Error("UcxTransport::connect: already connected to rank " +
                                           std::to_string(r), r);
       if (addresses[r].empty()) throw Error("UcxTransport::connect: address of rank " +
                                             std::to_string(r) + " is empty", r);
     }
+    addresses_ = addresses;
+    fifo_.assign(world_size_, 1);  // until each endpoint's lanes are known
     for (int r = 0; r < world_size_; ++r) {
       ucp_ep_params_t params{};
       params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -572,7 +573,6 @@ struct UcxTransport::Impl {
       }
       const std::string info = print_info(eps_[r]);
       paths_[r] = lanes_of(info);
-      fifo_.resize(world_size_, 1);
       fifo_[r] = shares_fifo(paths_[r]) ? 1 : 0;
       protocols_[r] = tag_send_protocols(info);
     }
