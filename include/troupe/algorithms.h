@@ -2,8 +2,8 @@
 /// The communication algorithms, as plain structs: the bucket algorithms of DistributedModule
 /// (GradientAllReduce, HalfPrecision, ByteGrad, Int4Quantization, SignCompression, Sparsification,
 /// PowerSGD), the decentralized and asynchronous ones (Decentralized, LowPrecisionDecentralized,
-/// AsyncModelAverage, AsyncGossip), the local-update ones (DiLoCo, SparseLoCo), and JobAlgorithm,
-/// any one of them.
+/// AsyncModelAverage, AsyncGossip), the local-update ones (DiLoCo, StreamingDiLoCo, SparseLoCo),
+/// and JobAlgorithm, any one of them.
 #include "comm/compression/algorithms.h"
 #include "runtime/gossip/algorithms.h"
 #include "runtime/job_algorithm.h"
