@@ -1,7 +1,6 @@
 #include "comm/transport/ucx/transport.h"
 
 #include <sched.h>
-
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
@@ -21,6 +20,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -303,6 +303,31 @@ struct UcxTransport::Impl {
       sleeping_ = false;
     }
     if (wake_now) wake();
+  }
+
+  // Runs `task` on the progress thread (which owns the worker) and returns its result or
+  // rethrows its exception; throws naming `caller` and what it waited for after kConnectDeadline.
+  template <typename Task>
+  auto call(const char* caller, const char* waiting_for, Task task) -> decltype(task()) {
+    using Result = decltype(task());
+    auto done = std::make_shared<std::promise<Result>>();
+    std::future<Result> result = done->get_future();
+    submit(Command{nullptr, [task = std::move(task), done]() mutable {
+                     try {
+                       if constexpr (std::is_void_v<Result>) {
+                         task();
+                         done->set_value();
+                       } else {
+                         done->set_value(task());
+                       }
+                     } catch (...) {
+                       done->set_exception(std::current_exception());
+                     }
+                   }});
+    if (result.wait_for(kConnectDeadline) != std::future_status::ready)
+      throw Error(std::string(caller) + ": the progress thread did not " + waiting_for +
+                  " within " + std::to_string(kConnectDeadline.count()) + " s");
+    return result.get();
   }
 
   void wake() {
@@ -849,22 +874,9 @@ void UcxTransport::connect(const std::vector<std::string>& addresses) {
     throw Error("UcxTransport::connect: got " + std::to_string(addresses.size()) +
                 " addresses, expected world_size " + std::to_string(impl_->world_size_));
   }
-  auto done = std::make_shared<std::promise<void>>();
-  std::future<void> result = done->get_future();
   Impl* impl = impl_.get();
-  impl_->submit(Command{nullptr, [impl, addresses, done] {
-                          try {
-                            impl->connect_all(addresses);
-                            done->set_value();
-                          } catch (...) {
-                            done->set_exception(std::current_exception());
-                          }
-                        }});
-  if (result.wait_for(kConnectDeadline) != std::future_status::ready) {
-    throw Error("UcxTransport::connect: the progress thread did not create the endpoints within " +
-                std::to_string(kConnectDeadline.count()) + " s");
-  }
-  result.get();
+  impl_->call("UcxTransport::connect", "create the endpoints",
+              [impl, addresses] { impl->connect_all(addresses); });
 }
 
 std::vector<std::string> UcxTransport::peer_transports() const {
@@ -930,23 +942,9 @@ void UcxTransport::probe(int peer, Callback done) {
 
 std::string UcxTransport::survive_peer_loss(uint32_t key_prefix) {
   const uint32_t module = key_prefix >> tags::kModuleShift & tags::kModuleMask;
-  auto done = std::make_shared<std::promise<std::string>>();
-  std::future<std::string> result = done->get_future();
   Impl* impl = impl_.get();
-  impl_->submit(Command{nullptr, [impl, module, done] {
-                          try {
-                            done->set_value(impl->survive_peer_loss_now(module));
-                          } catch (...) {
-                            done->set_exception(std::current_exception());
-                          }
-                        }});
-  if (result.wait_for(kConnectDeadline) != std::future_status::ready) {
-    throw Error(
-        "UcxTransport::survive_peer_loss: the progress thread did not make the endpoints "
-        "within " +
-        std::to_string(kConnectDeadline.count()) + " s");
-  }
-  return result.get();
+  return impl_->call("UcxTransport::survive_peer_loss", "make the endpoints",
+                     [impl, module] { return impl->survive_peer_loss_now(module); });
 }
 
 void UcxTransport::fail_peer(int peer, const std::string& reason) {
