@@ -87,10 +87,8 @@ struct DecentralizedModule::Impl {
         rank(runtime.rank()) {
     const bool dpsgd = std::holds_alternative<Decentralized>(algorithm);
     if (!flat.on_cuda()) {
-      gossip::survive_peer_loss(runtime, key_prefix, what);
       path = "cpu";
-      links = std::make_unique<actors::GossipLinks>(detail::actor_system(runtime), transport,
-                                                    key_prefix);
+      start_links(what);
       return;
     }
     const bool over_nccl = dpsgd && runtime.nccl_available() && !options.stage_through_host;
@@ -100,10 +98,15 @@ struct DecentralizedModule::Impl {
     if (over_nccl) {
       nccl = std::make_unique<gossip::NcclGossip>(runtime, flat.device(), options.timeout);
     } else {
-      gossip::survive_peer_loss(runtime, key_prefix, what);
-      links = std::make_unique<actors::GossipLinks>(detail::actor_system(runtime), transport,
-                                                    key_prefix);
+      start_links(what);
     }
+  }
+
+  // The transport path: this module's messages must outlive a neighbour that dies mid-send
+  // (registered before the links send anything), then the links.
+  void start_links(const std::string& what) {
+    gossip::survive_peer_loss(rt, key_prefix, what);
+    links = std::make_unique<actors::GossipLinks>(detail::actor_system(rt), transport, key_prefix);
   }
 
   std::string name() const {
