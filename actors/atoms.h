@@ -68,7 +68,8 @@ using progress_atom = caf::atom_constant<caf::atom("progress")>;
 /// the reduction waits for.
 using bucket_state_atom = caf::atom_constant<caf::atom("bstate")>;
 /// (await_atom, step, stall_ms) -> (step_done_atom, step, ok, error): wake me when every bucket of
-/// the step is done.
+/// the step is done. (await_atom, step, stall_ms, buckets): when those buckets of it are done (the
+/// step stays open for later waits).
 using await_atom = caf::atom_constant<caf::atom("await")>;
 /// (step_done_atom, step, ok, error): the reducer's answer to await_atom: every bucket of `step`
 /// is done (ok), or one failed or the step stalled (error says which and why).

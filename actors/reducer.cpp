@@ -1,7 +1,7 @@
 #include "actors/reducer.h"
 
+#include <algorithm>
 #include <caf/all.hpp>
-
 #include <chrono>
 #include <map>
 
@@ -18,6 +18,8 @@ struct StepState {
   std::vector<bool> finished;
   std::string failure;
   caf::response_promise waiter;
+  // The buckets the waiter waits for; empty: all of them (the step ends with that answer).
+  std::vector<int> wanted;
   Clock::time_point since;  // when the waiter came
   int64_t stall_ms = 0;
   bool stalled = false;
@@ -51,19 +53,29 @@ std::string describe(Reducer* self, int bucket) {
   return s + ")";
 }
 
+bool wanted_done(const StepState& s, int buckets) {
+  if (s.wanted.empty()) return s.done == buckets;
+  for (int b : s.wanted)
+    if (!s.finished[static_cast<size_t>(b)]) return false;
+  return true;
+}
+
 void deliver_if_ready(Reducer* self, uint32_t step) {
   auto it = self->state.steps.find(step);
   if (it == self->state.steps.end()) return;
   auto& s = it->second;
   if (!s.waiter.pending()) return;
-  if (!s.failure.empty()) {
-    s.waiter.deliver(step_done_atom::value, step, false, s.failure);
-  } else if (s.done == self->state.buckets) {
-    s.waiter.deliver(step_done_atom::value, step, true, std::string{});
+  const bool ok = s.failure.empty();
+  if (ok && !wanted_done(s, self->state.buckets)) return;
+  s.waiter.deliver(step_done_atom::value, step, ok, s.failure);
+  // A wait for some of the buckets leaves the step (and a failure) for the waits that follow.
+  if (s.wanted.empty()) {
+    self->state.steps.erase(it);
   } else {
-    return;
+    s.waiter = caf::response_promise{};
+    s.wanted.clear();
+    s.stalled = false;
   }
-  self->state.steps.erase(it);
 }
 
 std::string list(const std::vector<int>& ranks) {
@@ -88,8 +100,10 @@ void report_stall(Reducer* self, uint32_t step) {
     jt->second.failure = *report;
     deliver_if_ready(self, step);
   };
+  const auto& wanted = it->second.wanted;
   for (int b = 0; b < self->state.buckets; ++b) {
     if (it->second.finished[static_cast<size_t>(b)]) continue;
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), b) == wanted.end()) continue;
     ++*pending;
     self->request(self->state.handles[static_cast<size_t>(b)], std::chrono::seconds(2),
                   progress_atom::value)
@@ -120,6 +134,33 @@ void arm_stall_timer(Reducer* self, std::chrono::milliseconds after) {
   self->delayed_send(self, after, stall_atom::value);
 }
 
+// A waiter for `wanted` of the buckets of `step` (empty: all, which ends the step).
+caf::result<step_done_atom, uint32_t, bool, std::string> await(Reducer* self, uint32_t step,
+                                                               int64_t stall_ms,
+                                                               std::vector<int> wanted) {
+  for (int b : wanted)
+    if (b < 0 || b >= self->state.buckets)
+      return {step_done_atom::value, step, false,
+              "step " + std::to_string(step) + ": no bucket " + std::to_string(b) +
+                  " (expected 0 to " + std::to_string(self->state.buckets - 1) + ")"};
+  auto& s = step_state(self, step);
+  s.wanted = std::move(wanted);
+  if (!s.failure.empty() || wanted_done(s, self->state.buckets)) {
+    const bool ok = s.failure.empty();
+    std::string failure = s.failure;
+    if (s.wanted.empty())
+      self->state.steps.erase(step);
+    else
+      s.wanted.clear();
+    return {step_done_atom::value, step, ok, failure};
+  }
+  s.waiter = self->make_response_promise();
+  s.since = Clock::now();
+  s.stall_ms = stall_ms;
+  arm_stall_timer(self, std::chrono::milliseconds(stall_ms));
+  return caf::delegated<step_done_atom, uint32_t, bool, std::string>{};
+}
+
 caf::behavior reducer(Reducer* self, int buckets) {
   self->state.buckets = buckets;
   return {
@@ -129,8 +170,7 @@ caf::behavior reducer(Reducer* self, int buckets) {
         self->state.names = names;
         self->state.expected = expected;
       },
-      [self](bucket_done_atom, int index, uint32_t step, bool ok, const std::string& error,
-             int) {
+      [self](bucket_done_atom, int index, uint32_t step, bool ok, const std::string& error, int) {
         auto& s = step_state(self, step);
         if (s.finished[static_cast<size_t>(index)]) return;
         s.finished[static_cast<size_t>(index)] = true;
@@ -142,18 +182,11 @@ caf::behavior reducer(Reducer* self, int buckets) {
       },
       [self](await_atom, uint32_t step,
              int64_t stall_ms) -> caf::result<step_done_atom, uint32_t, bool, std::string> {
-        auto& s = step_state(self, step);
-        if (!s.failure.empty() || s.done == self->state.buckets) {
-          bool ok = s.failure.empty();
-          std::string failure = s.failure;
-          self->state.steps.erase(step);
-          return {step_done_atom::value, step, ok, failure};
-        }
-        s.waiter = self->make_response_promise();
-        s.since = Clock::now();
-        s.stall_ms = stall_ms;
-        arm_stall_timer(self, std::chrono::milliseconds(stall_ms));
-        return caf::delegated<step_done_atom, uint32_t, bool, std::string>{};
+        return await(self, step, stall_ms, {});
+      },
+      [self](await_atom, uint32_t step, int64_t stall_ms, const std::vector<int>& buckets)
+          -> caf::result<step_done_atom, uint32_t, bool, std::string> {
+        return await(self, step, stall_ms, buckets);
       },
       [self](stall_atom) {
         self->state.timer_armed = false;
@@ -163,8 +196,10 @@ caf::behavior reducer(Reducer* self, int buckets) {
         for (auto& [step, s] : self->state.steps) {
           if (!s.waiter.pending() || s.stalled) continue;
           const auto due = s.since + std::chrono::milliseconds(s.stall_ms);
-          if (now >= due) stalled.push_back(step);
-          else next = std::min(next, due - now);
+          if (now >= due)
+            stalled.push_back(step);
+          else
+            next = std::min(next, due - now);
         }
         if (next != Clock::duration::max())
           arm_stall_timer(self, std::chrono::ceil<std::chrono::milliseconds>(next));

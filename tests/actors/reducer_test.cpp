@@ -30,6 +30,12 @@ caf::behavior trainer(caf::event_based_actor* self, caf::actor reducer,
               out->push_back({s, ok, error});
             });
       },
+      [=](actors::await_atom, uint32_t step, int64_t stall_ms, const std::vector<int>& buckets) {
+        self->request(reducer, caf::infinite, actors::await_atom::value, step, stall_ms, buckets)
+            .then([out](actors::step_done_atom, uint32_t s, bool ok, const std::string& error) {
+              out->push_back({s, ok, error});
+            });
+      },
   };
 }
 
@@ -62,6 +68,9 @@ struct Fixture {
   }
   void await(uint32_t step, int64_t stall_ms = 60000) {
     caf::anon_send(asker, actors::await_atom::value, step, stall_ms);
+  }
+  void await_some(uint32_t step, std::vector<int> buckets, int64_t stall_ms = 60000) {
+    caf::anon_send(asker, actors::await_atom::value, step, stall_ms, std::move(buckets));
   }
 };
 
@@ -122,4 +131,47 @@ TEST_CASE("a stalled step is reported with what each unfinished bucket says of i
         "step 4 stalled: not done after 0 ms: bucket 0 (fc2.weight, fc2.bias) is reducing and "
         "waits for rank(s) 1; bucket 1 (fc1.weight, fc1.bias) never started: 1 of 2 parameters "
         "had a gradient;");
+}
+
+TEST_CASE("a wait for some buckets is answered when they are done and leaves the step open") {
+  Fixture f;
+  f.await_some(6, {1});
+  f.done(0, 6);
+  f.t.run();
+  CHECK(f.answers.empty());  // bucket 0 is not the one asked for
+  f.done(1, 6);
+  f.t.run();
+  REQUIRE(f.answers.size() == 1);
+  CHECK(f.answers[0].ok);
+  f.await_some(6, {0});  // done already: answered at once
+  f.t.run();
+  REQUIRE(f.answers.size() == 2);
+  CHECK(f.answers[1].ok);
+  f.await(6);  // the step as a whole, still known
+  f.t.run();
+  REQUIRE(f.answers.size() == 3);
+  CHECK(f.answers[2].ok);
+  f.await_some(6, {2});  // no such bucket
+  f.t.run();
+  REQUIRE(f.answers.size() == 4);
+  CHECK_FALSE(f.answers[3].ok);
+  CHECK(f.answers[3].error == "step 6: no bucket 2 (expected 0 to 1)");
+}
+
+TEST_CASE("a wait for some buckets stalls naming only them, and the failure stays for the step") {
+  Fixture f;
+  f.await_some(8, {1}, 0);
+  f.t.run();
+  f.t.fire_timers();
+  REQUIRE(f.answers.size() == 1);
+  CHECK_FALSE(f.answers[0].ok);
+  CHECK(f.answers[0].error ==
+        "step 8 stalled: not done after 0 ms: bucket 1 (fc1.weight, fc1.bias) never started: 1 "
+        "of 2 parameters had a gradient;");
+  f.done(0, 8);
+  f.done(1, 8);
+  f.await(8);
+  f.t.run();
+  REQUIRE(f.answers.size() == 2);
+  CHECK_FALSE(f.answers[1].ok);  // the stall is the step's outcome
 }
