@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <unordered_map>
 
 #include "actors/atoms.h"
 #include "actors/bucket.h"
@@ -35,7 +36,18 @@ namespace troupe {
 
 namespace {
 
-
+// DdpOptions::overlap_next_forward: the module that holds each parameter (by its TensorImpl),
+// for await_parameters(layer), and how many modules have a step still to apply (none: it
+// returns at once).
+struct OverlapRegistry {
+  std::mutex mutex;
+  std::unordered_map<const void*, DistributedModule*> owner;
+};
+OverlapRegistry& overlap_registry() {
+  static auto* registry = new OverlapRegistry;  // outlives every module, even static ones
+  return *registry;
+}
+std::atomic<int> pending_steps{0};
 
 // One span of the trace. The name is a literal (plus the bucket for a reduction), so recording
 // an event allocates nothing.
@@ -185,6 +197,25 @@ struct DistributedModule::Impl {
   std::vector<int> layout_order;
   std::vector<int64_t> layout_ready_us;
 
+  // DdpOptions::overlap_next_forward. Each parameter's index by its TensorImpl; the pre-hooks on
+  // the gradient accumulators (before_gradient); a backward pass whose reductions were launched
+  // and not yet awaited (its round); the optimizer of a step not yet applied, the buckets whose
+  // parameters it has not stepped yet, and the factor of a set_denominator() after backward;
+  // and the buckets this backward's first gradient had to step because the forward did not
+  // await them (a gradient of one of their parameters is then an error).
+  std::unordered_map<const void*, int> index_of;
+  std::vector<uintptr_t> pre_hook_keys;
+  bool in_flight = false;
+  uint32_t in_flight_round = 0;
+  torch::optim::Optimizer* deferred = nullptr;
+  std::vector<char> unstepped;
+  size_t unstepped_count = 0;
+  double deferred_scale = 1;
+  std::vector<char> late;
+  // The figures of the last deferred reduction that completed, reported by the step that
+  // completed it.
+  StepMetrics completed;
+
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
       : rt(r),
         id(r),
@@ -204,11 +235,24 @@ struct DistributedModule::Impl {
   void on_grad_ready(int index);
   void on_backward_end();
   void close_round();
+  void launch_round();
+  void finish_round();
   void launch_and_await(double by, bool fault_point = false);
   void copy_out();
   std::string describe(int index) const;
   void adopt_gradient(int index);
-  void await_step();
+  void await_round(uint32_t which, const std::vector<int>& wanted = {});
+  double rescale_factor() const;
+  bool rebuild_due() const;
+  void before_gradient(int index);
+  void defer_step(torch::optim::Optimizer& optimizer);
+  void step_buckets(const std::vector<int>& wanted);
+  void masked_step(const std::vector<int>& wanted);
+  void zero_gradients(const std::vector<int>& wanted);
+  void await_for(const std::vector<int>& indices);
+  void await_all();
+  void used_before_update(int index) const;
+  void run_step(torch::optim::Optimizer* optimizer, const std::function<void()>& optimizer_step);
   void rebuild_from_observed_order(int root);
   std::vector<torch::Tensor> state_tensors();
   void agree_on_training(bool mine);
@@ -233,6 +277,23 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
                                             const torch::autograd::variable_list&) override {
     if (auto* impl = target_->load()) impl->on_grad_ready(index_);
     return outputs;
+  }
+
+ private:
+  std::shared_ptr<std::atomic<Target*>> target_;
+  int index_;
+};
+
+// Before a gradient is accumulated (DdpOptions::overlap_next_forward): the step still to apply
+// must reach its parameter first.
+template <class Target>
+class BeforeGradientHook : public torch::autograd::FunctionPreHook {
+ public:
+  BeforeGradientHook(std::shared_ptr<std::atomic<Target*>> target, int index)
+      : target_(std::move(target)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (auto* impl = target_->load()) impl->before_gradient(index_);
+    return grads;
   }
 
  private:
@@ -279,6 +340,11 @@ void DistributedModule::Impl::check_options() {
   // From here on it is set: every wait of the step and of its path has this deadline.
   if (!opt.stall_timeout) opt.stall_timeout = detail::RuntimeAccess::collective_timeout(rt);
   const auto* sign = std::get_if<SignCompression>(&algorithm);
+  if (opt.overlap_next_forward && (opt.join || !opt.agg_grad))
+    throw comm::Error(std::string("DdpOptions.overlap_next_forward with ") +
+                      (opt.join ? "join" : "agg_grad = false") +
+                      " (expected agg_grad = true and no join: the optimizer steps each bucket's "
+                      "reduced gradients during the next forward)");
   if (opt.join && sign && sign->mode == SignMode::majority_vote)
     throw comm::Error("DdpOptions.join with " + comm::algorithm_name(algorithm) +
                       ": a joined rank's zero gradient would vote (expected another algorithm, or "
@@ -297,7 +363,13 @@ void DistributedModule::Impl::collect_parameters() {
   if (params.empty()) throw comm::Error("DistributedModule: the module has no trainable parameter");
   const bool on_cuda = std::any_of(params.begin(), params.end(),
                                    [](const torch::Tensor& p) { return p.is_cuda(); });
+  if (on_cuda && opt.overlap_next_forward)
+    throw comm::Error(
+        "DdpOptions.overlap_next_forward with CUDA parameters (expected CPU "
+        "parameters: the overlap of the next forward has not run on a GPU yet)");
   if (on_cuda) cuda = std::make_unique<CudaGradients>(params, names);
+  for (size_t i = 0; i < params.size(); ++i)
+    index_of[params[i].unsafeGetTensorImpl()] = static_cast<int>(i);
 }
 
 void DistributedModule::Impl::choose_path() {
@@ -337,6 +409,8 @@ BucketLayout DistributedModule::Impl::plan(const std::vector<int>& order_hint,
 
 void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
   buckets.clear();
+  late.assign(layout.buckets.size(), 0);
+  unstepped.assign(layout.buckets.size(), 0);
   grad_views.assign(params.size(), torch::Tensor());
   bucket_of = layout.bucket_of;
   offset_of = layout.offset_of;
@@ -510,16 +584,29 @@ void DistributedModule::Impl::on_backward_end() {
       std::find(ready.begin(), ready.end(), char{0}) != ready.end())
     return;
   try {
-    close_round();
+    std::fill(late.begin(), late.end(), 0);
+    // overlap_next_forward: the reductions go on; the next backward pass or the next forward
+    // awaits them.
+    if (opt.overlap_next_forward)
+      launch_round();
+    else
+      close_round();
   } catch (const std::exception& e) {
     round_error = e.what();
   }
 }
 
-// Ends the reductions of one backward pass: parameters without a gradient in it are filled,
-// every bucket is told to launch (one that filled already has and ignores it), the round is
-// awaited, and the buffers are brought to rank 0's (DdpOptions::broadcast_buffers).
+// Ends the reductions of one backward pass: launched, then awaited.
 void DistributedModule::Impl::close_round() {
+  launch_round();
+  finish_round();
+}
+
+// Launches the reductions of one backward pass: parameters without a gradient in it are filled,
+// and every bucket is told to launch (one that filled already has and ignores it). With
+// overlap_next_forward the buffers are brought to rank 0's here (the next forward needs them
+// before any bucket), else once the reductions are done.
+void DistributedModule::Impl::launch_round() {
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -532,22 +619,33 @@ void DistributedModule::Impl::close_round() {
     }
   }
   if (cuda) cuda->record_step();
-  const int64_t start = actors::now_us();
-  launch_and_await(bucket_denominator(), /*fault_point=*/true);
-  const int64_t end = actors::now_us();
-  wait_us += end - start;
-  if (tracing) waits.emplace_back(start, end - start);
+  actors::handoff_release();
+  const double by = bucket_denominator();
+  for (auto& bucket : buckets) caf::anon_send(bucket.actor, actors::launch_atom::value, round, by);
+  fault::at(FaultPhase::reduce, step);
+  in_flight = true;
+  in_flight_round = round++;
   if (rounds_closed++ == 0) {
     first_order = order;
     first_order_us = order_us;
   }
-  // The averaged gradients go back to the parameters' own gradients, onto which the next
-  // backward pass accumulates.
-  if (!opt.gradient_as_bucket_view) copy_out();
   std::fill(ready.begin(), ready.end(), 0);
   order.clear();
   order_us.clear();
-  if (buffers && !opt.join) buffers->broadcast(rt.comm(), 0);
+  if (buffers && !opt.join && opt.overlap_next_forward) buffers->broadcast(rt.comm(), 0);
+}
+
+// Awaits the launched backward pass: the averaged gradients go back to the parameters' own
+// gradients (onto which the next backward pass accumulates), and the buffers to rank 0's.
+void DistributedModule::Impl::finish_round() {
+  const int64_t start = actors::now_us();
+  in_flight = false;
+  await_round(in_flight_round);
+  const int64_t end = actors::now_us();
+  wait_us += end - start;
+  if (tracing) waits.emplace_back(start, end - start);
+  if (!opt.gradient_as_bucket_view) copy_out();
+  if (buffers && !opt.join && !opt.overlap_next_forward) buffers->broadcast(rt.comm(), 0);
 }
 
 // gradient_as_bucket_view = false: the buckets' gradients into the parameters' own.
@@ -568,11 +666,12 @@ void DistributedModule::Impl::launch_and_await(double by, bool fault_point) {
   actors::handoff_release();
   for (auto& bucket : buckets) caf::anon_send(bucket.actor, actors::launch_atom::value, round, by);
   if (fault_point) fault::at(FaultPhase::reduce, step);
-  await_step();
+  await_round(round);
   ++round;
 }
 
-void DistributedModule::Impl::await_step() {
+// Waits for reduction `which` of the buckets `wanted` (empty: all of them, which ends it).
+void DistributedModule::Impl::await_round(uint32_t which, const std::vector<int>& wanted) {
   caf::scoped_actor self{detail::actor_system(rt)};
   bool ok = false;
   std::string error;
@@ -581,15 +680,19 @@ void DistributedModule::Impl::await_step() {
   // timeout here would be an entry in CAF's clock that keeps this scoped actor alive until it
   // expires, whether or not the answer came (one per step, for a minute: the memory of a long
   // job grew with them); a reducer that is gone answers at once with an error.
-  self->request(reducer, caf::infinite, actors::await_atom::value, round, stall_ms)
-      .receive([&](actors::step_done_atom, uint32_t, bool k, const std::string& e) {
-                 ok = k;
-                 error = e;
-               },
-               [&](caf::error& e) {
-                 error = "step " + std::to_string(step) + ": no answer from the reducer: " +
-                         detail::actor_system(rt).render(e);
-               });
+  auto request = wanted.empty() ? self->request(reducer, caf::infinite, actors::await_atom::value,
+                                                which, stall_ms)
+                                : self->request(reducer, caf::infinite, actors::await_atom::value,
+                                                which, stall_ms, wanted);
+  std::move(request).receive(
+      [&](actors::step_done_atom, uint32_t, bool k, const std::string& e) {
+        ok = k;
+        error = e;
+      },
+      [&](caf::error& e) {
+        error = "step " + std::to_string(step) +
+                ": no answer from the reducer: " + detail::actor_system(rt).render(e);
+      });
   actors::handoff_acquire();  // the buckets' reductions (actors/handoff.h)
   // The reducer's stall report ("step N stalled: not done after T ms: ...") says where each bucket
   // stands; the user also needs to know which setting gave T.
@@ -659,16 +762,186 @@ void DistributedModule::Impl::agree_on_training(bool mine) {
 // backward), or with join by the number of ranks training. The result is linear in
 // 1/denominator for every algorithm (the error feedback memories do not depend on it) except the
 // majority vote, whose result is a sign, so a factor old / new makes it what `requested` would have given.
-bool DistributedModule::Impl::rescale_reduced() {
+double DistributedModule::Impl::rescale_factor() const {
   double want = requested;
   if (want == 0)
     want = opt.join && !opt.divide_by_initial_world_size ? training_count : denominator;
   const auto* sign = std::get_if<SignCompression>(&algorithm);
   if (want == denominator || !opt.average || (sign && sign->mode == SignMode::majority_vote))
-    return false;
+    return 1;
+  return denominator / want;
+}
+
+bool DistributedModule::Impl::rescale_reduced() {
+  const double factor = rescale_factor();
+  if (factor == 1) return false;
   torch::NoGradGuard no_grad;
-  for (auto& bucket : buckets) bucket.flat.mul_(denominator / want);
+  for (auto& bucket : buckets) bucket.flat.mul_(factor);
   return true;
+}
+
+// Whether the step in progress is followed by the bucket rebuild (the module's first step).
+bool DistributedModule::Impl::rebuild_due() const {
+  return step == first_step && !rebuilt && opt.rebuild_buckets && opt.agg_grad &&
+         opt.aggregation == Aggregation::bucket;
+}
+
+// ---- overlap_next_forward ------------------------------------------------------------------
+
+void DistributedModule::Impl::used_before_update(int index) const {
+  throw comm::Error("step " + std::to_string(step) + ": the forward used " + describe(index) +
+                    " before its update from step " + std::to_string(step - 1) +
+                    " (DdpOptions.overlap_next_forward: expected the model's forward to call "
+                    "troupe::await_parameters(layer) before each layer)");
+}
+
+// The pre-hook of a gradient's accumulation: the step still to apply must have reached the
+// parameter (its forward awaited it); what the forward did not await is stepped now, before
+// backward writes into the buckets, and a gradient of one of those parameters is an error.
+// A later backward pass of the same step awaits the reductions of the one before it.
+void DistributedModule::Impl::before_gradient(int index) {
+  const int b = bucket_of[static_cast<size_t>(index)];
+  if (late[static_cast<size_t>(b)]) used_before_update(index);
+  if (deferred) {
+    if (unstepped[static_cast<size_t>(b)]) used_before_update(index);
+    std::vector<int> rest;
+    for (size_t k = 0; k < buckets.size(); ++k)
+      if (unstepped[k]) {
+        rest.push_back(static_cast<int>(k));
+        late[k] = 1;
+      }
+    step_buckets(rest);
+  } else if (in_flight) {
+    finish_round();
+  }
+}
+
+// step(optimizer) with overlap_next_forward after the bucket rebuild: parameters the optimizer
+// holds outside this module are stepped now; this module's wait for their buckets (their
+// gradients are set to none until then, so the loop's zero_grad() cannot touch the buckets).
+void DistributedModule::Impl::defer_step(torch::optim::Optimizer& optimizer) {
+  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  bool others = false;
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params())
+      others = others || (!index_of.count(p.unsafeGetTensorImpl()) && p.grad().defined());
+  if (others) optimizer.step();
+  deferred = &optimizer;
+  unstepped.assign(buckets.size(), 1);
+  unstepped_count = buckets.size();
+  late.assign(buckets.size(), 0);
+  deferred_scale = rescale_factor();
+  pending_steps.fetch_add(1, std::memory_order_release);
+}
+
+// Awaits the buckets `wanted` of the deferred step (all of them: the whole reduction) and steps
+// their parameters.
+void DistributedModule::Impl::step_buckets(const std::vector<int>& wanted) {
+  if (wanted.empty() || !deferred) return;
+  const int64_t start = actors::now_us();
+  const bool all = wanted.size() == unstepped_count;
+  await_round(in_flight_round, all ? std::vector<int>{} : wanted);
+  const int64_t end = actors::now_us();
+  wait_us += end - start;
+  if (tracing) waits.emplace_back(start, end - start);
+  {
+    torch::NoGradGuard no_grad;
+    for (int b : wanted) {
+      auto& bucket = buckets[static_cast<size_t>(b)];
+      if (deferred_scale != 1) bucket.flat.mul_(deferred_scale);
+      for (size_t k = 0; k < bucket.params.size(); ++k) {
+        const auto i = static_cast<size_t>(bucket.params[k]);
+        auto& p = params[i];
+        if (opt.gradient_as_bucket_view)
+          p.mutable_grad() = grad_views[i];
+        else
+          p.mutable_grad() = grad_views[i].clone();
+      }
+    }
+  }
+  masked_step(wanted);
+  zero_gradients(wanted);
+  for (int b : wanted) unstepped[static_cast<size_t>(b)] = 0;
+  unstepped_count -= wanted.size();
+  if (unstepped_count > 0) return;
+  deferred = nullptr;
+  in_flight = false;
+  pending_steps.fetch_sub(1, std::memory_order_release);
+  // The reduction is over: what the buckets counted goes into the metrics of the step in which
+  // it completed (the next one).
+  completed = StepMetrics{};
+  for (auto& bucket : buckets) {
+    completed.bytes_sent += bucket.stats->bytes_sent;
+    completed.bytes_received += bucket.stats->bytes_received;
+    completed.bucket_start_us.push_back(bucket.stats->ready_us);
+    completed.bucket_done_us.push_back(bucket.stats->done_us);
+    if (tracing)
+      trace.add({"reduce bucket", static_cast<int>(&bucket - buckets.data()), 1,
+                 bucket.stats->ready_us, bucket.stats->done_us - bucket.stats->ready_us});
+  }
+}
+
+// The deferred optimizer's step over the parameters of `wanted` only: every other parameter it
+// holds has its gradient hidden (set to none) meanwhile, and LibTorch's optimizers skip a
+// parameter without a gradient.
+void DistributedModule::Impl::masked_step(const std::vector<int>& wanted) {
+  std::vector<char> stepped(params.size(), 0);
+  for (int b : wanted)
+    for (int i : buckets[static_cast<size_t>(b)].params) stepped[static_cast<size_t>(i)] = 1;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> hidden;
+  for (auto& group : deferred->param_groups())
+    for (auto& p : group.params()) {
+      auto it = index_of.find(p.unsafeGetTensorImpl());
+      if (it != index_of.end() && stepped[static_cast<size_t>(it->second)]) continue;
+      if (!p.grad().defined()) continue;
+      hidden.emplace_back(p, p.grad());
+      p.mutable_grad() = torch::Tensor();
+    }
+  struct Restore {
+    std::vector<std::pair<torch::Tensor, torch::Tensor>>& hidden;
+    ~Restore() {
+      for (auto& [p, g] : hidden) p.mutable_grad() = g;
+    }
+  } restore{hidden};
+  deferred->step();
+}
+
+// After a bucket's step its gradients are zero, onto which the next backward accumulates.
+void DistributedModule::Impl::zero_gradients(const std::vector<int>& wanted) {
+  torch::NoGradGuard no_grad;
+  for (int b : wanted) {
+    auto& bucket = buckets[static_cast<size_t>(b)];
+    if (opt.gradient_as_bucket_view) {
+      bucket.flat.zero_();
+      continue;
+    }
+    for (int i : bucket.params) params[static_cast<size_t>(i)].mutable_grad().zero_();
+  }
+}
+
+// await_parameters(layer): steps the buckets of parameters `indices` that wait for the deferred
+// step.
+void DistributedModule::Impl::await_for(const std::vector<int>& indices) {
+  if (!deferred) return;
+  std::vector<int> wanted;
+  for (int i : indices) {
+    const int b = bucket_of[static_cast<size_t>(i)];
+    if (unstepped[static_cast<size_t>(b)] &&
+        std::find(wanted.begin(), wanted.end(), b) == wanted.end())
+      wanted.push_back(b);
+  }
+  step_buckets(wanted);
+}
+
+void DistributedModule::Impl::await_all() {
+  if (deferred) {
+    std::vector<int> rest;
+    for (size_t k = 0; k < buckets.size(); ++k)
+      if (unstepped[k]) rest.push_back(static_cast<int>(k));
+    step_buckets(rest);
+  } else if (in_flight) {
+    finish_round();
+  }
 }
 
 // agg_grad = false: the averaged weights, from the buckets into the parameters.
@@ -748,7 +1021,17 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
     auto acc = torch::autograd::impl::grad_accumulator(m.params[i]);
     m.hook_keys.push_back(
         acc->add_post_hook(std::make_unique<ReadyHook<Impl>>(m.hook_target, static_cast<int>(i))));
+    if (m.opt.overlap_next_forward) {
+      auto hook = std::make_unique<BeforeGradientHook<Impl>>(m.hook_target, static_cast<int>(i));
+      m.pre_hook_keys.push_back(reinterpret_cast<uintptr_t>(hook.get()));
+      acc->add_pre_hook(std::move(hook));
+    }
     m.accumulators.push_back(std::move(acc));
+  }
+  if (m.opt.overlap_next_forward) {
+    auto& registry = overlap_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    for (auto& p : m.params) registry.owner[p.unsafeGetTensorImpl()] = this;
   }
   auto targets = m.targets;
   m.listener = runtime.add_failure_listener([targets](int rank, const std::string& reason) {
@@ -762,6 +1045,29 @@ DistributedModule::~DistributedModule() {
   auto& m = *impl_;
   m.hook_target->store(nullptr);
   for (size_t i = 0; i < m.accumulators.size(); ++i) m.accumulators[i]->del_post_hook(m.hook_keys[i]);
+  for (size_t i = 0; i < m.pre_hook_keys.size(); ++i) {
+    auto& hooks = m.accumulators[i]->pre_hooks();
+    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                               [&](const auto& h) {
+                                 return reinterpret_cast<uintptr_t>(h.get()) == m.pre_hook_keys[i];
+                               }),
+                hooks.end());
+  }
+  if (m.opt.overlap_next_forward) {
+    auto& registry = overlap_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    for (auto& p : m.params) registry.owner.erase(p.unsafeGetTensorImpl());
+  }
+  // A step never applied (no await_parameters() after the last step) stays unapplied (its
+  // optimizer may be gone), but its reductions still write into the buckets: they are awaited
+  // before the buckets go (a failed or stalled one ends the wait; a destructor does not throw).
+  if (m.deferred) pending_steps.fetch_sub(1, std::memory_order_release);
+  if (m.in_flight) {
+    try {
+      m.await_round(m.in_flight_round);
+    } catch (const std::exception&) {
+    }
+  }
   m.rt.remove_failure_listener(m.listener);
   m.stop_actors();
   if (!m.opt.trace_path.empty()) {
@@ -826,11 +1132,37 @@ void DistributedModule::resume_at(uint64_t step) {
 uint64_t DistributedModule::steps() const { return impl_->step; }
 
 void DistributedModule::step(torch::optim::Optimizer& optimizer) {
-  step([&optimizer] { optimizer.step(); });
+  impl_->run_step(&optimizer, [&optimizer] { optimizer.step(); });
 }
 
 void DistributedModule::step(const std::function<void()>& optimizer_step) {
-  auto& m = *impl_;
+  impl_->run_step(nullptr, optimizer_step);
+}
+
+void DistributedModule::await_parameters() { impl_->await_all(); }
+
+void await_parameters(const torch::nn::Module& module) {
+  if (pending_steps.load(std::memory_order_acquire) == 0) return;
+  // The modules wrapping parameters of `module` (one, as a rule) and the parameters' indices.
+  std::vector<std::pair<DistributedModule*, std::vector<int>>> found;
+  {
+    auto& registry = overlap_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    for (const auto& p : module.parameters(/*recurse=*/true)) {
+      auto it = registry.owner.find(p.unsafeGetTensorImpl());
+      if (it == registry.owner.end()) continue;
+      auto at = std::find_if(found.begin(), found.end(),
+                             [&](const auto& f) { return f.first == it->second; });
+      if (at == found.end()) at = found.insert(found.end(), {it->second, {}});
+      at->second.push_back(it->second->impl_->index_of.at(p.unsafeGetTensorImpl()));
+    }
+  }
+  for (auto& [ddp, indices] : found) ddp->impl_->await_for(indices);
+}
+
+void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
+                                       const std::function<void()>& optimizer_step) {
+  auto& m = *this;
   if (!m.sync)
     throw comm::Error("DistributedModule::step() called inside no_sync(): leave the scope and "
                       "run one more backward first");
@@ -855,14 +1187,29 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
                           list + " of module '" + m.opt.name +
                           "' (use DdpOptions.find_unused_parameters to reduce them as zeros)");
       }
-      m.close_round();
+      m.launch_round();
     }
+  }
+  // overlap_next_forward after the rebuild: the buckets' parameters are stepped when the next
+  // forward awaits them.
+  const bool defer = m.opt.overlap_next_forward && optimizer && !m.rebuild_due();
+  if (m.opt.agg_grad && !defer) {
+    if (m.in_flight) m.finish_round();
     if (m.rescale_reduced() && !m.opt.gradient_as_bucket_view) m.copy_out();
   }
   const int64_t reduced = actors::now_us();
   fault::at(FaultPhase::optimizer, m.step);
-  m.reduced = m.opt.agg_grad;
-  optimizer_step();
+  m.reduced = m.opt.agg_grad && !defer;
+  if (defer) {
+    m.defer_step(*optimizer);
+  } else {
+    optimizer_step();
+    if (m.opt.overlap_next_forward) {
+      std::vector<int> all(m.buckets.size());
+      for (size_t b = 0; b < all.size(); ++b) all[b] = static_cast<int>(b);
+      m.zero_gradients(all);
+    }
+  }
   if (!m.opt.agg_grad) {
     torch::NoGradGuard no_grad;
     for (auto& bucket : m.buckets)
@@ -882,7 +1229,16 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
   metrics.comm_wait_sec =
       static_cast<double>((m.opt.agg_grad ? m.wait_us : end - reduced)) / 1e6;
   metrics.backward_end_us = m.last_hook_us;
+  // A deferred step's buckets are still reducing: it reports the reduction its forward completed.
+  if (defer) {
+    metrics.bytes_sent = m.completed.bytes_sent;
+    metrics.bytes_received = m.completed.bytes_received;
+    metrics.bucket_start_us = std::move(m.completed.bucket_start_us);
+    metrics.bucket_done_us = std::move(m.completed.bucket_done_us);
+    m.completed = StepMetrics{};
+  }
   for (auto& bucket : m.buckets) {
+    if (defer) break;
     metrics.bytes_sent += bucket.stats->bytes_sent;
     metrics.bytes_received += bucket.stats->bytes_received;
     metrics.bucket_start_us.push_back(bucket.stats->ready_us);
@@ -900,7 +1256,7 @@ void DistributedModule::step(const std::function<void()>& optimizer_step) {
       for (auto& w : m.waits) m.trace.add({"wait for reductions", -1, 0, w.first, w.second});
     else
       m.trace.add({"average weights", -1, 0, wait_start, end - wait_start});
-    for (size_t b = 0; b < m.buckets.size(); ++b)
+    for (size_t b = 0; b < m.buckets.size() && !defer; ++b)
       m.trace.add({"reduce bucket", static_cast<int>(b), 1, m.buckets[b].stats->ready_us,
                    m.buckets[b].stats->done_us - m.buckets[b].stats->ready_us});
   }
@@ -923,6 +1279,7 @@ DistributedModule::NoSync DistributedModule::no_sync() { return NoSync(this); }
 void DistributedModule::broadcast_parameters(int root) {
   torch::NoGradGuard no_grad;
   auto& m = *impl_;
+  m.await_all();
   for (auto& t : m.state_tensors()) {
     auto type = comm_type(t.scalar_type(), "a parameter or buffer");
     if (!t.is_cuda()) {
@@ -936,7 +1293,10 @@ void DistributedModule::broadcast_parameters(int root) {
   }
 }
 
-void DistributedModule::allreduce_parameters() { average_module(impl_->rt, *impl_->module); }
+void DistributedModule::allreduce_parameters() {
+  impl_->await_all();
+  average_module(impl_->rt, *impl_->module);
+}
 
 const StepMetrics& DistributedModule::last_step() const { return impl_->metrics; }
 
@@ -962,6 +1322,8 @@ std::vector<std::vector<std::string>> DistributedModule::bucket_parameters() con
 }
 
 void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const {
+  // A deferred step's buckets hold state (error feedback) only once their reduction is done.
+  impl_->await_all();
   const auto& m = *impl_;
   if ((!m.order.empty() || m.rounds_closed > 0) && !m.reduced)
     throw comm::Error("DistributedModule::save_state at step " + std::to_string(m.step) +
@@ -987,6 +1349,7 @@ void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const
 
 void DistributedModule::load_state(comm::StateReader& in, StatePart part) {
   auto& m = *impl_;
+  m.await_all();
   if (!m.order.empty() || m.rounds_closed > 0)
     throw comm::Error("DistributedModule::load_state at step " + std::to_string(m.step) +
                       ": a backward ran without its step() (expected to load between steps)");

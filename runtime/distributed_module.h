@@ -165,6 +165,18 @@ struct DdpOptions {
   /// at the start of each forward). With join, the lowest rank still training is the source.
   /// false: each rank keeps its own (PyTorch's broadcast_buffers=False).
   bool broadcast_buffers = true;
+  /// The step's communication goes on while the next forward runs: backward returns once its
+  /// reductions are launched, step(optimizer) returns at once, and each bucket's parameters are
+  /// stepped when the next forward first needs them, which the model's forward says by calling
+  /// troupe::await_parameters(layer) before each layer (LibTorch's C++ modules have no forward
+  /// pre-hooks). A gradient of the next backward whose parameter was not awaited is an error
+  /// naming it. The first step (before the bucket rebuild) is an ordinary one. Needs agg_grad,
+  /// CPU parameters, step(torch::optim::Optimizer&) (an optimizer that steps a parameter only
+  /// when it has a gradient, as LibTorch's do: a bucket's step hides the others' gradients) and
+  /// no join. After each parameter's step its gradient is zeroed, so the zero_grad() of the loop
+  /// is harmless but not needed; after the last step, DistributedModule::await_parameters()
+  /// brings the final update before the model is saved or the optimizer goes.
+  bool overlap_next_forward = false;
   /// Uneven inputs: ranks may take different numbers of steps, each calling join() after its last
   /// (PyTorch's Join around DDP). Each step then starts with a small allreduce (one flag per rank)
   /// by which every rank learns which ranks still train; nothing of it runs without this option.
@@ -192,7 +204,10 @@ struct DdpOptions {
 /// send the peer's twice.
 enum class StatePart { all, shared };
 
-/// What the last step did, on this rank.
+/// What the last step did, on this rank. With DdpOptions::overlap_next_forward a step's
+/// reduction completes during the next step: the bytes and bucket times are then those of the
+/// reduction that completed during this step (the previous step's), and comm_wait_sec is what
+/// this step's forward and backward waited for it.
 struct StepMetrics {
   uint64_t step = 0;
   double step_sec = 0;        // from the first gradient hook (or the previous step) to the end
@@ -203,6 +218,17 @@ struct StepMetrics {
   std::vector<int64_t> bucket_start_us;     // each bucket's reduction start, by bucket
   std::vector<int64_t> bucket_done_us;
 };
+
+/// Waits until `module`'s parameters hold their update from the last step of the
+/// DistributedModule that wraps them with DdpOptions::overlap_next_forward (waiting for the
+/// buckets that hold them, then stepping those): call it in a forward before each layer. Returns
+/// at once where no such step is pending, so a model that calls it runs unchanged without troupe.
+void await_parameters(const torch::nn::Module& module);
+/// The same for a ModuleHolder (`await_parameters(conv1)` for a torch::nn::Conv2d).
+template <typename Contained>
+void await_parameters(const torch::nn::ModuleHolder<Contained>& module) {
+  await_parameters(*module);
+}
 
 class DistributedModule {
  public:
@@ -232,6 +258,10 @@ class DistributedModule {
   void step(torch::optim::Optimizer& optimizer);
   /// The same with any step in place of `optimizer.step()` (clip then step, unscale then step).
   void step(const std::function<void()>& optimizer_step);
+  /// With DdpOptions::overlap_next_forward: waits for every reduction still in flight and steps
+  /// the parameters they belong to (what the next forward's await_parameters() calls would do).
+  /// Nothing to do otherwise.
+  void await_parameters();
   /// The denominator of this step's average (default: world size), e.g. the global number of
   /// samples; the same on every rank. Takes effect whenever it is called before step(): after
   /// backward has launched reductions, step() rescales the reduced gradients by old / new (exact
@@ -309,6 +339,7 @@ class DistributedModule {
   void write_trace(const std::string& path) const;
 
  private:
+  friend void await_parameters(const torch::nn::Module& module);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

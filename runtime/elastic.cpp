@@ -359,6 +359,11 @@ ElasticTrainer::ElasticTrainer(Runtime& runtime, std::shared_ptr<torch::nn::Modu
                                DdpOptions options, ElasticState state)
     : rt_(runtime), optimizer_(optimizer), state_(std::move(state)) {
   if (!module) throw comm::Error("ElasticTrainer: module is null");
+  // Its snapshots and re-forms expect a step's update applied when step() returns.
+  if (options.overlap_next_forward)
+    throw comm::Error(
+        "ElasticTrainer with DdpOptions.overlap_next_forward (expected it off: an "
+        "elastic step is applied before it returns)");
   if (!state_.save || !state_.load) state_ = module_state(module, optimizer_);
   if (const auto* bucket = std::get_if<comm::Compression>(&algorithm))
     driver_ = std::make_unique<BucketDriver>(rt_, module, *bucket, std::move(options));

@@ -30,5 +30,9 @@
 ///   RuntimeOptions::collective_timeout (30 minutes).
 /// - step() without a backward since the previous step() throws; so does a backward pass that
 ///   left parameters without a gradient, at step(), naming them.
+/// - DdpOptions::overlap_next_forward lets the reductions of a step run on while the next forward
+///   computes: the model's forward calls `troupe::await_parameters(layer)` before each layer,
+///   which steps that layer's parameters once their bucket is reduced (examples/fashion_mnist's
+///   CnnNet). After the last step, `ddp.await_parameters()` applies what is still pending.
 #include "runtime/distributed_module.h"
 #include "runtime/module_holder.h"
