@@ -16,7 +16,8 @@
 # An algorithm is an --algorithm of fashion_mnist (allreduce, a compressor, diloco:h=50,...) or one
 # of the gossip algorithms, run through a job file: dpsgd (D-PSGD on a ring), adpsgd (AD-PSGD,
 # asynchronous pairwise gossip on a ring) and async_average (background model averaging); a
-# suffix @N trains it N epochs instead of EPOCHS (e.g. diloco:h=50@2), for time to an accuracy.
+# suffix @N trains it N epochs instead of EPOCHS (e.g. diloco:h=50@2), for time to an accuracy;
+# a suffix +overlap (allreduce+overlap, powersgd:rank=2+overlap) adds --overlap-next-forward.
 # Each row gives per epoch the accuracy and the cumulative training time, and rank 0's
 # communication wait (the time its step() waited for the network) and compute share
 # (1 - wait / time). At the end: the fastest troupe run per epoch within 1 point of torch DDP
@@ -224,8 +225,12 @@ for rate in "${rates[@]}"; do
             own_momentum=""
             # a compressor's own momentum (topk:...,momentum=0.9) replaces SGD's; outer_momentum does not
             case "$algo" in *[:,]momentum=*) own_momentum="--momentum 0" ;; esac
+            # "+overlap": the step's reductions run on into the next forward (--overlap-next-forward)
+            overlap=""
+            case "$algo" in *+overlap) overlap="--overlap-next-forward" ;; esac
             run_one "$rate" "$round" "$label" "$algo_epochs" -- "$bin/fashion_mnist" --model cnn \
-              --epochs "$algo_epochs" --lr 0.05 --log-every 100000 --algorithm "$algo" $own_momentum ;;
+              --epochs "$algo_epochs" --lr 0.05 --log-every 100000 --algorithm "${algo%+overlap}" \
+              $own_momentum $overlap ;;
         esac
       fi
       if [ $i -lt ${#hooks[@]} ]; then

@@ -232,6 +232,7 @@ void train_rank(Runtime& rt, const Settings& s) {
       if (s.checkpoint_every > 0 && step % s.checkpoint_every == 0) {
         saved_epoch = epoch;
         saved_batch = batch_index;
+        await_parameters(*module);  // --overlap-next-forward: the step's update, before saving
         checkpoint.save_step(s.checkpoint_dir, step);
       }
       if (s.stop_step > 0 && step == s.stop_step) {
@@ -239,6 +240,7 @@ void train_rank(Runtime& rt, const Settings& s) {
         return;
       }
     }
+    await_parameters(*module);  // --overlap-next-forward: the last step's update
     const double epoch_sec =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     const double wait_sec = dp->stats().comm_wait_sec - wait_before;
@@ -396,6 +398,9 @@ int main(int argc, char** argv) {
                  "async_model_average:warmup_steps=10,sync_interval_ms=100 or "
                  "async_gossip:topology=ring,min_interval_ms=10");
   app.add_flag("--delay-reduce", s.ddp.delay_reduce, "Reduce after backward (no overlap)");
+  app.add_flag("--overlap-next-forward", s.ddp.overlap_next_forward,
+               "Let a step's reductions run on into the next forward, each layer waiting for its "
+               "own (allreduce and the compressors)");
   app.add_option("--trace", s.ddp.trace_path,
                  "Write a Chrome trace per rank here ({rank} is replaced)");
   app.add_option("--die-rank", s.die_rank, "Testing: this rank exits abruptly at --die-step")
@@ -444,6 +449,10 @@ int main(int argc, char** argv) {
     } else {
       s.algorithm = parse_algorithm_argument(algorithm);
     }
+    if (s.ddp.overlap_next_forward && !is_bucket_algorithm(s.algorithm))
+      throw comm::Error("--overlap-next-forward with --algorithm " + algorithm +
+                        ": expected allreduce or a compressor (the others do not reduce "
+                        "gradients in buckets)");
     check_momentum_once(s);
     troupe::set_compute_threads(t.threads);
     torch::manual_seed(t.seed);
