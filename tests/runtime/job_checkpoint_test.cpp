@@ -102,7 +102,14 @@ std::vector<std::string> resume(int world, const std::string& dir, std::vector<i
     Checkpoint c(rt);
     c.value("value", values.at(static_cast<size_t>(rank)));
     if (settings) settings(rank, c);
-    c.load_last(dir);
+    try {
+      c.load_last(dir);
+    } catch (const std::exception& e) {
+      // As a program should (README, "An exception on one rank"): a rank slower to leave its
+      // last collective then fails naming this reason, not "an exception unwound its Runtime".
+      rt.fail(e.what());
+      throw;
+    }
   });
 }
 
