@@ -14,6 +14,7 @@
 #include <fstream>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include "actors/atoms.h"
 #include "actors/bucket.h"
@@ -253,6 +254,7 @@ struct DistributedModule::Impl {
   void await_all();
   void used_before_update(int index) const;
   void run_step(torch::optim::Optimizer* optimizer, const std::function<void()>& optimizer_step);
+  StepMetrics reduction_figures();
   void rebuild_from_observed_order(int root);
   std::vector<torch::Tensor> state_tensors();
   void agree_on_training(bool mine);
@@ -869,16 +871,24 @@ void DistributedModule::Impl::step_buckets(const std::vector<int>& wanted) {
   pending_steps.fetch_sub(1, std::memory_order_release);
   // The reduction is over: what the buckets counted goes into the metrics of the step in which
   // it completed (the next one).
-  completed = StepMetrics{};
-  for (auto& bucket : buckets) {
-    completed.bytes_sent += bucket.stats->bytes_sent;
-    completed.bytes_received += bucket.stats->bytes_received;
-    completed.bucket_start_us.push_back(bucket.stats->ready_us);
-    completed.bucket_done_us.push_back(bucket.stats->done_us);
+  completed = reduction_figures();
+}
+
+// What the buckets' last reduction sent and received and when each bucket's started and ended
+// (a span each in the trace). Read once the reduction is awaited: the bucket actors write them.
+StepMetrics DistributedModule::Impl::reduction_figures() {
+  StepMetrics figures;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const auto& stats = *buckets[b].stats;
+    figures.bytes_sent += stats.bytes_sent;
+    figures.bytes_received += stats.bytes_received;
+    figures.bucket_start_us.push_back(stats.ready_us);
+    figures.bucket_done_us.push_back(stats.done_us);
     if (tracing)
-      trace.add({"reduce bucket", static_cast<int>(&bucket - buckets.data()), 1,
-                 bucket.stats->ready_us, bucket.stats->done_us - bucket.stats->ready_us});
+      trace.add({"reduce bucket", static_cast<int>(b), 1, stats.ready_us,
+                 stats.done_us - stats.ready_us});
   }
+  return figures;
 }
 
 // The deferred optimizer's step over the parameters of `wanted` only: every other parameter it
@@ -1230,20 +1240,11 @@ void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
       static_cast<double>((m.opt.agg_grad ? m.wait_us : end - reduced)) / 1e6;
   metrics.backward_end_us = m.last_hook_us;
   // A deferred step's buckets are still reducing: it reports the reduction its forward completed.
-  if (defer) {
-    metrics.bytes_sent = m.completed.bytes_sent;
-    metrics.bytes_received = m.completed.bytes_received;
-    metrics.bucket_start_us = std::move(m.completed.bucket_start_us);
-    metrics.bucket_done_us = std::move(m.completed.bucket_done_us);
-    m.completed = StepMetrics{};
-  }
-  for (auto& bucket : m.buckets) {
-    if (defer) break;
-    metrics.bytes_sent += bucket.stats->bytes_sent;
-    metrics.bytes_received += bucket.stats->bytes_received;
-    metrics.bucket_start_us.push_back(bucket.stats->ready_us);
-    metrics.bucket_done_us.push_back(bucket.stats->done_us);
-  }
+  StepMetrics figures = defer ? std::exchange(m.completed, StepMetrics{}) : m.reduction_figures();
+  metrics.bytes_sent = figures.bytes_sent;
+  metrics.bytes_received = figures.bytes_received;
+  metrics.bucket_start_us = std::move(figures.bucket_start_us);
+  metrics.bucket_done_us = std::move(figures.bucket_done_us);
   m.metrics = metrics;
   if (m.tracing) {
     if (m.last_hook_us >= m.previous_end_us) {
@@ -1256,9 +1257,6 @@ void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
       for (auto& w : m.waits) m.trace.add({"wait for reductions", -1, 0, w.first, w.second});
     else
       m.trace.add({"average weights", -1, 0, wait_start, end - wait_start});
-    for (size_t b = 0; b < m.buckets.size() && !defer; ++b)
-      m.trace.add({"reduce bucket", static_cast<int>(b), 1, m.buckets[b].stats->ready_us,
-                   m.buckets[b].stats->done_us - m.buckets[b].stats->ready_us});
   }
 
   m.previous_end_us = end;
