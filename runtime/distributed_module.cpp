@@ -806,16 +806,9 @@ void DistributedModule::Impl::before_gradient(int index) {
   if (late[static_cast<size_t>(b)]) used_before_update(index);
   if (deferred) {
     if (unstepped[static_cast<size_t>(b)]) used_before_update(index);
-    std::vector<int> rest;
-    for (size_t k = 0; k < buckets.size(); ++k)
-      if (unstepped[k]) {
-        rest.push_back(static_cast<int>(k));
-        late[k] = 1;
-      }
-    step_buckets(rest);
-  } else if (in_flight) {
-    finish_round();
+    late = unstepped;  // what the forward did not await
   }
+  await_all();
 }
 
 // step(optimizer) with overlap_next_forward after the bucket rebuild: parameters the optimizer
