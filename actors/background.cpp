@@ -29,10 +29,10 @@ struct AveragerState {
   uint64_t generation = 0;  // the snapshot's
   std::vector<float> work;  // the snapshot and, last, the stop flag: averaged together
   uint32_t round = 0;
-  bool running = false;   // rounds are on
+  bool running = false;  // rounds are on
   bool in_round = false;
   bool stop_requested = false;
-  uint64_t timer = 0;     // ticks of older start_atoms are ignored
+  uint64_t timer = 0;  // ticks of older start_atoms are ignored
   std::string error;
   std::vector<caf::response_promise> waiting_stop;
   std::shared_ptr<std::mutex> inline_lock;
@@ -107,8 +107,8 @@ caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings setti
         st.stats->bytes_sent += sent;
         st.stats->bytes_received += received;
         if (!ok) {
-          st.error = "asynchronous model average, round " + std::to_string(st.round - 1) + ": " +
-                     error;
+          st.error =
+              "asynchronous model average, round " + std::to_string(st.round - 1) + ": " + error;
           {
             std::lock_guard<std::mutex> lock(st.stats->mutex);
             st.stats->error = st.error;
@@ -133,8 +133,8 @@ caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings setti
         auto& st = self->state;
         if (!st.error.empty()) return;
         if (!st.in_round) {
-          st.error = "asynchronous model average, before round " + std::to_string(st.round) +
-                     ": " + reason;
+          st.error = "asynchronous model average, before round " + std::to_string(st.round) + ": " +
+                     reason;
           {
             std::lock_guard<std::mutex> lock(st.stats->mutex);
             st.stats->error = st.error;
@@ -201,7 +201,7 @@ struct GossiperState {
   bool stopping = false;
   bool byes_sent = false;
   bool finished = false;
-  int outstanding = -1;  // index into neighbours of the exchange in flight
+  int outstanding = -1;     // index into neighbours of the exchange in flight
   int sends_in_flight = 0;  // a rank has finished only when its last bye has left
   std::vector<float> request_snapshot;
   uint64_t request_generation = 0;
@@ -251,8 +251,7 @@ void send_message(Gossiper* self, size_t index, Kind kind, const float* payload)
 
 // x += (other - snapshot) / 2: the pairwise average. The two sides apply exact negatives of each
 // other, so the sum of the models is kept.
-void apply_half(GossiperState& st, const float* other, const float* snapshot,
-                uint64_t generation) {
+void apply_half(GossiperState& st, const float* other, const float* snapshot, uint64_t generation) {
   st.model.apply(other, snapshot, 0.5f, generation);
   ++st.stats->rounds;
 }
@@ -287,8 +286,8 @@ void drop(Gossiper* self, size_t index, const std::string& reason) {
     std::lock_guard<std::mutex> lock(st.stats->mutex);
     st.stats->dropped.push_back(nb.rank);
   }
-  std::cerr << "troupe: asynchronous gossip on rank " << st.transport->rank()
-            << " dropped rank " << nb.rank << ": " << reason << "\n";
+  std::cerr << "troupe: asynchronous gossip on rank " << st.transport->rank() << " dropped rank "
+            << nb.rank << ": " << reason << "\n";
   if (st.outstanding == static_cast<int>(index)) st.outstanding = -1;
   maybe_finish(self);
 }
@@ -314,7 +313,8 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
   st.transport = std::move(transport);
   st.stats = std::move(stats);
   st.message_bytes = kHeader + st.model.count * sizeof(float);
-  st.rng = st.settings.seed ^ (0x5851f42d4c957f2dull * static_cast<uint64_t>(st.transport->rank() + 1));
+  st.rng =
+      st.settings.seed ^ (0x5851f42d4c957f2dull * static_cast<uint64_t>(st.transport->rank() + 1));
   st.request_snapshot.resize(st.model.count);
   st.scratch.resize(st.model.count);
   for (int r : st.settings.neighbours) {
@@ -422,8 +422,7 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
 caf::actor spawn_averager(caf::actor_system& system, ModelAccess model, AveragerSettings settings,
                           std::shared_ptr<comm::Transport> transport,
                           std::shared_ptr<BackgroundStats> stats) {
-  return system.spawn(averager, std::move(model), settings, std::move(transport),
-                      std::move(stats));
+  return system.spawn(averager, std::move(model), settings, std::move(transport), std::move(stats));
 }
 
 caf::actor spawn_gossiper(caf::actor_system& system, ModelAccess model, GossiperSettings settings,

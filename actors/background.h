@@ -42,8 +42,7 @@ struct ModelAccess {
   std::function<uint64_t(float* dst)> snapshot;
   /// x += weight * (target - snapshot), element-wise, where `snapshot` was taken in `generation`
   /// (a change computed from a snapshot of an older generation is dropped).
-  std::function<void(const float* target, const float* snapshot, float weight,
-                     uint64_t generation)>
+  std::function<void(const float* target, const float* snapshot, float weight, uint64_t generation)>
       apply;
 };
 

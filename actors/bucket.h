@@ -55,8 +55,8 @@ class BucketPath {
  public:
   /// How a reduction ends: its status and the bytes this rank moved (sent to other ranks or
   /// written into their memory, and received or read). Called once per reduce(), from any thread.
-  using Done = std::function<void(const comm::Status& status, size_t bytes_sent,
-                                  size_t bytes_received)>;
+  using Done =
+      std::function<void(const comm::Status& status, size_t bytes_sent, size_t bytes_received)>;
 
   virtual ~BucketPath() = default;
   /// Starts the reduction of training step `step`: every rank's buffer becomes the sum over ranks
@@ -81,7 +81,7 @@ struct BucketStats {
   int64_t done_us = 0;
   size_t bytes_sent = 0;
   size_t bytes_received = 0;
-  int ready = 0;  // ready messages counted this step
+  int ready = 0;                // ready messages counted this step
   std::vector<int> waiting_on;  // at a stall: the ranks the reduction waits for
 };
 

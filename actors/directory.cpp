@@ -74,11 +74,9 @@ caf::behavior directory(Directory* self, int world_size, std::chrono::millisecon
   });
   return {
       [self](register_atom, int rank, int world, const std::string& host,
-             const std::string& address, const std::string& extra,
-             const caf::actor& worker) -> caf::result<table_atom, bool, std::string,
-                                                      std::vector<std::string>,
-                                                      std::vector<std::string>,
-                                                      std::vector<std::string>> {
+             const std::string& address, const std::string& extra, const caf::actor& worker)
+          -> caf::result<table_atom, bool, std::string, std::vector<std::string>,
+                         std::vector<std::string>, std::vector<std::string>> {
         auto& st = self->state;
         std::string why;
         if (!st.failure.empty()) {
@@ -99,8 +97,12 @@ caf::behavior directory(Directory* self, int world_size, std::chrono::millisecon
         }
         if (!why.empty()) {
           fail_all(self, why);
-          return {table_atom::value, false, why, std::vector<std::string>{},
-                  std::vector<std::string>{}, std::vector<std::string>{}};
+          return {table_atom::value,
+                  false,
+                  why,
+                  std::vector<std::string>{},
+                  std::vector<std::string>{},
+                  std::vector<std::string>{}};
         }
         self->monitor(worker);
         Member m{host, address, extra, worker, self->make_response_promise(), false};
@@ -140,10 +142,10 @@ caf::behavior directory(Directory* self, int world_size, std::chrono::millisecon
         if (it == self->state.members.end() || it->second.gone) return true;
         it->second.gone = true;
         self->demonitor(it->second.worker);
-        tell_survivors(self, rank,
-                       "rank " + std::to_string(rank) + " (on " + it->second.host +
-                           ") failed: " + reason,
-                       true);
+        tell_survivors(
+            self, rank,
+            "rank " + std::to_string(rank) + " (on " + it->second.host + ") failed: " + reason,
+            true);
         return true;
       },
       [](flush_atom) { return true; },

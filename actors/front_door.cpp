@@ -76,8 +76,8 @@ caf::behavior stand_in(StandIn* self, std::shared_ptr<Outbox> outbox, uint64_t i
         auto& st = self->state;
         if (st.rank >= 0) return;  // one registration per connection
         st.rank = rank;
-        self->request(st.directory, caf::infinite, register_atom::value, rank, world, host,
-                      address, extra, caf::actor_cast<caf::actor>(self))
+        self->request(st.directory, caf::infinite, register_atom::value, rank, world, host, address,
+                      extra, caf::actor_cast<caf::actor>(self))
             .then(
                 [self](table_atom, bool ok, const std::string& error,
                        const std::vector<std::string>& hosts,
@@ -88,9 +88,10 @@ caf::behavior stand_in(StandIn* self, std::shared_ptr<Outbox> outbox, uint64_t i
                 },
                 [self](caf::error& e) {
                   self->state.outbox->push(
-                      self->state.id, table_frame(false, "the directory did not answer: " +
-                                                             self->system().render(e),
-                                                  {}, {}, {}));
+                      self->state.id,
+                      table_frame(false,
+                                  "the directory did not answer: " + self->system().render(e), {},
+                                  {}, {}));
                 });
       },
       [self](peer_down_atom, int rank, const std::string& reason, bool fatal) {
@@ -186,10 +187,9 @@ FrontDoor::FrontDoor(caf::actor_system& system, caf::actor directory, FrontDoorO
       ::listen(m.listener, 128) != 0) {
     const int e = errno;
     ::close(m.listener);
-    throw comm::Error("rank 0 cannot publish the rendezvous on " + where + ": " +
-                      std::strerror(e) +
-                      (e == EADDRNOTAVAIL ? " (MASTER_ADDR must be an address of rank 0's host)"
-                                          : ""));
+    throw comm::Error(
+        "rank 0 cannot publish the rendezvous on " + where + ": " + std::strerror(e) +
+        (e == EADDRNOTAVAIL ? " (MASTER_ADDR must be an address of rank 0's host)" : ""));
   }
   socklen_t len = sizeof(addr);
   ::getsockname(m.listener, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -239,14 +239,14 @@ void FrontDoor::flush(std::chrono::milliseconds timeout) {
     stand_ins = m.stand_ins;
   }
   for (auto& s : stand_ins) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) break;
     self->request(s, left, flush_atom::value).receive([](bool) {}, [](caf::error&) {});
   }
   std::unique_lock<std::mutex> lock(m.outbox->mutex);
-  m.outbox->drained.wait_until(lock, deadline, [&] {
-    return m.outbox->pending.empty() && m.outbox->unsent == 0;
-  });
+  m.outbox->drained.wait_until(lock, deadline,
+                               [&] { return m.outbox->pending.empty() && m.outbox->unsent == 0; });
 }
 
 void FrontDoor::Impl::close(Connection& c, long FrontDoorCounts::*why) {
@@ -259,8 +259,8 @@ void FrontDoor::Impl::accept_all() {
   while (true) {
     sockaddr_in peer{};
     socklen_t len = sizeof(peer);
-    const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&peer), &len,
-                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    const int fd =
+        ::accept4(listener, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or out of descriptors: poll again later
     count(&FrontDoorCounts::accepted);
     char buf[INET_ADDRSTRLEN] = {};
@@ -331,7 +331,8 @@ bool FrontDoor::Impl::handle(Connection& c) {
 bool FrontDoor::Impl::handle_frame(Connection& c) {
   if (c.header) {
     uint32_t n = 0;
-    for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<unsigned char>(c.in[i])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      n |= static_cast<uint32_t>(static_cast<unsigned char>(c.in[i])) << (8 * i);
     c.type = static_cast<Frame>(c.in[4]);
     if (n > wire::kMaxRankFrame) return false;
     c.header = false;
@@ -400,9 +401,10 @@ void FrontDoor::Impl::run() {
       ids.push_back(id);
       if (c.stage != Stage::open) next_deadline = std::min(next_deadline, c.deadline);
     }
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline -
-                                                                            Clock::now());
-    const int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(0, wait.count())));
+    const auto wait =
+        std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline - Clock::now());
+    const int r =
+        ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(0, wait.count())));
     if (r < 0 && errno != EINTR) break;
     if (fds[0].revents & POLLIN) {
       uint64_t v;
@@ -456,9 +458,9 @@ void FrontDoor::Impl::run() {
           break;
         }
         if (!ok) {
-          close(c, c.stage == Stage::open ? (c.in.empty() && c.header ? nullptr
-                                                                      : &FrontDoorCounts::dropped)
-                                          : &FrontDoorCounts::failed);
+          close(c, c.stage == Stage::open
+                       ? (c.in.empty() && c.header ? nullptr : &FrontDoorCounts::dropped)
+                       : &FrontDoorCounts::failed);
           continue;
         }
       }

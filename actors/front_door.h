@@ -41,9 +41,9 @@ struct FrontDoorOptions {
 
 /// What the front door has seen, for tests and diagnostics.
 struct FrontDoorCounts {
-  long accepted = 0;       // TCP connections accepted
-  long turned_away = 0;    // closed at once: too many handshakes in progress (in all or per address)
-  long failed = 0;         // closed during the handshake: bad magic, wrong proof, too slow
+  long accepted = 0;     // TCP connections accepted
+  long turned_away = 0;  // closed at once: too many handshakes in progress (in all or per address)
+  long failed = 0;       // closed during the handshake: bad magic, wrong proof, too slow
   long authenticated = 0;  // completed the handshake
   long dropped = 0;        // closed after the handshake: an oversized or malformed frame
 };

@@ -14,7 +14,9 @@ namespace {
 // ends its operations at once, so this is only a backstop against a link that never answers.
 constexpr std::chrono::seconds kFailGrace{10};
 
-bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;

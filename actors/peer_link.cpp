@@ -137,8 +137,7 @@ void start_round(PeerLink* self, const EdgeRound& r) {
     st.transport->recv(st.peer, tag, inbox->data(), r.bytes,
                        [me, round, inbox](const comm::Status& s) {
                          handoff_release();  // the received bytes are in the inbox
-                         caf::anon_send(me, op_done_atom::value, round, false, s.ok(),
-                                        s.message());
+                         caf::anon_send(me, op_done_atom::value, round, false, s.ok(), s.message());
                        });
   }
   if (r.send)

@@ -91,9 +91,9 @@ void report_stall(Reducer* self, uint32_t step) {
   const int64_t stall_ms = it->second.stall_ms;
   it->second.stalled = true;
   auto pending = std::make_shared<int>(0);
-  auto report = std::make_shared<std::string>(
-      "step " + std::to_string(step) + " stalled: not done after " +
-      std::to_string(stall_ms) + " ms:");
+  auto report =
+      std::make_shared<std::string>("step " + std::to_string(step) + " stalled: not done after " +
+                                    std::to_string(stall_ms) + " ms:");
   auto finish = [self, step, report] {
     auto jt = self->state.steps.find(step);
     if (jt == self->state.steps.end() || !jt->second.waiter.pending()) return;
@@ -114,9 +114,8 @@ void report_stall(Reducer* self, uint32_t step) {
                 *report += " " + describe(self, b) + " is reducing and waits for rank(s) " +
                            (waiting.empty() ? "(none)" : list(waiting)) + ";";
               else
-                *report += " " + describe(self, b) + " never started: " +
-                           std::to_string(ready) + " of " +
-                           std::to_string(self->state.expected[static_cast<size_t>(b)]) +
+                *report += " " + describe(self, b) + " never started: " + std::to_string(ready) +
+                           " of " + std::to_string(self->state.expected[static_cast<size_t>(b)]) +
                            " parameters had a gradient;";
               if (--*pending == 0) finish();
             },
@@ -176,8 +175,8 @@ caf::behavior reducer(Reducer* self, int buckets) {
         s.finished[static_cast<size_t>(index)] = true;
         ++s.done;
         if (!ok && s.failure.empty())
-          s.failure = "step " + std::to_string(step) + ": " + describe(self, index) +
-                      " failed: " + error;
+          s.failure =
+              "step " + std::to_string(step) + ": " + describe(self, index) + " failed: " + error;
         deliver_if_ready(self, step);
       },
       [self](await_atom, uint32_t step,
@@ -209,7 +208,6 @@ caf::behavior reducer(Reducer* self, int buckets) {
 }
 
 }  // namespace
-
 
 caf::actor spawn_reducer(caf::actor_system& system, int buckets) {
   return system.spawn(reducer, buckets);

@@ -198,9 +198,8 @@ class DirectoryConnection {
           if (errno == EINTR) continue;
           break;
         }
-        auto [type, body] = wire::recv_frame(*stream_, 64 * 1024,
-                                             Clock::now() + std::chrono::seconds(10),
-                                             "a message from rank 0");
+        auto [type, body] = wire::recv_frame(
+            *stream_, 64 * 1024, Clock::now() + std::chrono::seconds(10), "a message from rank 0");
         if (type != Frame::peer_down) break;
         wire::Reader r(body, "a peer-down message from rank 0");
         const int rank = r.i32();
@@ -229,8 +228,8 @@ PublishedDirectory publish_directory(caf::actor_system& system, const Rendezvous
   door.secret = wire::job_key(request.secret, request.job_id);
   door.tls = request.tls;
   door.world_size = request.world_size;
-  door.handshake_timeout = std::min<std::chrono::milliseconds>(request.timeout,
-                                                                std::chrono::seconds(5));
+  door.handshake_timeout =
+      std::min<std::chrono::milliseconds>(request.timeout, std::chrono::seconds(5));
   PublishedDirectory out;
   out.directory = spawn_directory(system, request.world_size, request.timeout);
   try {
@@ -292,8 +291,8 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
       stream.reset();
       last_error = refusal.why;
       if (!refusal.retry)
-        throw comm::Error("rank " + std::to_string(request.rank) + " cannot join the rendezvous at " +
-                          where(request) + ": " + refusal.why);
+        throw comm::Error("rank " + std::to_string(request.rank) +
+                          " cannot join the rendezvous at " + where(request) + ": " + refusal.why);
     }
     const auto now = Clock::now();
     if (now >= deadline) throw fail(last_error);
@@ -304,8 +303,8 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
     if (Clock::now() >= deadline) throw fail(last_error);
   }
 
-  const std::string at = "rendezvous at " + where(request) + " failed for rank " +
-                         std::to_string(request.rank) + ": ";
+  const std::string at =
+      "rendezvous at " + where(request) + " failed for rank " + std::to_string(request.rank) + ": ";
   try {
     wire::Writer w;
     w.i32(request.rank)
@@ -317,11 +316,11 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
     wire::send_all(*stream, bytes.data(), bytes.size(), deadline + slack, "registering");
     // The table grows with the world: each rank's host, address and extra bytes, within the
     // caps rank 0 checked them against.
-    const uint64_t cap = 1024 + static_cast<uint64_t>(request.world_size) *
-                                    (12 + wire::kMaxHostBytes + 16 * 1024);
-    auto [type, body] = wire::recv_frame(
-        *stream, static_cast<uint32_t>(std::min<uint64_t>(cap, 1u << 30)), deadline + slack,
-        "waiting for the peer table");
+    const uint64_t cap =
+        1024 + static_cast<uint64_t>(request.world_size) * (12 + wire::kMaxHostBytes + 16 * 1024);
+    auto [type, body] =
+        wire::recv_frame(*stream, static_cast<uint32_t>(std::min<uint64_t>(cap, 1u << 30)),
+                         deadline + slack, "waiting for the peer table");
     if (type != Frame::table) throw comm::Error("rank 0 sent something other than the peer table");
     wire::Reader r(body, "the peer table");
     const bool ok = r.u8() != 0;

@@ -4,9 +4,9 @@
 #include <netdb.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
-#include <openssl/ssl.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -142,7 +142,8 @@ void Reader::need(size_t n) const {
 int32_t Reader::i32() {
   need(4);
   uint32_t u = 0;
-  for (int i = 0; i < 4; ++i) u |= static_cast<uint32_t>(static_cast<unsigned char>(body_[at_ + i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    u |= static_cast<uint32_t>(static_cast<unsigned char>(body_[at_ + i])) << (8 * i);
   at_ += 4;
   return static_cast<int32_t>(u);
 }
@@ -191,8 +192,8 @@ std::shared_ptr<ssl_ctx_st> tls_context(const TlsFiles& files, bool server) {
   if (!ctx) throw comm::Error("cannot make a TLS context: " + openssl_error());
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
   auto fail = [&](const char* variable, const std::string& file, const char* expected) {
-    return comm::Error(std::string(variable) + "='" + file + "' cannot be used: " +
-                       openssl_error() + " (expected " + expected + ")");
+    return comm::Error(std::string(variable) + "='" + file +
+                       "' cannot be used: " + openssl_error() + " (expected " + expected + ")");
   };
   if (SSL_CTX_use_certificate_chain_file(ctx.get(), files.cert.c_str()) != 1)
     throw fail("TROUPE_TLS_CERT", files.cert, "a PEM certificate file");
@@ -201,7 +202,8 @@ std::shared_ptr<ssl_ctx_st> tls_context(const TlsFiles& files, bool server) {
   if (SSL_CTX_check_private_key(ctx.get()) != 1)
     throw fail("TROUPE_TLS_KEY", files.key, "the key of the certificate in TROUPE_TLS_CERT");
   if (SSL_CTX_load_verify_locations(ctx.get(), files.ca.c_str(), nullptr) != 1)
-    throw fail("TROUPE_TLS_CA", files.ca, "a PEM file of the authority that signs the ranks' certificates");
+    throw fail("TROUPE_TLS_CA", files.ca,
+               "a PEM file of the authority that signs the ranks' certificates");
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   return ctx;
 }
@@ -230,7 +232,8 @@ Stream::Io Stream::result(int r, bool reading) {
   error_ = std::string("OpenSSL: ") + (code ? buf : std::strerror(errno));
   const long verify = SSL_get_verify_result(ssl_);
   if (verify != X509_V_OK)
-    error_ += std::string(" (the peer's certificate: ") + X509_verify_cert_error_string(verify) + ")";
+    error_ +=
+        std::string(" (the peer's certificate: ") + X509_verify_cert_error_string(verify) + ")";
   ERR_clear_error();
   return Io::failed;
 }

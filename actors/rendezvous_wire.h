@@ -8,8 +8,8 @@
 /// checked against a cap before anything is allocated:
 ///
 ///   rank -> door   hello     magic "TROUPE" 0x01 0x00 (8 bytes), rank nonce (32 bytes)
-///   door -> rank   challenge door nonce (32), HMAC-SHA256(secret, "door" | rank nonce | door nonce)
-///   rank -> door   proof     HMAC-SHA256(secret, "rank" | door nonce | rank nonce) (32)
+///   door -> rank   challenge door nonce (32), HMAC-SHA256(secret, "door" | rank nonce | door
+///   nonce) rank -> door   proof     HMAC-SHA256(secret, "rank" | door nonce | rank nonce) (32)
 ///   door -> rank   welcome   one byte, 1
 ///   then frames    u32 body length (little-endian), u8 type, body
 ///
@@ -63,7 +63,7 @@ std::string random_secret(size_t n = 32);
 
 /// HMAC-SHA256(secret, role | a | b).
 std::string mac(const std::string& secret, const char* role, const std::string& a,
-                 const std::string& b);
+                const std::string& b);
 
 /// The key of a job's handshakes: HMAC-SHA256(secret, "job" | job id), or the secret itself
 /// when the job has no id. Two jobs that share a secret but not an id never accept each other.

@@ -26,7 +26,9 @@ StagingContext::~StagingContext() {
 
 HostStaging::HostStaging(std::shared_ptr<StagingContext> context, void* device_data, size_t bytes,
                          std::string name)
-    : context_(std::move(context)), device_data_(device_data), bytes_(bytes),
+    : context_(std::move(context)),
+      device_data_(device_data),
+      bytes_(bytes),
       name_(std::move(name)) {
   cuda::DeviceGuard guard(context_->device());
   host_ = cuda::host_alloc(bytes_);

@@ -7,8 +7,8 @@
 /// (the collectives waiting on it fail, and those of the other survivors stop with them, see
 /// comm::BlockingDriver), so nothing waits for its deadline; a rank that left
 /// cleanly is only recorded, since every message it sent had been delivered (a wait for one it
-/// never sent ends at that wait's deadline). When the directory itself (rank 0) disappears, that counts as
-/// rank 0 dying. `on_peer_down` is called on the worker's thread for each lost rank.
+/// never sent ends at that wait's deadline). When the directory itself (rank 0) disappears, that
+/// counts as rank 0 dying. `on_peer_down` is called on the worker's thread for each lost rank.
 #include <caf/fwd.hpp>
 
 #include <functional>

@@ -84,9 +84,10 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   torch::manual_seed(1);
   Runtime rt(bench::one_rank_options());
-  std::printf("checkpoint of one rank in %s, median of %d (write: file + fsync + rename; read: "
-              "read + SHA-256 + checks + apply)\n\n",
-              dir.c_str(), repeats);
+  std::printf(
+      "checkpoint of one rank in %s, median of %d (write: file + fsync + rename; read: "
+      "read + SHA-256 + checks + apply)\n\n",
+      dir.c_str(), repeats);
   std::printf("| model | parameters | file MB | write s | read s |\n|---|---|---|---|---|\n");
   for (bool algorithm : {false, true}) {
     measure(rt, "MLP 784-256-10", examples::MlpNet({784, 256, 10}).ptr(), algorithm, dir, repeats);

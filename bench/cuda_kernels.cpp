@@ -81,16 +81,19 @@ int main(int argc, char** argv) {
   int repeats = 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--elements") n = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--repeats") repeats = std::atoi(argv[i + 1]);
+    if (a == "--elements")
+      n = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--repeats")
+      repeats = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "bench_cuda_kernels: unknown argument %s\n", a.c_str());
       return 2;
     }
   }
   if (n < 1024 || repeats < 1) {
-    std::fprintf(stderr, "bench_cuda_kernels: --elements %zu --repeats %d (expected >= 1024, >= 1)\n",
-                 n, repeats);
+    std::fprintf(stderr,
+                 "bench_cuda_kernels: --elements %zu --repeats %d (expected >= 1024, >= 1)\n", n,
+                 repeats);
     return 2;
   }
   try {
@@ -192,10 +195,10 @@ int main(int argc, char** argv) {
       std::printf("| %s | %.3f | %.1f | %.0f | %.0f%%%s |\n", r.kernel.c_str(), r.ms, r.bytes / 1e6,
                   gbs, 100.0 * gbs / copy_gbs, r.streaming ? "" : " (not streaming)");
     }
-    for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c),
-                    static_cast<void*>(half), static_cast<void*>(codes), static_cast<void*>(bits),
-                    static_cast<void*>(scalar), static_cast<void*>(indices),
-                    static_cast<void*>(values)})
+    for (void* p :
+         {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c),
+          static_cast<void*>(half), static_cast<void*>(codes), static_cast<void*>(bits),
+          static_cast<void*>(scalar), static_cast<void*>(indices), static_cast<void*>(values)})
       cudaFree(p);
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {

@@ -58,8 +58,10 @@ void measure(Runtime& rt, const Case& c, const std::string& algorithm_name,
   auto forward_backward = [&] {
     sgd.zero_grad();
     torch::Tensor out;
-    if (auto* mlp = module->as<examples::MlpNetImpl>()) out = mlp->forward(x);
-    else out = module->as<examples::CnnNetImpl>()->forward(x);
+    if (auto* mlp = module->as<examples::MlpNetImpl>())
+      out = mlp->forward(x);
+    else
+      out = module->as<examples::CnnNetImpl>()->forward(x);
     torch::nll_loss(out, y).backward();
   };
   DdpOptions options;
@@ -96,9 +98,9 @@ void measure(Runtime& rt, const Case& c, const std::string& algorithm_name,
   int64_t params = 0;
   for (auto& p : module->parameters()) params += p.numel();
   const double p = median(plain), e = median(elastic);
-  std::printf("| %s | %s | %lld | %.3f | %.3f | %+.3f | %.3f | %.2f | %.0f |\n",
-              c.name.c_str(), algorithm_name.c_str(), static_cast<long long>(params), p, e, e - p,
-              e / p, static_cast<double>(bytes) / 1e6, median(copy));
+  std::printf("| %s | %s | %lld | %.3f | %.3f | %+.3f | %.3f | %.2f | %.0f |\n", c.name.c_str(),
+              algorithm_name.c_str(), static_cast<long long>(params), p, e, e - p, e / p,
+              static_cast<double>(bytes) / 1e6, median(copy));
   std::fflush(stdout);
 }
 
@@ -114,8 +116,10 @@ void measure_caller_state(const Case& c) {
   auto step = [&] {
     sgd.zero_grad();
     torch::Tensor out;
-    if (auto* mlp = module->as<examples::MlpNetImpl>()) out = mlp->forward(x);
-    else out = module->as<examples::CnnNetImpl>()->forward(x);
+    if (auto* mlp = module->as<examples::MlpNetImpl>())
+      out = mlp->forward(x);
+    else
+      out = module->as<examples::CnnNetImpl>()->forward(x);
     torch::nll_loss(out, y).backward();
     sgd.step();
   };
@@ -154,22 +158,27 @@ int main(int argc, char** argv) {
   power.start_iter = 2;
   std::printf("step time, median of %d blocks of %d steps each, plain and elastic alternating\n\n",
               rounds, steps);
-  std::printf("| model | algorithm | parameters | plain ms/step | elastic ms/step | difference ms "
-              "| elastic/plain | state MB | copy us/step |\n"
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
-  const std::vector<Case> cases = {
-      {"MLP 784-256-10", [] { return examples::MlpNet({784, 256, 10}).ptr(); }},
-      {"CNN", [] { return examples::CnnNet().ptr(); }}};
+  std::printf(
+      "| model | algorithm | parameters | plain ms/step | elastic ms/step | difference ms "
+      "| elastic/plain | state MB | copy us/step |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  const std::vector<Case> cases = {{"MLP 784-256-10",
+                                    [] {
+                                      return examples::MlpNet({784, 256, 10}).ptr();
+                                    }},
+                                   {"CNN", [] { return examples::CnnNet().ptr(); }}};
   const std::vector<std::pair<std::string, Algorithm>> algorithms = {
       {"top-k 1% + EF + momentum correction", topk}, {"PowerSGD rank 2 + EF", power}};
   for (const auto& c : cases)
     for (const auto& [name, algorithm] : algorithms)
       if ((c.name + " " + name).find(only) != std::string::npos)
         measure(rt, c, name, algorithm, steps, rounds);
-  std::printf("\ngossip (D-PSGD, Choco-SGD): the caller's state serialised after each step, "
-              "median of 200, against a local step of batch 64\n\n");
-  std::printf("| model | state MB | serialise us/step | local step ms | serialise/step |\n"
-              "|---|---:|---:|---:|---:|\n");
+  std::printf(
+      "\ngossip (D-PSGD, Choco-SGD): the caller's state serialised after each step, "
+      "median of 200, against a local step of batch 64\n\n");
+  std::printf(
+      "| model | state MB | serialise us/step | local step ms | serialise/step |\n"
+      "|---|---:|---:|---:|---:|\n");
   for (const auto& c : cases)
     if ((c.name + " caller state").find(only) != std::string::npos) measure_caller_state(c);
   return 0;

@@ -17,15 +17,21 @@ namespace {
 
 struct Sum {
   template <class T>
-  TROUPE_INLINE T operator()(T x, T y) const { return x + y; }
+  TROUPE_INLINE T operator()(T x, T y) const {
+    return x + y;
+  }
 };
 struct Min {
   template <class T>
-  TROUPE_INLINE T operator()(T x, T y) const { return y < x ? y : x; }
+  TROUPE_INLINE T operator()(T x, T y) const {
+    return y < x ? y : x;
+  }
 };
 struct Max {
   template <class T>
-  TROUPE_INLINE T operator()(T x, T y) const { return x < y ? y : x; }
+  TROUPE_INLINE T operator()(T x, T y) const {
+    return x < y ? y : x;
+  }
 };
 
 template <class T, class F>
@@ -37,9 +43,15 @@ template <class T>
 TROUPE_INLINE void apply_op(T* dst, const T* a, const T* b, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: apply(dst, a, b, n, Sum{}); break;
-    case ReduceOp::min: apply(dst, a, b, n, Min{}); break;
-    case ReduceOp::max: apply(dst, a, b, n, Max{}); break;
+    case ReduceOp::avg:
+      apply(dst, a, b, n, Sum{});
+      break;
+    case ReduceOp::min:
+      apply(dst, a, b, n, Min{});
+      break;
+    case ReduceOp::max:
+      apply(dst, a, b, n, Max{});
+      break;
   }
 }
 
@@ -72,8 +84,7 @@ TROUPE_INLINE void apply_f16_scalar(uint16_t* dst, const uint16_t* a, const uint
 
 // F16C converts 8 halves at a time; the tail goes through the scalar conversion.
 __attribute__((target("avx2,f16c"))) void apply_f16_f16c(uint16_t* d, const uint16_t* x,
-                                                          const uint16_t* y, size_t n,
-                                                          ReduceOp op) {
+                                                         const uint16_t* y, size_t n, ReduceOp op) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 u = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
@@ -84,9 +95,12 @@ __attribute__((target("avx2,f16c"))) void apply_f16_f16c(uint16_t* d, const uint
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
                      _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
   }
-  if (op == ReduceOp::min) apply_f16_scalar(d + i, x + i, y + i, n - i, Min{});
-  else if (op == ReduceOp::max) apply_f16_scalar(d + i, x + i, y + i, n - i, Max{});
-  else apply_f16_scalar(d + i, x + i, y + i, n - i, Sum{});
+  if (op == ReduceOp::min)
+    apply_f16_scalar(d + i, x + i, y + i, n - i, Min{});
+  else if (op == ReduceOp::max)
+    apply_f16_scalar(d + i, x + i, y + i, n - i, Max{});
+  else
+    apply_f16_scalar(d + i, x + i, y + i, n - i, Sum{});
 }
 
 // Every (type, op) loop; inlined into one plain and one AVX2 build below.
@@ -98,8 +112,8 @@ TROUPE_INLINE void reduce_all(void* dst, const void* a, const void* b, size_t n,
   auto* b16 = static_cast<const uint16_t*>(b);
   switch (t) {
     case DataType::float32:
-      apply_op(static_cast<float*>(dst), static_cast<const float*>(a),
-               static_cast<const float*>(b), n, op);
+      apply_op(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b),
+               n, op);
       break;
     case DataType::float64:
       apply_op(static_cast<double*>(dst), static_cast<const double*>(a),
@@ -114,15 +128,22 @@ TROUPE_INLINE void reduce_all(void* dst, const void* a, const void* b, size_t n,
                static_cast<const int64_t*>(b), n, op);
       break;
     case DataType::bfloat16:
-      if (op == ReduceOp::min) apply_bf16(d16, a16, b16, n, Min{});
-      else if (op == ReduceOp::max) apply_bf16(d16, a16, b16, n, Max{});
-      else apply_bf16(d16, a16, b16, n, Sum{});
+      if (op == ReduceOp::min)
+        apply_bf16(d16, a16, b16, n, Min{});
+      else if (op == ReduceOp::max)
+        apply_bf16(d16, a16, b16, n, Max{});
+      else
+        apply_bf16(d16, a16, b16, n, Sum{});
       break;
     case DataType::float16:
-      if (kF16c) apply_f16_f16c(d16, a16, b16, n, op);
-      else if (op == ReduceOp::min) apply_f16_scalar(d16, a16, b16, n, Min{});
-      else if (op == ReduceOp::max) apply_f16_scalar(d16, a16, b16, n, Max{});
-      else apply_f16_scalar(d16, a16, b16, n, Sum{});
+      if (kF16c)
+        apply_f16_f16c(d16, a16, b16, n, op);
+      else if (op == ReduceOp::min)
+        apply_f16_scalar(d16, a16, b16, n, Min{});
+      else if (op == ReduceOp::max)
+        apply_f16_scalar(d16, a16, b16, n, Max{});
+      else
+        apply_f16_scalar(d16, a16, b16, n, Sum{});
       break;
   }
 }
@@ -131,9 +152,8 @@ void reduce_generic(void* dst, const void* a, const void* b, size_t n, DataType 
   reduce_all<false>(dst, a, b, n, t, op);
 }
 
-__attribute__((target("avx2,fma,f16c"))) void reduce_avx2(void* dst, const void* a,
-                                                           const void* b, size_t n, DataType t,
-                                                           ReduceOp op) {
+__attribute__((target("avx2,fma,f16c"))) void reduce_avx2(void* dst, const void* a, const void* b,
+                                                          size_t n, DataType t, ReduceOp op) {
   reduce_all<true>(dst, a, b, n, t, op);
 }
 
@@ -268,8 +288,10 @@ uint16_t float_to_bfloat16(float f) { return f32_to_bf16(f); }
 
 void reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op) {
   if (count == 0) return;
-  if (have_vector_loops()) reduce_avx2(dst, a, b, count, type, op);
-  else reduce_generic(dst, a, b, count, type, op);
+  if (have_vector_loops())
+    reduce_avx2(dst, a, b, count, type, op);
+  else
+    reduce_generic(dst, a, b, count, type, op);
 }
 
 void reduce_to_two(void* out1, void* out2, const void* a, const void* b, size_t count,
@@ -302,8 +324,12 @@ void divide(void* data, size_t count, DataType type, int divisor) {
   if (divisor < 1) throw Error("divide: divisor " + std::to_string(divisor) + " is not >= 1");
   if (divisor == 1 || count == 0) return;
   switch (type) {
-    case DataType::float32: divide_float(static_cast<float*>(data), count, divisor); break;
-    case DataType::float64: divide_float(static_cast<double*>(data), count, divisor); break;
+    case DataType::float32:
+      divide_float(static_cast<float*>(data), count, divisor);
+      break;
+    case DataType::float64:
+      divide_float(static_cast<double*>(data), count, divisor);
+      break;
     case DataType::int32: {
       auto* p = static_cast<int32_t*>(data);
       for (size_t i = 0; i < count; ++i) p[i] /= divisor;
@@ -349,7 +375,8 @@ void scale(void* data, size_t count, DataType type, double factor) {
     }
     case DataType::int64: {
       auto* p = static_cast<int64_t*>(data);
-      for (size_t i = 0; i < count; ++i) p[i] = static_cast<int64_t>(static_cast<double>(p[i]) * factor);
+      for (size_t i = 0; i < count; ++i)
+        p[i] = static_cast<int64_t>(static_cast<double>(p[i]) * factor);
       break;
     }
     case DataType::float16: {

@@ -1,16 +1,16 @@
 #pragma once
 /// Element-wise reduction kernels on the CPU: the arithmetic of every collective.
 ///
-/// Loops are written once per (type, op) with no per-element dispatch; float types vectorise, and an
-/// AVX2/F16C build of each loop is chosen at run time where the processor has it.
+/// Loops are written once per (type, op) with no per-element dispatch; float types vectorise, and
+/// an AVX2/F16C build of each loop is chosen at run time where the processor has it.
 #include <cstddef>
 
 #include "comm/types.h"
 
 namespace troupe::comm {
 
-/// dst[i] = a[i] op b[i] for i < count. dst may be the same buffer as a or b (not a partial overlap).
-/// ReduceOp::avg reduces like sum; divide() applies the denominator once at the end.
+/// dst[i] = a[i] op b[i] for i < count. dst may be the same buffer as a or b (not a partial
+/// overlap). ReduceOp::avg reduces like sum; divide() applies the denominator once at the end.
 void reduce(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op);
 
 /// out1[i] = out2[i] = a[i] op b[i] for i < count, then divided by `divisor` for ReduceOp::avg:

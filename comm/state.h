@@ -89,8 +89,9 @@ class StateReader {
   }
   std::string string() {
     const auto n = value<uint64_t>();
-    if (n > remaining()) fail(std::to_string(n) + " bytes of text announced, " +
-                              std::to_string(remaining()) + " left");
+    if (n > remaining())
+      fail(std::to_string(n) + " bytes of text announced, " + std::to_string(remaining()) +
+           " left");
     std::string s(data_ + at_, static_cast<size_t>(n));
     at_ += static_cast<size_t>(n);
     return s;

@@ -6,8 +6,9 @@
 ///
 ///     tag  (48 bits)  = key << 16 | sub
 ///     key  (32 bits)  = module << 28 | the module's own 28 bits:
-///         bucket reductions (runtime/gradient_path/transport.cpp): step << 16 | stage << 12 | bucket
-///         gossip rounds and streams (actors/peer_link.cpp, actors/background.cpp): round or seq
+///         bucket reductions (runtime/gradient_path/transport.cpp): step << 16 | stage << 12 |
+///         bucket gossip rounds and streams (actors/peer_link.cpp, actors/background.cpp): round or
+///         seq
 ///     module 0 is the Communicator's own collectives (keys 1 .. kFirstUserKey - 1); modules
 ///     1 .. kMaxModules are the Runtime's live modules (Runtime::next_module_id).
 ///
@@ -24,13 +25,13 @@ constexpr Tag kTagMask = (Tag{1} << kTagBits) - 1;
 
 namespace tags {
 
-constexpr int kSubBits = 16;     // a collective's messages (Op::sub)
-constexpr int kKeyBits = 32;     // a collective invocation
-constexpr int kModuleBits = 4;   // the module, at the top of the key
+constexpr int kSubBits = 16;    // a collective's messages (Op::sub)
+constexpr int kKeyBits = 32;    // a collective invocation
+constexpr int kModuleBits = 4;  // the module, at the top of the key
 constexpr int kModuleShift = kKeyBits - kModuleBits;
-constexpr int kStepBits = 12;    // a bucket reduction's step, wrapping
+constexpr int kStepBits = 12;  // a bucket reduction's step, wrapping
 constexpr int kStepShift = 16;
-constexpr int kStageBits = 4;    // its stage (compress, exchange, ...)
+constexpr int kStageBits = 4;  // its stage (compress, exchange, ...)
 constexpr int kStageShift = 12;
 constexpr int kBucketBits = 12;  // its bucket
 
@@ -77,7 +78,8 @@ constexpr Tag tag_of(uint32_t key, uint32_t sub = 0) {
 constexpr Tag kProbeTag = tag_of(0, 0xfffe);
 constexpr Tag kProbeAnswerTag = tag_of(0, 0xffff);
 
-static_assert(tag_of(0xffffffffu, 0xffffu) == kTagMask, "the widest tag fills the transport's bits");
+static_assert(tag_of(0xffffffffu, 0xffffu) == kTagMask,
+              "the widest tag fills the transport's bits");
 static_assert(bucket_key(module_prefix(kMaxModules), kStepMask, kMaxStages - 1, kMaxBuckets - 1) ==
                   0xffffffffu,
               "the key fields do not overlap and fill 32 bits");

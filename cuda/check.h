@@ -17,9 +17,9 @@ namespace troupe::cuda::detail {
 
 // Throws std::runtime_error naming the call, e.g. "troupe::cuda: cudaGetDevice(&device) failed:
 // no CUDA-capable device is detected (cudaErrorNoDevice)".
-#define TROUPE_CUDA_CHECK(call)                                                          \
-  do {                                                                                   \
-    cudaError_t troupe_status_ = (call);                                                 \
-    if (troupe_status_ != cudaSuccess)                                                   \
-      ::troupe::cuda::detail::throw_cuda_error(#call, troupe_status_);                   \
+#define TROUPE_CUDA_CHECK(call)                                        \
+  do {                                                                 \
+    cudaError_t troupe_status_ = (call);                               \
+    if (troupe_status_ != cudaSuccess)                                 \
+      ::troupe::cuda::detail::throw_cuda_error(#call, troupe_status_); \
   } while (0)

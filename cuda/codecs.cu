@@ -1,9 +1,9 @@
 #include "cuda/codecs.h"
 
-#include <cub/device/device_select.cuh>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
+#include <cub/device/device_select.cuh>
 
 #include <algorithm>
 #include <cstdint>
@@ -154,8 +154,8 @@ void encode_16(const char* function, const float* src, size_t n, float scale, ui
   require_buffer(function, "src", src, n, "n", 4);
   require_buffer(function, "dst", dst, n, "n", 2);
   if (n == 0) return;
-  encode_half_kernel<kBfloat16><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, n, scale,
-                                                                                  dst);
+  encode_half_kernel<kBfloat16>
+      <<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, n, scale, dst);
   check_launch();
 }
 
@@ -165,8 +165,8 @@ void decode_16(const char* function, const uint16_t* src, size_t n, float scale,
   require_buffer(function, "src", src, n, "n", 2);
   require_buffer(function, "dst", dst, n, "n", 4);
   if (n == 0) return;
-  decode_half_kernel<kBfloat16><<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, n, scale,
-                                                                                  dst);
+  decode_half_kernel<kBfloat16>
+      <<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, n, scale, dst);
   check_launch();
 }
 
@@ -177,9 +177,9 @@ void decode_16(const char* function, const uint16_t* src, size_t n, float scale,
 // lowest priority in the CPU's search (minmax_codes.h), then each thread computes code bytes
 // u = rank, rank + group, ... The search is the same at both widths; Codes<bits> is the packing.
 
+using minmax::better;
 using minmax::Codes;
 using minmax::Pick;
-using minmax::better;
 
 __device__ inline Pick shuffle_down(Pick p, int delta) {
   return {__shfl_down_sync(0xffffffffu, p.value, delta),
@@ -309,8 +309,10 @@ void launch_groups(Kernel kernel, size_t blocks, void* stream, Args... args) {
 template <class Use>
 auto with_codes(const char* function, MinMaxBits bits, Use&& use) {
   switch (bits) {
-    case MinMaxBits::four: return use(Codes<4>{});
-    case MinMaxBits::eight: return use(Codes<8>{});
+    case MinMaxBits::four:
+      return use(Codes<4>{});
+    case MinMaxBits::eight:
+      return use(Codes<8>{});
   }
   bad_argument(function, "bits " + std::to_string(static_cast<int>(bits)) + " (expected 4 or 8)");
 }
@@ -337,8 +339,8 @@ void minmax_decode_any(const char* function, MinMaxBits bits, const uint8_t* in,
     if (n == 0) return;
     const size_t blocks = (n + block - 1) / block;
     if (block >= kCtaBlock)
-      launch_groups<kThreads>(minmax_decode_kernel<C, kThreads, kAdd>, blocks, stream, in, n,
-                              block, blocks, dst);
+      launch_groups<kThreads>(minmax_decode_kernel<C, kThreads, kAdd>, blocks, stream, in, n, block,
+                              blocks, dst);
     else
       launch_groups<kWarp>(minmax_decode_kernel<C, kWarp, kAdd>, blocks, stream, in, n, block,
                            blocks, dst);
@@ -347,7 +349,9 @@ void minmax_decode_any(const char* function, MinMaxBits bits, const uint8_t* in,
 
 // ---- signs -----------------------------------------------------------------------------------
 
-__device__ inline float abs_bits(float x) { return __uint_as_float(__float_as_uint(x) & 0x7fffffffu); }
+__device__ inline float abs_bits(float x) {
+  return __uint_as_float(__float_as_uint(x) & 0x7fffffffu);
+}
 
 __device__ inline float scale_value(const Scale& s) {
   return s.device != nullptr ? __fmul_rn(*s.device, s.factor) : s.factor;
@@ -362,7 +366,8 @@ __global__ void sign_pack_kernel(const float* src, size_t n, uint8_t* bits) {
        w * kWarp < n; w += warps) {
     const size_t i = w * kWarp + lane;
     const unsigned word = __ballot_sync(0xffffffffu, i < n && src[i] < 0.0f);
-    if (lane < 4 && 4 * w + lane < bytes) bits[4 * w + lane] = static_cast<uint8_t>(word >> (8 * lane));
+    if (lane < 4 && 4 * w + lane < bytes)
+      bits[4 * w + lane] = static_cast<uint8_t>(word >> (8 * lane));
   }
 }
 
@@ -411,8 +416,8 @@ __global__ void mean_abs_chunks_kernel(const float* src, size_t chunks, double* 
     const float s2 = __shfl_down_sync(0xffffffffu, s, 2, 16);
     const float s3 = __shfl_down_sync(0xffffffffu, s, 3, 16);
     if (valid && column == 0)
-      sums[chunk] = __dadd_rn(static_cast<double>(__fadd_rn(s, s1)),
-                              static_cast<double>(__fadd_rn(s2, s3)));
+      sums[chunk] =
+          __dadd_rn(static_cast<double>(__fadd_rn(s, s1)), static_cast<double>(__fadd_rn(s2, s3)));
   }
 }
 
@@ -594,11 +599,16 @@ __device__ void copy_words(unsigned char* dst, const unsigned char* src, size_t 
 /// Copies with the widest word both addresses are aligned to.
 __device__ void copy_bytes(unsigned char* dst, const unsigned char* src, size_t bytes) {
   const auto both = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
-  if (both % 16 == 0) copy_words<uint4>(dst, src, bytes);
-  else if (both % 8 == 0) copy_words<uint2>(dst, src, bytes);
-  else if (both % 4 == 0) copy_words<uint32_t>(dst, src, bytes);
-  else if (both % 2 == 0) copy_words<uint16_t>(dst, src, bytes);
-  else copy_words<unsigned char>(dst, src, bytes);
+  if (both % 16 == 0)
+    copy_words<uint4>(dst, src, bytes);
+  else if (both % 8 == 0)
+    copy_words<uint2>(dst, src, bytes);
+  else if (both % 4 == 0)
+    copy_words<uint32_t>(dst, src, bytes);
+  else if (both % 2 == 0)
+    copy_words<uint16_t>(dst, src, bytes);
+  else
+    copy_words<unsigned char>(dst, src, bytes);
 }
 
 /// One CTA per chunk of 16 KiB; its tensor is found by binary search over the entries.
@@ -609,16 +619,20 @@ __global__ void flatten_kernel(const CopyEntry* entries, size_t count, size_t ch
     size_t lo = 0, hi = count;  // the last entry whose first_chunk <= chunk
     while (hi - lo > 1) {
       const size_t mid = (lo + hi) / 2;
-      if (entries[mid].first_chunk <= chunk) lo = mid;
-      else hi = mid;
+      if (entries[mid].first_chunk <= chunk)
+        lo = mid;
+      else
+        hi = mid;
     }
     const CopyEntry e = entries[lo];
     const size_t begin = (chunk - e.first_chunk) * kCopyChunk;
     const size_t bytes = min(kCopyChunk, e.bytes - begin);
     unsigned char* tensor = e.tensor + begin;
     unsigned char* place = flat + e.flat_offset + begin;
-    if (kToFlat) copy_bytes(place, tensor, bytes);
-    else copy_bytes(tensor, place, bytes);
+    if (kToFlat)
+      copy_bytes(place, tensor, bytes);
+    else
+      copy_bytes(tensor, place, bytes);
   }
 }
 
@@ -626,8 +640,8 @@ template <bool kToFlat>
 void flatten_any(const char* function, const TensorSpan* tensors, size_t num_tensors,
                  size_t element_bytes, const void* flat, size_t flat_count, void* stream) {
   if (element_bytes != 1 && element_bytes != 2 && element_bytes != 4 && element_bytes != 8)
-    bad_argument(function, "element_bytes " + std::to_string(element_bytes) +
-                               " (expected 1, 2, 4 or 8)");
+    bad_argument(function,
+                 "element_bytes " + std::to_string(element_bytes) + " (expected 1, 2, 4 or 8)");
   if (tensors == nullptr && num_tensors > 0)
     bad_argument(function, "tensors is null with num_tensors " + std::to_string(num_tensors) +
                                " (expected a host array of TensorSpan)");
@@ -643,12 +657,11 @@ void flatten_any(const char* function, const TensorSpan* tensors, size_t num_ten
     if (t.offset > flat_count || t.count > flat_count - t.offset)
       bad_argument(function, which + "elements [" + std::to_string(t.offset) + ", " +
                                  std::to_string(t.offset + t.count) +
-                                 ") of the flat buffer, which holds " +
-                                 std::to_string(flat_count) + " (expected offset + count <= " +
-                                 "flat_count)");
+                                 ") of the flat buffer, which holds " + std::to_string(flat_count) +
+                                 " (expected offset + count <= " + "flat_count)");
     const size_t bytes = t.count * element_bytes;
-    entries.push_back({static_cast<unsigned char*>(t.data), bytes, t.offset * element_bytes,
-                       chunks});
+    entries.push_back(
+        {static_cast<unsigned char*>(t.data), bytes, t.offset * element_bytes, chunks});
     chunks += (bytes + kCopyChunk - 1) / kCopyChunk;
   }
   if (entries.empty()) return;
@@ -659,8 +672,8 @@ void flatten_any(const char* function, const TensorSpan* tensors, size_t num_ten
   TROUPE_CUDA_CHECK(cudaMemcpyAsync(table.at<CopyEntry>(), entries.data(),
                                     entries.size() * sizeof(CopyEntry), cudaMemcpyHostToDevice,
                                     as_stream(stream)));
-  const auto grid = static_cast<unsigned>(
-      std::min<size_t>(chunks, std::numeric_limits<int32_t>::max()));
+  const auto grid =
+      static_cast<unsigned>(std::min<size_t>(chunks, std::numeric_limits<int32_t>::max()));
   flatten_kernel<kToFlat><<<grid, kThreads, 0, as_stream(stream)>>>(
       table.at<CopyEntry>(), entries.size(), chunks,
       static_cast<unsigned char*>(const_cast<void*>(flat)));
@@ -768,8 +781,8 @@ void sign_in_place(float* data, size_t n, void* stream) {
 void top_k(const float* src, size_t n, size_t k, uint32_t* indices, void* stream) {
   const char* function = "top_k";
   if (k > n)
-    bad_argument(function, "k " + std::to_string(k) + " > n " + std::to_string(n) +
-                               " (expected k <= n)");
+    bad_argument(function,
+                 "k " + std::to_string(k) + " > n " + std::to_string(n) + " (expected k <= n)");
   if (n > (size_t{1} << 32))
     bad_argument(function, "n " + std::to_string(n) + " (expected <= 2^32: indices are uint32)");
   require_buffer(function, "src", src, n, "n", 4);
@@ -784,15 +797,15 @@ void top_k(const float* src, size_t n, size_t k, uint32_t* indices, void* stream
   const thrust::counting_iterator<uint32_t> all(0);
   size_t cub_bytes = 0;
   TROUPE_CUDA_CHECK(cub::DeviceSelect::If(nullptr, cub_bytes, all, indices,
-                                          static_cast<long long*>(nullptr),
-                                          static_cast<int64_t>(n), AtLeastThreshold{}, s));
+                                          static_cast<long long*>(nullptr), static_cast<int64_t>(n),
+                                          AtLeastThreshold{}, s));
   const size_t state_bytes = (sizeof(SelectState) + 255) / 256 * 256;
   Scratch scratch(state_bytes + cub_bytes, s);
   auto* state = scratch.at<SelectState>();
   select_init_kernel<<<1, kThreads, 0, s>>>(state, k);
   check_launch();
-  const unsigned grid = static_cast<unsigned>(
-      std::clamp<size_t>((n + 16 * kThreads - 1) / (16 * kThreads), 1, 1024));
+  const unsigned grid =
+      static_cast<unsigned>(std::clamp<size_t>((n + 16 * kThreads - 1) / (16 * kThreads), 1, 1024));
   for (int pass = 0; pass < kSelectPasses; ++pass) {
     select_histogram_kernel<<<grid, kThreads, 0, s>>>(src, n, pass, state);
     check_launch();
@@ -838,15 +851,15 @@ void sparse_error_feedback(const float* x, size_t n, const uint32_t* indices, si
                            float* error, void* stream) {
   const char* function = "sparse_error_feedback";
   if (k > n)
-    bad_argument(function, "k " + std::to_string(k) + " > n " + std::to_string(n) +
-                               " (expected k <= n)");
+    bad_argument(function,
+                 "k " + std::to_string(k) + " > n " + std::to_string(n) + " (expected k <= n)");
   require_buffer(function, "x", x, n, "n", 4);
   require_buffer(function, "error", error, n, "n", 4);
   require_buffer(function, "indices", indices, k, "k", 4);
   if (n == 0) return;
   if (error != x)
-    TROUPE_CUDA_CHECK(cudaMemcpyAsync(error, x, n * sizeof(float), cudaMemcpyDeviceToDevice,
-                                      as_stream(stream)));
+    TROUPE_CUDA_CHECK(
+        cudaMemcpyAsync(error, x, n * sizeof(float), cudaMemcpyDeviceToDevice, as_stream(stream)));
   if (k == 0) return;
   zero_at_kernel<<<grid_for(k), kThreads, 0, as_stream(stream)>>>(indices, k, error);
   check_launch();

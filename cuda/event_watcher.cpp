@@ -101,8 +101,7 @@ void EventWatcher::loop() {
     pause = finished.empty() ? std::min<std::chrono::microseconds>(pause * 2, kLongestPause)
                              : kFirstPause;
     lock.lock();
-    if (!watched.empty())
-      wake_.wait_for(lock, pause, [&] { return stop_ || !incoming_.empty(); });
+    if (!watched.empty()) wake_.wait_for(lock, pause, [&] { return stop_ || !incoming_.empty(); });
   }
 }
 

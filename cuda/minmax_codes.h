@@ -131,8 +131,10 @@ TROUPE_HOST_DEVICE inline float value_of(uint32_t q, float lo, float step) {
 
 template <bool kAdd>
 TROUPE_HOST_DEVICE inline void put(float* d, float v) {
-  if (kAdd) *d = add_rn(*d, v);
-  else *d = v;
+  if (kAdd)
+    *d = add_rn(*d, v);
+  else
+    *d = v;
 }
 
 /// The packing of one code width: a block's codes are bytes u = 0, 1, ... each holding
@@ -147,8 +149,8 @@ struct Codes<8> {
   static constexpr int kMaxCode = 255;
   static constexpr size_t kCodesPerByte = 1;
 
-  TROUPE_HOST_DEVICE static uint8_t encode_byte(const float* x, size_t /*len*/, size_t u,
-                                                float lo, float inv) {
+  TROUPE_HOST_DEVICE static uint8_t encode_byte(const float* x, size_t /*len*/, size_t u, float lo,
+                                                float inv) {
     return static_cast<uint8_t>(code_of<kMaxCode>(x[u], lo, inv));
   }
   template <bool kAdd>
@@ -173,8 +175,8 @@ struct Codes<4> {
     return static_cast<uint8_t>(byte);
   }
   template <bool kAdd>
-  TROUPE_HOST_DEVICE static void decode_byte(uint8_t q, size_t len, size_t u, float lo,
-                                             float step, float* d) {
+  TROUPE_HOST_DEVICE static void decode_byte(uint8_t q, size_t len, size_t u, float lo, float step,
+                                             float* d) {
     const size_t even = 2 * u;
     put<kAdd>(d + even, value_of(q & 15u, lo, step));
     if (even + 1 < len) put<kAdd>(d + even + 1, value_of(q >> 4, lo, step));

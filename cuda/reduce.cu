@@ -53,17 +53,23 @@ __device__ inline int64_t add(int64_t x, int64_t y) {
 struct SumFn {
   static constexpr bool kBinary = true;
   template <class C>
-  __device__ C operator()(C x, C y) const { return add(x, y); }
+  __device__ C operator()(C x, C y) const {
+    return add(x, y);
+  }
 };
 struct MinFn {
   static constexpr bool kBinary = true;
   template <class C>
-  __device__ C operator()(C x, C y) const { return y < x ? y : x; }
+  __device__ C operator()(C x, C y) const {
+    return y < x ? y : x;
+  }
 };
 struct MaxFn {
   static constexpr bool kBinary = true;
   template <class C>
-  __device__ C operator()(C x, C y) const { return x < y ? y : x; }
+  __device__ C operator()(C x, C y) const {
+    return x < y ? y : x;
+  }
 };
 /// x / divisor in the arithmetic type; integer division truncates toward zero.
 template <class C>
@@ -114,8 +120,10 @@ __global__ void elementwise_kernel(T* dst, const T* a, const T* b, size_t count,
   for (size_t i = first; i < s.vectors; i += stride) {
     const V x = a_v[i];
     V y;
-    if constexpr (F::kBinary) y = b_v[i];
-    else y = x;
+    if constexpr (F::kBinary)
+      y = b_v[i];
+    else
+      y = x;
     V r;
 #pragma unroll
     for (int k = 0; k < V::size; ++k) r.v[k] = A::store(f(A::load(x.v[k]), A::load(y.v[k])));
@@ -127,8 +135,10 @@ __global__ void elementwise_kernel(T* dst, const T* a, const T* b, size_t count,
   for (size_t j = first; j < scalars; j += stride) {
     const size_t i = j < s.head ? j : j + vector_elements;
     const auto x = A::load(a[i]);
-    if constexpr (F::kBinary) dst[i] = A::store(f(x, A::load(b[i])));
-    else dst[i] = A::store(f(x, x));
+    if constexpr (F::kBinary)
+      dst[i] = A::store(f(x, A::load(b[i])));
+    else
+      dst[i] = A::store(f(x, x));
   }
 }
 
@@ -137,8 +147,8 @@ void launch(T* dst, const T* a, const T* b, size_t count, F f, void* stream) {
   const Split s = split<T>(count, dst, a, b);
   const size_t scalars = count - s.vectors * Vector<T>::size;
   const size_t work = std::max(s.vectors, scalars);
-  const int blocks = static_cast<int>(
-      std::clamp<size_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
+  const int blocks =
+      static_cast<int>(std::clamp<size_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
   elementwise_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(dst, a, b, count,
                                                                                  s, f);
   TROUPE_CUDA_CHECK(cudaGetLastError());
@@ -151,9 +161,12 @@ void reduce_as(void* dst, const void* a, const void* b, size_t count, Op op, voi
   const auto* y = static_cast<const T*>(b);
   switch (op) {
     case Op::sum:
-    case Op::avg: return launch(d, x, y, count, SumFn{}, stream);
-    case Op::min: return launch(d, x, y, count, MinFn{}, stream);
-    case Op::max: return launch(d, x, y, count, MaxFn{}, stream);
+    case Op::avg:
+      return launch(d, x, y, count, SumFn{}, stream);
+    case Op::min:
+      return launch(d, x, y, count, MinFn{}, stream);
+    case Op::max:
+      return launch(d, x, y, count, MaxFn{}, stream);
   }
   throw std::invalid_argument("troupe::cuda::reduce: op " + std::to_string(static_cast<int>(op)) +
                               " is not a troupe::cuda::Op (expected sum, avg, min or max)");
@@ -181,12 +194,18 @@ void reduce(void* dst, const void* a, const void* b, size_t count, DType t, Op o
     throw std::invalid_argument("troupe::cuda::reduce: null buffer with count " +
                                 std::to_string(count) + " (expected device pointers dst, a, b)");
   switch (t) {
-    case DType::float32: return reduce_as<float>(dst, a, b, count, op, stream);
-    case DType::float64: return reduce_as<double>(dst, a, b, count, op, stream);
-    case DType::float16: return reduce_as<__half>(dst, a, b, count, op, stream);
-    case DType::bfloat16: return reduce_as<__nv_bfloat16>(dst, a, b, count, op, stream);
-    case DType::int32: return reduce_as<int32_t>(dst, a, b, count, op, stream);
-    case DType::int64: return reduce_as<int64_t>(dst, a, b, count, op, stream);
+    case DType::float32:
+      return reduce_as<float>(dst, a, b, count, op, stream);
+    case DType::float64:
+      return reduce_as<double>(dst, a, b, count, op, stream);
+    case DType::float16:
+      return reduce_as<__half>(dst, a, b, count, op, stream);
+    case DType::bfloat16:
+      return reduce_as<__nv_bfloat16>(dst, a, b, count, op, stream);
+    case DType::int32:
+      return reduce_as<int32_t>(dst, a, b, count, op, stream);
+    case DType::int64:
+      return reduce_as<int64_t>(dst, a, b, count, op, stream);
   }
   throw_bad_dtype("reduce", t);
 }
@@ -200,12 +219,18 @@ void divide(void* data, size_t count, DType t, int divisor, void* stream) {
     throw std::invalid_argument("troupe::cuda::divide: null buffer with count " +
                                 std::to_string(count) + " (expected a device pointer)");
   switch (t) {
-    case DType::float32: return divide_as<float>(data, count, divisor, stream);
-    case DType::float64: return divide_as<double>(data, count, divisor, stream);
-    case DType::float16: return divide_as<__half>(data, count, divisor, stream);
-    case DType::bfloat16: return divide_as<__nv_bfloat16>(data, count, divisor, stream);
-    case DType::int32: return divide_as<int32_t>(data, count, divisor, stream);
-    case DType::int64: return divide_as<int64_t>(data, count, divisor, stream);
+    case DType::float32:
+      return divide_as<float>(data, count, divisor, stream);
+    case DType::float64:
+      return divide_as<double>(data, count, divisor, stream);
+    case DType::float16:
+      return divide_as<__half>(data, count, divisor, stream);
+    case DType::bfloat16:
+      return divide_as<__nv_bfloat16>(data, count, divisor, stream);
+    case DType::int32:
+      return divide_as<int32_t>(data, count, divisor, stream);
+    case DType::int64:
+      return divide_as<int64_t>(data, count, divisor, stream);
   }
   throw_bad_dtype("divide", t);
 }

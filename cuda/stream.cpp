@@ -98,8 +98,8 @@ void destroy_event(void* event) {
 
 void record_event(void* event, void* stream) {
   require(event, "record_event", "event");
-  TROUPE_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event),
-                                    static_cast<cudaStream_t>(stream)));
+  TROUPE_CUDA_CHECK(
+      cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
 }
 
 bool event_done(void* event) {
@@ -113,13 +113,12 @@ bool event_done(void* event) {
 
 void stream_wait_event(void* stream, void* event) {
   require(event, "stream_wait_event", "event");
-  TROUPE_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                        static_cast<cudaEvent_t>(event), 0));
+  TROUPE_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
 }
 
 void* host_alloc(size_t bytes) {
-  if (bytes == 0)
-    throw std::invalid_argument("troupe::cuda::host_alloc: 0 bytes (expected > 0)");
+  if (bytes == 0) throw std::invalid_argument("troupe::cuda::host_alloc: 0 bytes (expected > 0)");
   void* pointer = nullptr;
   TROUPE_CUDA_CHECK(cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable));
   return pointer;

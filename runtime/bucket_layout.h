@@ -37,13 +37,13 @@ struct ParameterShape {
 struct BucketLayout {
   struct Bucket {
     c10::ScalarType type = c10::ScalarType::Float;
-    std::vector<int> params;        // indices into the parameter list, in bucket order
-    std::vector<int64_t> offsets;   // element offset of each of them
-    int64_t elements = 0;           // used, padding included
+    std::vector<int> params;       // indices into the parameter list, in bucket order
+    std::vector<int64_t> offsets;  // element offset of each of them
+    int64_t elements = 0;          // used, padding included
   };
   std::vector<Bucket> buckets;
-  std::vector<int> bucket_of;       // by parameter index
-  std::vector<int64_t> offset_of;   // by parameter index
+  std::vector<int> bucket_of;      // by parameter index
+  std::vector<int64_t> offset_of;  // by parameter index
 };
 
 /// Plans the buckets of `params` taken in `order` (empty: reverse definition order).

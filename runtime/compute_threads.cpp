@@ -77,20 +77,18 @@ ComputeThreads compute_threads(int local_ranks, int cores, const GetEnv& getenv)
   // core.
   const int omp_threads = omp != nullptr ? thread_count(omp) : (local_ranks > 1 ? 1 : 0);
   int blas_threads = openblas != nullptr ? thread_count(openblas) : omp_threads;
-  threads.per_rank = std::max(omp_threads > 0 ? omp_threads : cores,
-                              blas_threads > 0 ? blas_threads : cores);
+  threads.per_rank =
+      std::max(omp_threads > 0 ? omp_threads : cores, blas_threads > 0 ? blas_threads : cores);
   const long long total = static_cast<long long>(local_ranks) * threads.per_rank;
   if (total > cores) {
-    threads.warning = std::to_string(local_ranks) + (local_ranks == 1 ? " rank" : " ranks") +
-                      " x " + std::to_string(threads.per_rank) + " compute thread" +
-                      (threads.per_rank == 1 ? "" : "s") + " = " + std::to_string(total) +
-                      " threads exceed the " + std::to_string(cores) + " core" +
-                      (cores == 1 ? "" : "s") +
-                      " of this host: ranks will wait for cores and steps slow down (start fewer "
-                      "ranks per host" +
-                      (threads.per_rank > 1 ? ", or lower OMP_NUM_THREADS/OPENBLAS_NUM_THREADS"
-                                            : "") +
-                      ")";
+    threads.warning =
+        std::to_string(local_ranks) + (local_ranks == 1 ? " rank" : " ranks") + " x " +
+        std::to_string(threads.per_rank) + " compute thread" + (threads.per_rank == 1 ? "" : "s") +
+        " = " + std::to_string(total) + " threads exceed the " + std::to_string(cores) + " core" +
+        (cores == 1 ? "" : "s") +
+        " of this host: ranks will wait for cores and steps slow down (start fewer "
+        "ranks per host" +
+        (threads.per_rank > 1 ? ", or lower OMP_NUM_THREADS/OPENBLAS_NUM_THREADS" : "") + ")";
   }
   return threads;
 }

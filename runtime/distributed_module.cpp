@@ -308,13 +308,14 @@ class BeforeGradientHook : public torch::autograd::FunctionPreHook {
 /// destructor, which must not throw.
 void check_trace_writable(const std::string& pattern, int rank) {
   std::string path = pattern;
-  if (auto at = path.find("{rank}"); at != std::string::npos) path.replace(at, 6, std::to_string(rank));
+  if (auto at = path.find("{rank}"); at != std::string::npos)
+    path.replace(at, 6, std::to_string(rank));
   errno = 0;
   std::ofstream probe(path, std::ios::out | std::ios::app);
   if (!probe)
     throw comm::Error("DdpOptions.trace_path: cannot write the trace of rank " +
-                      std::to_string(rank) + " to '" + path + "': " +
-                      (errno != 0 ? std::strerror(errno) : "cannot open") +
+                      std::to_string(rank) + " to '" + path +
+                      "': " + (errno != 0 ? std::strerror(errno) : "cannot open") +
                       " (expected a writable file)");
 }
 
@@ -329,8 +330,8 @@ void DistributedModule::Impl::check_options() {
     throw comm::Error("DdpOptions.align_bytes=" + std::to_string(opt.align_bytes) +
                       " (expected a power of two)");
   if (opt.bucket_split_gap.count() < 0)
-    throw comm::Error("DdpOptions.bucket_split_gap=" + std::to_string(opt.bucket_split_gap.count()) +
-                      "us (expected >= 0)");
+    throw comm::Error("DdpOptions.bucket_split_gap=" +
+                      std::to_string(opt.bucket_split_gap.count()) + "us (expected >= 0)");
   comm::validate(algorithm);
   if (!std::holds_alternative<GradientAllReduce>(algorithm) && !opt.agg_grad)
     throw comm::Error(comm::algorithm_name(algorithm) +
@@ -363,8 +364,8 @@ void DistributedModule::Impl::collect_parameters() {
     params.push_back(item.value());
   }
   if (params.empty()) throw comm::Error("DistributedModule: the module has no trainable parameter");
-  const bool on_cuda = std::any_of(params.begin(), params.end(),
-                                   [](const torch::Tensor& p) { return p.is_cuda(); });
+  const bool on_cuda =
+      std::any_of(params.begin(), params.end(), [](const torch::Tensor& p) { return p.is_cuda(); });
   if (on_cuda && opt.overlap_next_forward)
     throw comm::Error(
         "DdpOptions.overlap_next_forward with CUDA parameters (expected CPU "
@@ -392,8 +393,9 @@ void DistributedModule::Impl::verify_same_model() {
   mine += std::string("shared_memory ") + (opt.shared_memory ? "on" : "off") + "\n";
   mine += std::string("broadcast_buffers ") + (opt.broadcast_buffers ? "on" : "off") + "\n";
   mine += std::string("join ") +
-          (!opt.join ? "off" : opt.divide_by_initial_world_size ? "on, divide by world size"
-                                                                : "on, divide by ranks training") +
+          (!opt.join                          ? "off"
+           : opt.divide_by_initial_world_size ? "on, divide by world size"
+                                              : "on, divide by ranks training") +
           "\n";
   mine += "gradient path " + path->name() + "\n";
   for (size_t i = 0; i < params.size(); ++i) mine += names[i] + " " + shape_of(params[i]) + "\n";
@@ -419,7 +421,8 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
   std::vector<int64_t> fill;
   for (auto& planned : layout.buckets) {
     Bucket b;
-    b.type = comm_type(planned.type, "parameter '" + names[static_cast<size_t>(planned.params[0])] + "'");
+    b.type = comm_type(planned.type,
+                       "parameter '" + names[static_cast<size_t>(planned.params[0])] + "'");
     b.params = planned.params;
     b.offsets = planned.offsets;
     buckets.push_back(std::move(b));
@@ -456,14 +459,17 @@ void DistributedModule::Impl::spawn_actors() {
   std::vector<std::vector<std::string>> bucket_names;
   std::vector<int> expected;
   if (buckets.size() > static_cast<size_t>(comm::tags::kMaxBuckets))
-    throw comm::Error("DistributedModule: " + std::to_string(buckets.size()) + " buckets (at most " +
-                      std::to_string(comm::tags::kMaxBuckets) +
+    throw comm::Error("DistributedModule: " + std::to_string(buckets.size()) +
+                      " buckets (at most " + std::to_string(comm::tags::kMaxBuckets) +
                       "; raise bucket_bytes or use Aggregation::bucket)");
   for (size_t b = 0; b < buckets.size(); ++b) {
     auto& bucket = buckets[b];
     bucket.stats = std::make_shared<actors::BucketStats>();
-    comm::BucketBuffer buffer{static_cast<int>(b), bucket.flat.data_ptr(),
-                              static_cast<size_t>(bucket.flat.numel()), bucket.type, {}};
+    comm::BucketBuffer buffer{static_cast<int>(b),
+                              bucket.flat.data_ptr(),
+                              static_cast<size_t>(bucket.flat.numel()),
+                              bucket.type,
+                              {}};
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const auto& p = params[static_cast<size_t>(bucket.params[k])];
       comm::TensorSlot slot;
@@ -475,8 +481,8 @@ void DistributedModule::Impl::spawn_actors() {
     bucket.path =
         path->bucket(buffer, cuda ? cuda->ready_events(bucket.params) : std::vector<void*>{});
     const int parameters = static_cast<int>(bucket.params.size());
-    bucket.actor = actors::spawn_bucket(system, buffer.index, parameters, bucket.path, reducer,
-                                        bucket.stats);
+    bucket.actor =
+        actors::spawn_bucket(system, buffer.index, parameters, bucket.path, reducer, bucket.stats);
     handles.push_back(bucket.actor);
     std::vector<std::string> n;
     for (int p : bucket.params) n.push_back(names[static_cast<size_t>(p)]);
@@ -504,8 +510,10 @@ void DistributedModule::Impl::adopt_gradient(int index) {
   const auto& grad = p.grad();
   if (grad.defined() && !grad.is_sparse() && grad.data_ptr() == view.data_ptr()) return;
   torch::NoGradGuard no_grad;
-  if (grad.defined()) view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
-  else view.zero_();
+  if (grad.defined())
+    view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
+  else
+    view.zero_();
   p.mutable_grad() = view;
 }
 
@@ -525,7 +533,8 @@ void DistributedModule::Impl::on_grad_ready(int index) {
       // average over the world size leaves as it was.
       throw comm::Error("step " + std::to_string(step) + ": a backward pass after " +
                         std::to_string(rounds_closed) + " reduced one(s), with set_denominator(" +
-                        std::to_string(denominator) + ") called before them (expected "
+                        std::to_string(denominator) +
+                        ") called before them (expected "
                         "set_denominator() after the step's last backward pass)");
     }
     // The reductions of this backward pass are launched (what is left of them) and awaited when
@@ -582,8 +591,7 @@ void DistributedModule::Impl::on_grad_ready(int index) {
 void DistributedModule::Impl::on_backward_end() {
   end_queued = false;
   if (order.empty() || !round_error.empty()) return;
-  if (!opt.find_unused_parameters &&
-      std::find(ready.begin(), ready.end(), char{0}) != ready.end())
+  if (!opt.find_unused_parameters && std::find(ready.begin(), ready.end(), char{0}) != ready.end())
     return;
   try {
     std::fill(late.begin(), late.end(), 0);
@@ -656,8 +664,10 @@ void DistributedModule::Impl::copy_out() {
   for (size_t i = 0; i < params.size(); ++i) {
     auto& p = params[i];
     auto view = buckets[static_cast<size_t>(bucket_of[i])].flat.narrow(0, offset_of[i], p.numel());
-    if (p.grad().defined()) p.mutable_grad().copy_(view.view(p.sizes()));
-    else p.mutable_grad() = view.view(p.sizes()).clone();
+    if (p.grad().defined())
+      p.mutable_grad().copy_(view.view(p.sizes()));
+    else
+      p.mutable_grad() = view.view(p.sizes()).clone();
   }
 }
 
@@ -763,7 +773,8 @@ void DistributedModule::Impl::agree_on_training(bool mine) {
 // The buckets divided by `denominator`; the step divides by `requested` (set_denominator after
 // backward), or with join by the number of ranks training. The result is linear in
 // 1/denominator for every algorithm (the error feedback memories do not depend on it) except the
-// majority vote, whose result is a sign, so a factor old / new makes it what `requested` would have given.
+// majority vote, whose result is a sign, so a factor old / new makes it what `requested` would have
+// given.
 double DistributedModule::Impl::rescale_factor() const {
   double want = requested;
   if (want == 0)
@@ -995,8 +1006,8 @@ void DistributedModule::Impl::next_step() {
 DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                      Algorithm algorithm, DdpOptions options) {
   if (!module) throw comm::Error("DistributedModule: module is null");
-  impl_ = std::make_unique<Impl>(runtime, std::move(module), std::move(algorithm),
-                                 std::move(options));
+  impl_ =
+      std::make_unique<Impl>(runtime, std::move(module), std::move(algorithm), std::move(options));
   auto& m = *impl_;
   m.check_options();
   if (m.opt.name.empty()) m.opt.name = m.module->name();
@@ -1047,7 +1058,8 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
 DistributedModule::~DistributedModule() {
   auto& m = *impl_;
   m.hook_target->store(nullptr);
-  for (size_t i = 0; i < m.accumulators.size(); ++i) m.accumulators[i]->del_post_hook(m.hook_keys[i]);
+  for (size_t i = 0; i < m.accumulators.size(); ++i)
+    m.accumulators[i]->del_post_hook(m.hook_keys[i]);
   for (size_t i = 0; i < m.pre_hook_keys.size(); ++i) {
     auto& hooks = m.accumulators[i]->pre_hooks();
     hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
@@ -1091,10 +1103,12 @@ void DistributedModule::set_denominator(double denominator) {
   if (!(denominator > 0) || std::isinf(denominator))
     throw comm::Error(call + ": expected a finite denominator > 0");
   if (!m.opt.agg_grad)
-    throw comm::Error(call + " with DdpOptions.agg_grad = false (expected agg_grad = true: the "
+    throw comm::Error(call +
+                      " with DdpOptions.agg_grad = false (expected agg_grad = true: the "
                       "denominator divides gradients, weights are averaged by the world size)");
   if (!m.opt.average)
-    throw comm::Error(call + " with DdpOptions.average = false (expected average = true: "
+    throw comm::Error(call +
+                      " with DdpOptions.average = false (expected average = true: "
                       "without it the gradients are summed)");
   m.requested = denominator;
   // Backward's ready messages carry `denominator`: once one is sent, step() rescales instead.
@@ -1105,12 +1119,14 @@ void DistributedModule::set_denominator(double denominator) {
 void DistributedModule::join() {
   auto& m = *impl_;
   if (!m.opt.join)
-    throw comm::Error("DistributedModule::join() without DdpOptions.join (expected join = true "
-                      "on every rank: each step then tells the ranks which still train)");
+    throw comm::Error(
+        "DistributedModule::join() without DdpOptions.join (expected join = true "
+        "on every rank: each step then tells the ranks which still train)");
   if (!m.sync)
     throw comm::Error("DistributedModule::join() called inside no_sync(): leave the scope first");
   if (!m.order.empty() || m.rounds_closed > 0)
-    throw comm::Error("DistributedModule::join() at step " + std::to_string(m.step) + " after a "
+    throw comm::Error("DistributedModule::join() at step " + std::to_string(m.step) +
+                      " after a "
                       "backward without its step() (expected step() first)");
   for (;;) {
     m.agree_on_training(false);
@@ -1167,8 +1183,9 @@ void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
                                        const std::function<void()>& optimizer_step) {
   auto& m = *this;
   if (!m.sync)
-    throw comm::Error("DistributedModule::step() called inside no_sync(): leave the scope and "
-                      "run one more backward first");
+    throw comm::Error(
+        "DistributedModule::step() called inside no_sync(): leave the scope and "
+        "run one more backward first");
   if (!m.round_error.empty()) throw comm::Error(m.round_error);
   if (m.opt.agg_grad && m.order.empty() && m.rounds_closed == 0 && !m.opt.find_unused_parameters)
     throw comm::Error("step " + std::to_string(m.step) + " of module '" + m.opt.name +
@@ -1229,8 +1246,7 @@ void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
   StepMetrics metrics;
   metrics.step = m.step;
   metrics.step_sec = static_cast<double>(end - m.previous_end_us) / 1e6;
-  metrics.comm_wait_sec =
-      static_cast<double>((m.opt.agg_grad ? m.wait_us : end - reduced)) / 1e6;
+  metrics.comm_wait_sec = static_cast<double>((m.opt.agg_grad ? m.wait_us : end - reduced)) / 1e6;
   metrics.backward_end_us = m.last_hook_us;
   // A deferred step's buckets are still reducing: it reports the reduction its forward completed.
   StepMetrics figures = defer ? std::exchange(m.completed, StepMetrics{}) : m.reduction_figures();
@@ -1331,8 +1347,10 @@ void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const
     m.bucket_scratch.clear();
     comm::StateWriter inner(m.bucket_scratch);
     if (auto* r = b.path->reduction()) {
-      if (part == StatePart::all) r->save_state(inner);
-      else r->save_shared_state(inner);
+      if (part == StatePart::all)
+        r->save_state(inner);
+      else
+        r->save_shared_state(inner);
     }
     out.string(m.bucket_scratch);
   }
@@ -1376,8 +1394,10 @@ void DistributedModule::load_state(comm::StateReader& in, StatePart part) {
   for (size_t b = 0; b < m.buckets.size(); ++b) {
     comm::StateReader bucket(states[b], "bucket " + std::to_string(b) + " of " + in.what());
     if (auto* r = m.buckets[b].path->reduction()) {
-      if (part == StatePart::all) r->load_state(bucket);
-      else r->load_shared_state(bucket);
+      if (part == StatePart::all)
+        r->load_state(bucket);
+      else
+        r->load_shared_state(bucket);
     }
     bucket.expect_end();
   }
@@ -1398,8 +1418,8 @@ void DistributedModule::write_trace(const std::string& path) const {
     const auto& e = events[i];
     out << "  {\"name\": \"" << e.name;
     if (e.bucket >= 0) out << " " << e.bucket;
-    out << "\", \"ph\": \"X\", \"pid\": " << impl_->rank
-        << ", \"tid\": " << e.tid << ", \"ts\": " << e.ts_us << ", \"dur\": " << e.dur_us << "}"
+    out << "\", \"ph\": \"X\", \"pid\": " << impl_->rank << ", \"tid\": " << e.tid
+        << ", \"ts\": " << e.ts_us << ", \"dur\": " << e.dur_us << "}"
         << (i + 1 < events.size() ? ",\n" : "\n");
   }
   out << "]}\n";

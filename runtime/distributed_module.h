@@ -19,8 +19,8 @@
 /// `bucket_bytes` (the first `first_bucket_bytes`), parameters in reverse definition order (the
 /// order backward produces them), one dtype each; gradients are views into them. A post-hook on
 /// each parameter's gradient accumulator tells its bucket actor (actors/bucket.h) when the gradient
-/// is ready; a full bucket starts its allreduce at once. After step 1 the buckets are rebuilt in the
-/// gradient-ready order that rank 0 observed, the same on every rank, and split where backward
+/// is ready; a full bucket starts its allreduce at once. After step 1 the buckets are rebuilt in
+/// the gradient-ready order that rank 0 observed, the same on every rank, and split where backward
 /// paused between two gradients (`bucket_split_gap`).
 ///
 /// Gradients are views into the buckets by default (DdpOptions::gradient_as_bucket_view; PyTorch's
@@ -96,7 +96,8 @@ using comm::SignMode;
 using comm::SparseMode;
 using comm::Sparsification;
 /// What a DistributedModule runs on its buckets: GradientAllReduce{} (the default),
-/// HalfPrecision{}, ByteGrad{}, Int4Quantization{}, SignCompression{}, Sparsification{}, PowerSGD{.rank = 2}.
+/// HalfPrecision{}, ByteGrad{}, Int4Quantization{}, SignCompression{}, Sparsification{},
+/// PowerSGD{.rank = 2}.
 using Algorithm = comm::Compression;
 
 /// How gradients (or weights) are grouped into reductions (mlbench-core's by-layer / by-model).
@@ -210,12 +211,12 @@ enum class StatePart { all, shared };
 /// this step's forward and backward waited for it.
 struct StepMetrics {
   uint64_t step = 0;
-  double step_sec = 0;        // from the first gradient hook (or the previous step) to the end
-  double comm_wait_sec = 0;   // waiting for reductions after backward (at its end, in step())
+  double step_sec = 0;       // from the first gradient hook (or the previous step) to the end
+  double comm_wait_sec = 0;  // waiting for reductions after backward (at its end, in step())
   size_t bytes_sent = 0;
   size_t bytes_received = 0;
-  int64_t backward_end_us = 0;              // last gradient hook (steady clock, microseconds)
-  std::vector<int64_t> bucket_start_us;     // each bucket's reduction start, by bucket
+  int64_t backward_end_us = 0;           // last gradient hook (steady clock, microseconds)
+  std::vector<int64_t> bucket_start_us;  // each bucket's reduction start, by bucket
   std::vector<int64_t> bucket_done_us;
 };
 
@@ -240,8 +241,8 @@ class DistributedModule {
   template <typename Contained>
   DistributedModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
                     Algorithm algorithm = GradientAllReduce{}, DdpOptions options = {})
-      : DistributedModule(runtime, shared_module(module, "DistributedModule"),
-                          std::move(algorithm), std::move(options)) {}
+      : DistributedModule(runtime, shared_module(module, "DistributedModule"), std::move(algorithm),
+                          std::move(options)) {}
   template <typename M, typename = std::enable_if_t<is_module_by_value<M>>>
   DistributedModule(Runtime& runtime, M&, Algorithm algorithm = GradientAllReduce{},
                     DdpOptions options = {})
@@ -285,16 +286,17 @@ class DistributedModule {
   /// is a compile warning.
   class [[nodiscard("no_sync() holds only while its guard lives: keep it in a variable")]] NoSync {
    public:
-    explicit NoSync(DistributedModule* module);
+    explicit NoSync(DistributedModule * module);
     ~NoSync();
-    NoSync(NoSync&& other) noexcept;
+    NoSync(NoSync && other) noexcept;
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
 
    private:
     DistributedModule* module_;
   };
-  [[nodiscard("no_sync() holds only while its guard lives: keep it in a variable")]] NoSync no_sync();
+  [[nodiscard("no_sync() holds only while its guard lives: keep it in a variable")]] NoSync
+  no_sync();
 
   /// Copies rank `root`'s parameters and buffers to every rank.
   void broadcast_parameters(int root = 0);

@@ -113,7 +113,9 @@ ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
 struct BucketDriver : ElasticTrainer::Driver {
   BucketDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, Algorithm algorithm,
                DdpOptions options)
-      : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)),
+      : rt(rt),
+        module(std::move(module)),
+        algorithm(std::move(algorithm)),
         options(std::move(options)) {
     // The shared-memory path maps segments named per job and rank; a re-formed world renumbers
     // its ranks, so elastic buckets reduce through the transport.
@@ -167,8 +169,7 @@ struct BucketDriver : ElasticTrainer::Driver {
 /// DiLoCo, Streaming DiLoCo and SparseLoCo: a LocalUpdateModule per world, whose state is kept
 /// each time a synchronisation lands; a re-form rolls the caller's state back to that point.
 struct LocalUpdateDriver : ElasticTrainer::Driver {
-  LocalUpdateDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module,
-                    JobAlgorithm algorithm)
+  LocalUpdateDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm)
       : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {}
 
   void build(const std::string& own, const std::string& shared, int64_t step) override {
@@ -238,8 +239,7 @@ struct OwnReplicaDriver : ElasticTrainer::Driver {
   OwnReplicaDriver(Runtime& rt, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
                    const DdpOptions& ddp)
       : rt(rt), module(std::move(module)), algorithm(std::move(algorithm)) {
-    options.timeout =
-        ddp.stall_timeout.value_or(detail::RuntimeAccess::collective_timeout(rt));
+    options.timeout = ddp.stall_timeout.value_or(detail::RuntimeAccess::collective_timeout(rt));
     options.broadcast_parameters = !rt.elastic();
   }
   void destroy() override { dp.reset(); }
@@ -252,8 +252,7 @@ struct OwnReplicaDriver : ElasticTrainer::Driver {
     const auto dropped = dp->stats().dropped_peers;
     if (!dropped.empty())
       throw comm::Error(dp->algorithm_name() + " step " + std::to_string(step_) + " (" + when +
-                        "): neighbour rank " + std::to_string(dropped.front()) +
-                        " was dropped");
+                        "): neighbour rank " + std::to_string(dropped.front()) + " was dropped");
   }
   std::string save(StatePart) const override { return {}; }
   bool own_replicas() const override { return true; }
@@ -287,9 +286,8 @@ struct GossipDriver : OwnReplicaDriver<DecentralizedModule> {
     if (const auto* d = std::get_if<Decentralized>(&algorithm))
       dp = std::make_unique<DecentralizedModule>(rt, module, *d, options);
     else
-      dp = std::make_unique<DecentralizedModule>(rt, module,
-                                                 std::get<LowPrecisionDecentralized>(algorithm),
-                                                 options);
+      dp = std::make_unique<DecentralizedModule>(
+          rt, module, std::get<LowPrecisionDecentralized>(algorithm), options);
     step_ = step;
   }
   void step(torch::optim::Optimizer& optimizer, const std::function<void()>& completed,
@@ -483,8 +481,8 @@ void ElasticTrainer::heal(const ElasticGeneration& generation) {
       // zero residual). One behind by more than the sync it was in cannot be: it would too.
       if (!own_.empty())
         std::cerr << "troupe: elastic: rank " << rt_.rank() << " at step " << completed_
-                  << " (live " << live_step_ << ") is behind the source's step "
-                  << generation.step << " by more than a sync: it takes the source's state\n";
+                  << " (live " << live_step_ << ") is behind the source's step " << generation.step
+                  << " by more than a sync: it takes the source's state\n";
       caller_ = std::move(caller);
       land_ = caller_lands;
     } else if (completed_ != generation.step) {
@@ -516,18 +514,18 @@ void ElasticTrainer::recover(const std::string& why) {
     try {
       heal(generation);
       build();
-      recoveries_.push_back({generation.number, rt_.world_size(), completed_, generation.source,
-                             since(start), why});
+      recoveries_.push_back(
+          {generation.number, rt_.world_size(), completed_, generation.source, since(start), why});
       std::cerr << "troupe: elastic: rank " << rt_.rank() << " of " << rt_.world_size()
-                << " (launch slot " << rt_.slot() << ") goes on in generation "
-                << generation.number << " from step " << completed_ << " after "
-                << since(start) << " s\n";
+                << " (launch slot " << rt_.slot() << ") goes on in generation " << generation.number
+                << " from step " << completed_ << " after " << since(start) << " s\n";
       return;
     } catch (const comm::Error& e) {
       driver_->destroy();  // the world changed again while healing: re-form once more
       if (attempt >= 32)
         throw comm::Error(std::string("ElasticTrainer: the world did not settle in 32 "
-                                      "generations; the last failed with: ") + e.what());
+                                      "generations; the last failed with: ") +
+                          e.what());
     }
   }
 }
@@ -535,7 +533,8 @@ void ElasticTrainer::recover(const std::string& why) {
 bool ElasticTrainer::step(const std::function<void()>& forward_backward) {
   try {
     forward_backward();
-    driver_->step(optimizer_, [this] { completed_ = steps_ + 1; }, [this] { snapshot(); });
+    driver_->step(
+        optimizer_, [this] { completed_ = steps_ + 1; }, [this] { snapshot(); });
     ++steps_;
     return true;
   } catch (const comm::Error& e) {
@@ -558,7 +557,8 @@ bool ElasticTrainer::finish() {
 
 ElasticSampler::ElasticSampler(int64_t size, int64_t global_batch, uint64_t seed)
     : size_(size), global_batch_(global_batch), seed_(seed) {
-  if (size < 1) throw comm::Error("ElasticSampler: size " + std::to_string(size) + " (expected > 0)");
+  if (size < 1)
+    throw comm::Error("ElasticSampler: size " + std::to_string(size) + " (expected > 0)");
   if (global_batch < 1 || global_batch > size)
     throw comm::Error("ElasticSampler: global_batch " + std::to_string(global_batch) +
                       " (expected 1.." + std::to_string(size) + ", the dataset size)");

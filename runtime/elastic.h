@@ -123,12 +123,12 @@ ElasticState module_state(std::shared_ptr<torch::nn::Module> module,
 
 /// One membership change as this rank lived it.
 struct ElasticRecovery {
-  int generation = 0;   // the generation it ended in
-  int world_size = 0;   // its world
-  int64_t step = 0;     // the step the job went on from
-  int source = 0;       // the rank (in that generation) whose state every member took
-  double seconds = 0;   // from the failed step's error to the state healed and the module built
-  std::string reason;   // the error that started it
+  int generation = 0;  // the generation it ended in
+  int world_size = 0;  // its world
+  int64_t step = 0;    // the step the job went on from
+  int source = 0;      // the rank (in that generation) whose state every member took
+  double seconds = 0;  // from the failed step's error to the state healed and the module built
+  std::string reason;  // the error that started it
 };
 
 class LocalUpdateModule;

@@ -225,7 +225,8 @@ RankInfo rank_info_from_env(const GetEnv& getenv) {
   if (const char* secret = getenv("TROUPE_JOB_SECRET")) info.job_secret = secret;
   if (const char* job = getenv("TROUPE_JOB_ID")) info.job_id = job;
   if (const char* bind = getenv("TROUPE_BIND_ADDRESS")) info.bind_address = bind;
-  const char* tls[] = {getenv("TROUPE_TLS_CERT"), getenv("TROUPE_TLS_KEY"), getenv("TROUPE_TLS_CA")};
+  const char* tls[] = {getenv("TROUPE_TLS_CERT"), getenv("TROUPE_TLS_KEY"),
+                       getenv("TROUPE_TLS_CA")};
   if (tls[0] || tls[1] || tls[2]) {
     const char* names[] = {"TROUPE_TLS_CERT", "TROUPE_TLS_KEY", "TROUPE_TLS_CA"};
     const int given = tls[0] ? 0 : tls[1] ? 1 : 2;
@@ -244,7 +245,7 @@ RankInfo rank_info_from_env(const GetEnv& getenv) {
 
 void check_world_size(long long world_size, const std::string& what, int max) {
   if (world_size >= 1 && world_size <= max) return;
-  const char* why = max == kMaxLocalRanks   ? ", the most ranks one host starts"
+  const char* why = max == kMaxLocalRanks  ? ", the most ranks one host starts"
                     : max == kMaxWorldSize ? ", the most ranks a job may have"
                                            : "";
   throw Error(what + " = " + std::to_string(world_size) + " is out of range (expected 1.." +
@@ -307,8 +308,8 @@ comm::LinkEmulation link_emulation_from_env(int world_size, const GetEnv& getenv
     if (rank >= world_size) {
       throw Error(quoted("TROUPE_LINK_RANKS", *lookup(getenv, "TROUPE_LINK_RANKS")) +
                   " names rank " + std::to_string(rank) + " (expected a rank in 0.." +
-                  std::to_string(world_size - 1) + " for world_size " +
-                  std::to_string(world_size) + ")");
+                  std::to_string(world_size - 1) + " for world_size " + std::to_string(world_size) +
+                  ")");
     }
   }
   return links;

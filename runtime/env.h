@@ -82,8 +82,8 @@ GetEnv default_getenv();
 /// or when a launcher's variables are only partly set (RANK without WORLD_SIZE). Calls validate().
 RankInfo rank_info_from_env(const GetEnv& getenv = default_getenv());
 
-/// Throws comm::Error when world_size is not in 1..kMaxWorldSize, rank < 0, rank >= world_size, local_rank or
-/// local_world_size out of range, master_port not in 1..65535, or master_addr empty.
+/// Throws comm::Error when world_size is not in 1..kMaxWorldSize, rank < 0, rank >= world_size,
+/// local_rank or local_world_size out of range, master_port not in 1..65535, or master_addr empty.
 void validate(const RankInfo& info);
 
 /// Link emulation (comm/transport/link_emulation.h) from TROUPE_LINK, the shape of every link
@@ -91,7 +91,8 @@ void validate(const RankInfo& info);
 /// shape (e.g. "3=100mbit,20ms", entries separated by ';'); `troupe launch --link/--link-rank`
 /// sets them. None when both are unset. Throws comm::Error naming the variable and its value when
 /// one is malformed or names a rank outside [0, world_size).
-comm::LinkEmulation link_emulation_from_env(int world_size, const GetEnv& getenv = default_getenv());
+comm::LinkEmulation link_emulation_from_env(int world_size,
+                                            const GetEnv& getenv = default_getenv());
 
 /// The variables that give every rank of a `world_size` job the link emulation `all` (a shape for
 /// every link; "" for none) and `ranks` (RANK=SHAPE entries): TROUPE_LINK and TROUPE_LINK_RANKS,

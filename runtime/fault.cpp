@@ -19,8 +19,9 @@ constexpr const char* kExpected =
     "several separated by ';'";
 
 int64_t parse_count(const std::string& value, const std::string& key, const std::string& where) {
-  bool digits = !value.empty() && value.size() <= 18 &&
-                std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
+  bool digits =
+      !value.empty() && value.size() <= 18 &&
+      std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
   if (!digits)
     throw comm::Error(where + ": " + key + "='" + value + "' is not a non-negative integer (" +
                       kExpected + ")");
@@ -50,7 +51,8 @@ Fault parse_one(const std::string& item, const std::string& where) {
                  : key == "life"  ? &has_life
                                   : nullptr;
     if (!seen)
-      throw comm::Error(where + ": unknown key '" + key + "' in '" + item + "' (" + kExpected + ")");
+      throw comm::Error(where + ": unknown key '" + key + "' in '" + item + "' (" + kExpected +
+                        ")");
     if (*seen)
       throw comm::Error(where + ": key '" + key + "' appears twice in '" + item + "' (" +
                         kExpected + ")");
@@ -97,11 +99,16 @@ Fault parse_one(const std::string& item, const std::string& where) {
 
 const char* fault_phase_name(FaultPhase phase) {
   switch (phase) {
-    case FaultPhase::backward: return "backward";
-    case FaultPhase::reduce: return "reduce";
-    case FaultPhase::optimizer: return "optimizer";
-    case FaultPhase::rendezvous: return "rendezvous";
-    case FaultPhase::heal: return "heal";
+    case FaultPhase::backward:
+      return "backward";
+    case FaultPhase::reduce:
+      return "reduce";
+    case FaultPhase::optimizer:
+      return "optimizer";
+    case FaultPhase::rendezvous:
+      return "rendezvous";
+    case FaultPhase::heal:
+      return "heal";
   }
   return "?";
 }

@@ -35,7 +35,8 @@ std::vector<int> real_host_indices(const std::vector<std::string>& names,
                                    const std::vector<std::string>& identities) {
   if (names.size() != identities.size())
     throw comm::Error("real_host_indices: " + std::to_string(names.size()) + " host names but " +
-                      std::to_string(identities.size()) + " machine identities (expected one "
+                      std::to_string(identities.size()) +
+                      " machine identities (expected one "
                       "of each per rank)");
   std::vector<std::pair<std::string, std::string>> seen;
   std::vector<int> out;

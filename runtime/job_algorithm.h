@@ -14,9 +14,9 @@ namespace troupe {
 
 /// Every algorithm a job can run: the bucket algorithms of DistributedModule, the decentralized
 /// and asynchronous ones of runtime/gossip, and the local-update ones of runtime/local_update.
-using JobAlgorithm = std::variant<comm::Compression, Decentralized, LowPrecisionDecentralized,
-                                  AsyncModelAverage, AsyncGossip, DiLoCo, StreamingDiLoCo,
-                                  SparseLoCo>;
+using JobAlgorithm =
+    std::variant<comm::Compression, Decentralized, LowPrecisionDecentralized, AsyncModelAverage,
+                 AsyncGossip, DiLoCo, StreamingDiLoCo, SparseLoCo>;
 
 /// An algorithm as the command line's --algorithm gives it: a bucket algorithm with its settings
 /// ("powersgd:rank=2", comm::parse_compression), or

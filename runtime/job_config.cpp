@@ -33,8 +33,8 @@ using Keys = std::vector<std::string>;
 const Keys kTables = {"job", "topology", "algorithm", "trainer", "links"};
 const Keys kJobKeys = {"world_size", "mode", "timeout_sec"};
 const Keys kTopologyKeys = {"kind", "mixing", "rows", "cols", "edges", "seed"};
-const Keys kTrainerKeys = {"program", "model", "epochs", "batch", "lr", "momentum",
-                           "lr_schedule", "data", "log_every", "seed", "threads"};
+const Keys kTrainerKeys = {"program",     "model", "epochs",    "batch", "lr",     "momentum",
+                           "lr_schedule", "data",  "log_every", "seed",  "threads"};
 const Keys kLinksKeys = {"all", "ranks"};
 
 /// The fields of S a key may set: integers, numbers, flags, and the outer compression where S has
@@ -134,8 +134,7 @@ const std::vector<LocalKey<SparseLoCo>>& sparseloco_keys() {
   static const std::vector<LocalKey<S>> keys = {
       inner_steps_key<S>(),
       outer_lr_key<S>(),
-      {"ratio", "ratio", &S::ratio, [](double x) { return x > 0 && x <= 1; },
-       "a number in (0, 1]"},
+      {"ratio", "ratio", &S::ratio, [](double x) { return x > 0 && x <= 1; }, "a number in (0, 1]"},
       {"chunk", "chunk", &S::chunk, integers(1, 65536), "an integer in [1, 65536]"},
       {"value_bits", "bits", &S::value_bits,
        [](double x) { return x == 2 || x == 4 || x == 8 || x == 32; }, "2, 4, 8 or 32"},
@@ -262,9 +261,12 @@ class Section {
     const toml::node* node = find(key);
     if (!node) return false;
     double x = 0;
-    if (auto* f = node->as_floating_point()) x = f->get();
-    else if (auto* i = node->as_integer()) x = static_cast<double>(i->get());
-    else fail(key, *node, expected);
+    if (auto* f = node->as_floating_point())
+      x = f->get();
+    else if (auto* i = node->as_integer())
+      x = static_cast<double>(i->get());
+    else
+      fail(key, *node, expected);
     if (!std::isfinite(x) || !ok(x)) fail(key, *node, expected);
     out = x;
     return true;
@@ -322,8 +324,8 @@ const toml::table* table_of(const toml::table& root, const std::string& name,
   const toml::node* node = root.get(name);
   if (!node) return nullptr;
   if (!node->is_table())
-    throw Error(source + ": " + name + " = " + value_text(*node) + ": expected a table ([" +
-                name + "])");
+    throw Error(source + ": " + name + " = " + value_text(*node) + ": expected a table ([" + name +
+                "])");
   return node->as_table();
 }
 
@@ -339,9 +341,9 @@ comm::TopologySpec read_topology(const Section& t) {
   const std::string kind_text = comm::topology_kind_name(spec.kind);
   auto only_for = [&](const std::string& key, comm::TopologyKind user) {
     if (spec.kind != user && t.find(key))
-      t.error(t.key_path(key) + " is only used by kind = " +
-              quoted(comm::topology_kind_name(user)) + " (topology.kind = " + quoted(kind_text) +
-              ")");
+      t.error(t.key_path(key) +
+              " is only used by kind = " + quoted(comm::topology_kind_name(user)) +
+              " (topology.kind = " + quoted(kind_text) + ")");
   };
   only_for("rows", comm::TopologyKind::torus);
   only_for("cols", comm::TopologyKind::torus);
@@ -414,9 +416,12 @@ comm::Compression read_compression(const Section& a, const comm::AlgorithmEntry&
       a.error(a.key_path(key) + ": " + a.key_path(setting->key) + " is given twice");
     seen.push_back(setting);
     std::optional<comm::SettingValue> value;
-    if (auto* b = node.as_boolean()) value = b->get();
-    else if (auto* i = node.as_integer()) value = static_cast<int64_t>(i->get());
-    else if (auto* f = node.as_floating_point()) value = f->get();
+    if (auto* b = node.as_boolean())
+      value = b->get();
+    else if (auto* i = node.as_integer())
+      value = static_cast<int64_t>(i->get());
+    else if (auto* f = node.as_floating_point())
+      value = f->get();
     const std::string expected = value ? setting->check(*value) : setting->expected();
     if (!expected.empty()) a.fail(key, node, expected);
     setting->set(c, *value);
@@ -501,7 +506,8 @@ JobAlgorithm read_algorithm(const Section& a, const std::string& name,
     if (d.delay > most) {
       const std::string bound = "inner_steps / fragments = " + std::to_string(most);
       if (const toml::node* node = a.find("delay"))
-        a.fail("delay", *node, "an integer in [0, " + bound + "] (one fragment in flight at a time)");
+        a.fail("delay", *node,
+               "an integer in [0, " + bound + "] (one fragment in flight at a time)");
       a.fail(a.find("fragments") ? "fragments" : "inner_steps",
              *a.find(a.find("fragments") ? "fragments" : "inner_steps"),
              "a value leaving " + bound + " >= delay (" + std::to_string(d.delay) + ")");
@@ -522,9 +528,10 @@ TrainerConfig read_trainer(const Section& t) {
     c.model = model == 0 ? "cnn" : "mlp";
   t.integer("epochs", c.epochs, 1);
   t.integer("batch", c.batch, 1);
-  t.number("lr", c.lr, [](double x) { return x > 0; }, "a number > 0");
-  t.number("momentum", c.momentum, [](double x) { return x >= 0 && x < 1; },
-           "a number in [0, 1)");
+  t.number(
+      "lr", c.lr, [](double x) { return x > 0; }, "a number > 0");
+  t.number(
+      "momentum", c.momentum, [](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)");
   if (const int schedule = t.choice("lr_schedule", {"constant", "cosine"}); schedule >= 0)
     c.lr_schedule = schedule == 0 ? "constant" : "cosine";
   t.text("data", c.data, false);
@@ -546,9 +553,9 @@ comm::LinkEmulation read_links(const Section& l, int world_size, const std::stri
   const Section by_rank(source, l.key_path("ranks"), ranks->as_table());
   for (const auto& [key, shape] : *ranks->as_table()) {
     const std::string text(key.str());
-    const bool digits = !text.empty() && text.size() <= 9 &&
-                        std::all_of(text.begin(), text.end(),
-                                    [](unsigned char c) { return std::isdigit(c) != 0; });
+    const bool digits =
+        !text.empty() && text.size() <= 9 &&
+        std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
     const std::string expected = "a rank in [0, " + std::to_string(world_size) +
                                  ") (job.world_size = " + std::to_string(world_size) + ")";
     if (!digits) by_rank.fail(text, shape, "the key to be " + expected);
@@ -619,17 +626,21 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
     job.fail("world_size", *job.find("world_size"),
              "an integer in [1, " + std::to_string(kMaxThreadRanks) +
                  "] with mode = \"threads\" (the most ranks one process runs as threads; "
-                 "mode = \"processes\" allows " + std::to_string(kMaxLocalRanks) + ")");
-  job.number("timeout_sec", config.timeout_sec, [](double x) { return x >= 0; },
-             "a number >= 0 (0: no limit)");
+                 "mode = \"processes\" allows " +
+                 std::to_string(kMaxLocalRanks) + ")");
+  job.number(
+      "timeout_sec", config.timeout_sec, [](double x) { return x >= 0; },
+      "a number >= 0 (0: no limit)");
 
   Keys names;
   for (const auto& entry : comm::compression_algorithms()) names.push_back(entry.name);
   for (const auto& [name, keys] : kGossipAlgorithms) names.push_back(name);
   const Section algorithm(source, "algorithm", table_of(root, "algorithm", source));
   if (!algorithm.present())
-    throw Error(source + ": the table [algorithm] is missing (expected at least algorithm.name, "
-                "one of " + join(names, "\"") + ")");
+    throw Error(source +
+                ": the table [algorithm] is missing (expected at least algorithm.name, "
+                "one of " +
+                join(names, "\"") + ")");
   const toml::node* name_node = algorithm.find("name");
   if (!name_node) algorithm.missing("name", "one of " + join(names, "\""));
   const std::string name = names[static_cast<size_t>(algorithm.choice("name", names))];
@@ -645,8 +656,8 @@ JobConfig parse_job_config(const std::string& text, const std::string& source) {
   const Section topology(source, "topology", table_of(root, "topology", source));
   comm::TopologySpec spec;
   if (topology.present() && !uses_topology)
-    throw Error(source + ": [topology] is only used by " + kTopologyUsers + " (algorithm.name = " +
-                quoted(name) + ")");
+    throw Error(source + ": [topology] is only used by " + kTopologyUsers +
+                " (algorithm.name = " + quoted(name) + ")");
   if (uses_topology) {
     if (!topology.present())
       throw Error(source + ": " + name + " needs a [topology] table (e.g. kind = \"ring\")");
@@ -720,9 +731,9 @@ S parse_local_update(const std::string& text, const std::string& head,
   const std::string where = "--algorithm " + text + ": ";
   S s;
   read_settings(text, head, names, [&](const std::string& key, const std::string& value) {
-    const auto k = std::find_if(keys.begin(), keys.end(), [&](const auto& x) { return x.named(key); });
-    if (k == keys.end())
-      throw Error(where + "unknown key '" + key + "' (allowed: " + names + ")");
+    const auto k =
+        std::find_if(keys.begin(), keys.end(), [&](const auto& x) { return x.named(key); });
+    if (k == keys.end()) throw Error(where + "unknown key '" + key + "' (allowed: " + names + ")");
     const SettingText v{where, key, value};
     std::visit(Overloaded{
                    [&](bool S::*field) { s.*field = v.flag(); },
@@ -762,7 +773,8 @@ JobAlgorithm parse_gossip_argument(const std::string& text, const std::string& h
       topology.kind = comm::parse_topology_kind(value);
       if (topology.kind == comm::TopologyKind::torus ||
           topology.kind == comm::TopologyKind::edge_list)
-        throw Error(where + "topology = '" + value + "' needs more than its kind (rows and "
+        throw Error(where + "topology = '" + value +
+                    "' needs more than its kind (rows and "
                     "cols, or edges): give it in a job file's [topology] (troupe run / --job)");
     } else if (!average && key == "mixing") {
       topology.mixing = comm::parse_mixing(value);
@@ -772,8 +784,8 @@ JobAlgorithm parse_gossip_argument(const std::string& text, const std::string& h
       d.exchange = value == "overlap" ? Decentralized::Exchange::overlap
                                       : Decentralized::Exchange::after_step;
     } else if (decentralized && key == "communication_interval") {
-      d.communication_interval = static_cast<int>(v.number(
-          [&](double x) { return integer(x) && x >= 1; }, "an integer >= 1"));
+      d.communication_interval = static_cast<int>(
+          v.number([&](double x) { return integer(x) && x >= 1; }, "an integer >= 1"));
     } else if (choco && key == "gamma") {
       l.gamma = v.number([](double x) { return x > 0 && x <= 1; }, "a number in (0, 1]");
     } else if (choco && key == "block") {

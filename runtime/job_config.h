@@ -57,9 +57,9 @@ struct TrainerConfig {
   /// "constant", or "cosine": lr * (1 + cos(pi * step / steps)) / 2 over the whole run.
   std::string lr_schedule = "constant";
   std::string data = "/usr/share/datasets/fashion-mnist";
-  int log_every = 100;        // >= 1
+  int log_every = 100;  // >= 1
   uint64_t seed = 42;
-  int threads = 1;            // intra-op threads per rank, >= 1
+  int threads = 1;  // intra-op threads per rank, >= 1
 };
 
 /// The most ranks a job file's threads mode runs in one process: the in-process transport holds a

@@ -6,14 +6,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -43,8 +43,9 @@ constexpr size_t kMaxLine = 64 * 1024;   // longer lines are forwarded in pieces
 constexpr Clock::time_point kNever = Clock::time_point::max();
 // torchrun's, in the order of rank_env()'s values.
 const std::vector<std::string> kRankVars = {
-    "RANK",      "WORLD_SIZE",      "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+    "RANK",        "WORLD_SIZE",       "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",  "GROUP_WORLD_SIZE", "ROLE_RANK",  "ROLE_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT"};
 
 Clock::duration as_duration(double seconds) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
@@ -181,7 +182,8 @@ class Launcher {
     }
     // One launch per host cannot agree on a secret it makes: with several nodes the user exports
     // one (rank 0 warns when its rendezvous is open).
-    if (options_.nnodes == 1 && !overridden("TROUPE_JOB_SECRET") && !std::getenv("TROUPE_JOB_SECRET"))
+    if (options_.nnodes == 1 && !overridden("TROUPE_JOB_SECRET") &&
+        !std::getenv("TROUPE_JOB_SECRET"))
       env.push_back("TROUPE_JOB_SECRET=" + job_secret_);
     if (!job_id_.empty()) env.push_back("TROUPE_JOB_ID=" + job_id_);
     return env;
@@ -392,7 +394,8 @@ void Launcher::start_rank(int r, int port, bool spare) {
       // A week without a job deadline: a spare outlives no launcher (it dies with it), but its
       // wait still ends.
       const double wait = options_.timeout_sec > 0 ? options_.timeout_sec : 7 * 24 * 3600.0;
-      env.push_back("TROUPE_ELASTIC_SPARE=" + std::to_string(static_cast<long long>(std::ceil(wait))));
+      env.push_back("TROUPE_ELASTIC_SPARE=" +
+                    std::to_string(static_cast<long long>(std::ceil(wait))));
     }
     env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restarts_of_[static_cast<size_t>(r)]));
   }
@@ -413,8 +416,8 @@ void Launcher::start_rank(int r, int port, bool spare) {
       close_fd(fds[0]);
       close_fd(fds[1]);
     }
-    throw Error("cannot start rank " + std::to_string(global(r)) + ": fork: " +
-                strerror(fork_error));
+    throw Error("cannot start rank " + std::to_string(global(r)) +
+                ": fork: " + strerror(fork_error));
   }
   if (pid == 0) {
     // The child: its own process group (so stopping it reaches its descendants), default signal
@@ -482,9 +485,8 @@ bool Launcher::restart(int r) {
                       std::chrono::system_clock::now().time_since_epoch())
                       .count();
   *streams_[1] << "troupe launch: restarting rank slot " << global(r) << " (restart " << restarts_
-               << " of " << options_.max_restarts << "; this slot's " << count
-               << ")" << (options_.spares > 0 ? " as a spare" : "") << " at unix ms " << ms
-               << "\n";
+               << " of " << options_.max_restarts << "; this slot's " << count << ")"
+               << (options_.spares > 0 ? " as a spare" : "") << " at unix ms " << ms << "\n";
   streams_[1]->flush();
   for (int which = 0; which < 2; ++which)  // the dead process's last partial lines, then its pipes
     if (ranks_[static_cast<size_t>(r)].fds[which] >= 0) forward(r, which, "", 0, true);
@@ -542,9 +544,9 @@ LaunchResult Launcher::run(int port) {
   if (options_.elastic && options_.node_rank == 0) {
     // Slots span the nodes: node i's local rank r is slot i * nprocs + r (its RANK); the spares'
     // slots follow every node's ranks (elastic::NodeShape::slot()).
-    membership_ = std::make_unique<elastic::MembershipServer>(
-        shape().slots(), options_.min_ranks, membership_timeout, *streams_[1],
-        options_.nnodes * options_.nprocs);
+    membership_ = std::make_unique<elastic::MembershipServer>(shape().slots(), options_.min_ranks,
+                                                              membership_timeout, *streams_[1],
+                                                              options_.nnodes * options_.nprocs);
     if (options_.nnodes > 1) {
       std::vector<int> nodes;
       for (int s = 0; s < shape().slots(); ++s) nodes.push_back(shape().node_of(s));
@@ -567,16 +569,15 @@ LaunchResult Launcher::run(int port) {
     }
     if (options_.node_rank == 0) {
       elastic::HandshakeLimits limits;
-      limits.hello_within = std::min<std::chrono::milliseconds>(limits.hello_within,
-                                                                membership_timeout);
+      limits.hello_within =
+          std::min<std::chrono::milliseconds>(limits.hello_within, membership_timeout);
       limits.in_all = std::max(limits.in_all, 2 * options_.nnodes);
-      hub_ = std::make_unique<elastic::MembershipHub>(*membership_, shape, options_.master_addr,
-                                                      port, secret, *streams_[1], job_id_,
-                                                      limits, silence);
+      hub_ =
+          std::make_unique<elastic::MembershipHub>(*membership_, shape, options_.master_addr, port,
+                                                   secret, *streams_[1], job_id_, limits, silence);
     } else {
-      relay_ = std::make_unique<elastic::MembershipRelay>(shape, options_.master_addr, port,
-                                                          secret, membership_timeout, job_id_,
-                                                          silence);
+      relay_ = std::make_unique<elastic::MembershipRelay>(shape, options_.master_addr, port, secret,
+                                                          membership_timeout, job_id_, silence);
     }
   }
   auto timeout_at =
@@ -673,12 +674,11 @@ LaunchResult Launcher::run(int port) {
       if (relay_) relay_->add_poll_fds(fds, tags);
       for (int tag : tags) owners.emplace_back(tag, 3);  // 3: the membership link
     }
-    auto next = std::min({running() ? now + std::chrono::milliseconds(kTickMs) : kNever,
-                          stopping_ ? kNever : timeout_at,
-                          give_up_at == kNever ? kill_at_ : give_up_at, drain_until,
-                          membership_ ? membership_->next_deadline() : kNever,
-                          hub_ ? hub_->next_deadline() : kNever,
-                          relay_ ? relay_->next_deadline() : kNever});
+    auto next = std::min(
+        {running() ? now + std::chrono::milliseconds(kTickMs) : kNever,
+         stopping_ ? kNever : timeout_at, give_up_at == kNever ? kill_at_ : give_up_at, drain_until,
+         membership_ ? membership_->next_deadline() : kNever, hub_ ? hub_->next_deadline() : kNever,
+         relay_ ? relay_->next_deadline() : kNever});
     auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
     poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait_ms, 0, 1000)));
 
@@ -736,8 +736,8 @@ LaunchResult Launcher::run(int port) {
                        " restarts (membership service at " + relay_->where() + ")";
     if (dismissed > 0) what += "; " + std::to_string(dismissed) + " waiting spares stopped";
     if (!reason_.empty()) what += "; lost: " + reason_;
-    const bool ok = !relay_->stopped() && !relay_->lost() && finished >= 1 &&
-                    result_.exit_code == 0;
+    const bool ok =
+        !relay_->stopped() && !relay_->lost() && finished >= 1 && result_.exit_code == 0;
     if (!ok && result_.exit_code == 0) result_.exit_code = 1;
     if (relay_->stopped()) what = relay_->stop_reason() + "; " + what;
     result_.message = what;
@@ -756,8 +756,8 @@ LaunchResult Launcher::run(int port) {
                        std::to_string(restarts_) + " restarts" + (hub_ ? " on node 0" : "");
     if (dismissed > 0) what += "; " + std::to_string(dismissed) + " waiting spares stopped";
     if (!reason_.empty()) what += "; lost: " + reason_;
-    const bool ok = !membership_->stopped() && finished >= options_.min_ranks &&
-                    result_.exit_code == 0;
+    const bool ok =
+        !membership_->stopped() && finished >= options_.min_ranks && result_.exit_code == 0;
     if (!ok && result_.exit_code == 0) result_.exit_code = 1;
     if (membership_->stopped()) what = membership_->stop_reason() + "; " + what;
     result_.message = what;
@@ -797,8 +797,8 @@ void check_options(const LaunchOptions& o) {
   }
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
     bad("node_rank (--node-rank) = " + std::to_string(o.node_rank) + " is out of range",
-        "0.." + std::to_string(o.nnodes - 1) + " for nnodes (--nnodes) = " +
-            std::to_string(o.nnodes));
+        "0.." + std::to_string(o.nnodes - 1) +
+            " for nnodes (--nnodes) = " + std::to_string(o.nnodes));
   }
   check_world_size(static_cast<long long>(o.nnodes) * o.nprocs,
                    "LaunchOptions world size nnodes x nprocs (--nnodes " +
@@ -846,8 +846,7 @@ void check_options(const LaunchOptions& o) {
                          " + --spares " + std::to_string(o.spares) + "))");
   }
   if (!o.job_id.empty() &&
-      (o.job_id.size() > 128 ||
-       !std::all_of(o.job_id.begin(), o.job_id.end(), [](char c) {
+      (o.job_id.size() > 128 || !std::all_of(o.job_id.begin(), o.job_id.end(), [](char c) {
          return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
        })))
     bad("job_id (--job-id) = '" + o.job_id + "' is invalid",

@@ -69,8 +69,7 @@ Generation close_generation(int number, std::vector<Report> reports,
       best = reports[i].step;
       g.source = static_cast<int>(i);
     }
-    if (reports[i].step >= 0 &&
-        std::count(previous.begin(), previous.end(), reports[i].slot) > 0)
+    if (reports[i].step >= 0 && std::count(previous.begin(), previous.end(), reports[i].slot) > 0)
       ++holders;
   }
   g.step = std::max<int64_t>(best, 0);
@@ -79,13 +78,18 @@ Generation close_generation(int number, std::vector<Report> reports,
   const bool majority = first || 2 * holders > may_live;
   if (static_cast<int>(g.slots.size()) >= min_ranks && majority && !g.slots.empty()) return g;
   g.error = "generation " + std::to_string(number) + " has no quorum: ranks (launch slots) " +
-            slots_text(g.slots) + " reported, " + std::to_string(holders) + " of them holding the "
-            "state of the " + std::to_string(previous.size()) + " ranks before (slots " +
-            slots_text(previous) + ", " + std::to_string(ended) + " of which ended); expected at "
-            "least --min-ranks " + std::to_string(min_ranks) + " members" +
-            (first ? std::string(")") : " and, holding state, more than half of the ranks before "
-                                        "that may still live, so that a minority never trains on "
-                                        "by itself)");
+            slots_text(g.slots) + " reported, " + std::to_string(holders) +
+            " of them holding the "
+            "state of the " +
+            std::to_string(previous.size()) + " ranks before (slots " + slots_text(previous) +
+            ", " + std::to_string(ended) +
+            " of which ended); expected at "
+            "least --min-ranks " +
+            std::to_string(min_ranks) + " members" +
+            (first ? std::string(")")
+                   : " and, holding state, more than half of the ranks before "
+                     "that may still live, so that a minority never trains on "
+                     "by itself)");
   return g;
 }
 
@@ -188,7 +192,9 @@ void MembershipServer::set_slot_nodes(std::vector<int> nodes) {
 }
 
 std::vector<int> MembershipServer::spares_for(const std::vector<Report>& reports) const {
-  auto node = [&](int slot) { return slot_nodes_.empty() ? 0 : slot_nodes_[static_cast<size_t>(slot)]; };
+  auto node = [&](int slot) {
+    return slot_nodes_.empty() ? 0 : slot_nodes_[static_cast<size_t>(slot)];
+  };
   // Each node's places: the launch's rank slots on it (the first `members_` slots). Its empty
   // places: those minus the members it has in the forming generation.
   std::vector<int> empty;
@@ -211,7 +217,8 @@ std::vector<int> MembershipServer::spares_for(const std::vector<Report>& reports
     // The spare on the node with the most empty places (the lowest slot among equals).
     auto best = waiting.begin();
     for (auto it = waiting.begin(); it != waiting.end(); ++it)
-      if (empty[static_cast<size_t>(node(*it))] > empty[static_cast<size_t>(node(*best))]) best = it;
+      if (empty[static_cast<size_t>(node(*it))] > empty[static_cast<size_t>(node(*best))])
+        best = it;
     add(*best, -1);
     taken.push_back(*best);
     waiting.erase(best);
@@ -296,8 +303,9 @@ bool MembershipServer::handle(int slot, const std::string& bytes) {
       }
       s.address = fields[1];
       s.has_address = true;
-      const bool all = std::all_of(pending_.slots.begin(), pending_.slots.end(),
-                                   [&](int m) { return slots_[static_cast<size_t>(m)].has_address; });
+      const bool all = std::all_of(pending_.slots.begin(), pending_.slots.end(), [&](int m) {
+        return slots_[static_cast<size_t>(m)].has_address;
+      });
       if (all) commit();
     } else if (type == Message::leave) {
       s.left = true;
@@ -328,8 +336,8 @@ void MembershipServer::gone(int slot, const std::string& why) {
   s.joined = false;
   if (stopped_) return;
   const bool member = std::count(committed_.begin(), committed_.end(), slot) > 0;
-  const std::string what = "rank slot " + std::to_string(slot) + " " +
-                           (s.left ? "left" : "died (" + why + ")");
+  const std::string what =
+      "rank slot " + std::to_string(slot) + " " + (s.left ? "left" : "died (" + why + ")");
   if (phase_ == Phase::addressing &&
       std::count(pending_.slots.begin(), pending_.slots.end(), slot) > 0) {
     fail_pending(what + " while generation " + std::to_string(pending_.number) + " formed");
@@ -348,8 +356,8 @@ void MembershipServer::open(const std::string& why) {
   log_ << "troupe: elastic: generation " << number_ << " forms: " << why << "\n";
   log_.flush();
   const std::string notice =
-      encode(Message::reform, {std::to_string(number_), "generation " + std::to_string(number_) +
-                                                            " forms: " + why});
+      encode(Message::reform,
+             {std::to_string(number_), "generation " + std::to_string(number_) + " forms: " + why});
   for (size_t s = 0; s < slots_.size(); ++s)
     if (!slots_[s].joined && !slots_[s].left) send(static_cast<int>(s), notice);
   maybe_close();
@@ -374,8 +382,10 @@ void MembershipServer::maybe_close() {
   if (phase_ != Phase::joining) return;
   bool any = false;  // a member (not a waiting spare) to decide for
   for (size_t s = 0; s < slots_.size(); ++s) {
-    if (slots_[s].joined && !slots_[s].standby) any = true;
-    else if (awaited(static_cast<int>(s))) return;
+    if (slots_[s].joined && !slots_[s].standby)
+      any = true;
+    else if (awaited(static_cast<int>(s)))
+      return;
   }
   if (any) close();
 }
@@ -405,7 +415,8 @@ void MembershipServer::close() {
     if (awaited(static_cast<int>(s))) {
       slots_[s].expelled = true;
       log_ << "troupe: elastic: rank slot " << s << " did not join generation " << number_
-           << " within " << deadline_.count() << " ms (--membership-timeout): it forms without "
+           << " within " << deadline_.count()
+           << " ms (--membership-timeout): it forms without "
               "it, and the slot's process is ended once the job is over\n";
       send(static_cast<int>(s),
            encode(Message::stop, {"rank slot " + std::to_string(s) + " did not join generation " +

@@ -51,8 +51,15 @@ namespace troupe::elastic {
 using Clock = std::chrono::steady_clock;
 
 /// The messages of the membership wire (first byte of each).
-enum class Message : uint8_t { join = 1, reform = 2, assign = 3, address = 4, table = 5, stop = 6,
-                               leave = 7 };
+enum class Message : uint8_t {
+  join = 1,
+  reform = 2,
+  assign = 3,
+  address = 4,
+  table = 5,
+  stop = 6,
+  leave = 7
+};
 
 /// The largest message either side sends (a table of every rank's UCX address).
 inline constexpr size_t kMaxMessageBytes = 4u << 20;
@@ -93,8 +100,8 @@ class MembershipServer {
   /// for its members at each of its two rounds. Messages to the user go to `log`. `members`
   /// (0: all the slots) of the slots form the first generation; the others hold spares, and no
   /// generation takes more members than that.
-  MembershipServer(int slots, int min_ranks, std::chrono::milliseconds deadline,
-                   std::ostream& log, int members = 0);
+  MembershipServer(int slots, int min_ranks, std::chrono::milliseconds deadline, std::ostream& log,
+                   int members = 0);
   ~MembershipServer();
   MembershipServer(const MembershipServer&) = delete;
   MembershipServer& operator=(const MembershipServer&) = delete;
@@ -154,8 +161,8 @@ class MembershipServer {
     int life = 0;       // processes started in this slot so far
     int child_fd = -1;  // rank's end until started()
     bool joined = false;
-    bool left = false;  // said leave: ended cleanly
-    bool standby = false;  // a spare not yet taken into a generation
+    bool left = false;      // said leave: ended cleanly
+    bool standby = false;   // a spare not yet taken into a generation
     bool expelled = false;  // a member dropped for not joining in time
     Report report;
     std::string host;
@@ -193,9 +200,9 @@ class MembershipServer {
   std::ostream& log_;
   std::vector<Slot> slots_;
   Phase phase_ = Phase::idle;
-  int number_ = 0;            // the generation forming (or last formed)
-  int committed_number_ = 0;  // the generation in force
-  std::vector<int> committed_;  // its slots; before the first: every slot
+  int number_ = 0;                   // the generation forming (or last formed)
+  int committed_number_ = 0;         // the generation in force
+  std::vector<int> committed_;       // its slots; before the first: every slot
   std::vector<int> committed_life_;  // the life of each member then
   Generation pending_;
   Clock::time_point deadline_at_ = Clock::time_point::max();

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <stdexcept>
 #include <cstring>
+#include <stdexcept>
 
 #include "comm/status.h"
 
@@ -43,10 +43,10 @@ void MembershipClient::read_loop() {
     const ssize_t got = ::recv(fd_, buffer.data(), buffer.size(), 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      const std::string why = got == 0 ? "the elastic membership service closed its socket (the "
-                                         "launcher ended)"
-                                       : std::string("the elastic membership socket failed: ") +
-                                             strerror(errno);
+      const std::string why =
+          got == 0 ? "the elastic membership service closed its socket (the "
+                     "launcher ended)"
+                   : std::string("the elastic membership socket failed: ") + strerror(errno);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         closed_ = why;
@@ -92,8 +92,8 @@ std::pair<Message, std::vector<std::string>> MembershipClient::next(
   std::unique_lock<std::mutex> lock(mutex_);
   if (!arrived_.wait_until(lock, deadline, [&] { return !queue_.empty() || !closed_.empty(); }))
     throw comm::Error("elastic membership: timed out waiting for " + waiting_for);
-  if (queue_.empty()) throw comm::Error("elastic membership: " + closed_ + " while waiting for " +
-                                        waiting_for);
+  if (queue_.empty())
+    throw comm::Error("elastic membership: " + closed_ + " while waiting for " + waiting_for);
   auto message = std::move(queue_.front());
   queue_.pop_front();
   if (message.first == Message::stop)
@@ -127,8 +127,8 @@ Assignment MembershipClient::join(int64_t step, const std::string& host,
 
 void MembershipClient::check_table(const MemberTable& table, int generation,
                                    const std::string& own) const {
-  const std::string where = "elastic membership: the peer table of generation " +
-                            std::to_string(generation) + " ";
+  const std::string where =
+      "elastic membership: the peer table of generation " + std::to_string(generation) + " ";
   int world = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -136,7 +136,8 @@ void MembershipClient::check_table(const MemberTable& table, int generation,
   }
   if (static_cast<int>(table.addresses.size()) != world)
     throw comm::Error(where + "holds " + std::to_string(table.addresses.size()) +
-                      " ranks (expected the " + std::to_string(world) + " of this rank's "
+                      " ranks (expected the " + std::to_string(world) +
+                      " of this rank's "
                       "assignment)");
   auto hex = [](char c) {
     const char* digits = "0123456789abcdef";
@@ -167,8 +168,8 @@ std::optional<MemberTable> MembershipClient::exchange(int generation, const std:
   if (service_round_.count() > 0)
     deadline = std::max(deadline, Clock::now() + service_round_ + kServiceSlack);
   for (;;) {
-    auto [type, fields] = next(deadline, "the peer table of generation " +
-                                             std::to_string(generation));
+    auto [type, fields] =
+        next(deadline, "the peer table of generation " + std::to_string(generation));
     if (type == Message::reform && !fields.empty() && std::stoi(fields[0]) > generation)
       return std::nullopt;
     if (type != Message::table || fields.empty() || std::stoi(fields[0]) != generation) continue;

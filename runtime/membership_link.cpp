@@ -188,9 +188,15 @@ MembershipHub::MembershipHub(MembershipServer& server, NodeShape shape,
                              const std::string& bind_address, int port, std::string secret,
                              std::ostream& log, std::string job_id, HandshakeLimits limits,
                              std::chrono::milliseconds silence)
-    : server_(server), shape_(shape), secret_(std::move(secret)), log_(log),
-      job_id_(std::move(job_id)), limits_(limits), silence_(silence) {
-  const std::string where = (bind_address.empty() ? "*" : bind_address) + ":" + std::to_string(port);
+    : server_(server),
+      shape_(shape),
+      secret_(std::move(secret)),
+      log_(log),
+      job_id_(std::move(job_id)),
+      limits_(limits),
+      silence_(silence) {
+  const std::string where =
+      (bind_address.empty() ? "*" : bind_address) + ":" + std::to_string(port);
   sockaddr_in address{};
   std::string error;
   if (!resolve(bind_address, port, address, error))
@@ -198,12 +204,13 @@ MembershipHub::MembershipHub(MembershipServer& server, NodeShape shape,
   listen_fd_ = above_stdio(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   const int one = 1;
   setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (listen_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+  if (listen_fd_ < 0 ||
+      bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
       listen(listen_fd_, 64) != 0) {
     const int e = errno;
     if (listen_fd_ >= 0) ::close(listen_fd_);
-    throw comm::Error("elastic membership service: cannot listen at " + where + ": " +
-                      strerror(e) + " (expected a free port on node 0's --master-addr: the "
+    throw comm::Error("elastic membership service: cannot listen at " + where + ": " + strerror(e) +
+                      " (expected a free port on node 0's --master-addr: the "
                       "service of an elastic job of several nodes listens at "
                       "--master-addr:--master-port)");
   }
@@ -233,7 +240,8 @@ void MembershipHub::add_poll_fds(std::vector<pollfd>& fds, std::vector<int>& tag
   }
   for (size_t l = 0; l < links_.size(); ++l) {
     if (!links_[l].stream) continue;
-    const short events = static_cast<short>(POLLIN | (links_[l].stream->wants_write() ? POLLOUT : 0));
+    const short events =
+        static_cast<short>(POLLIN | (links_[l].stream->wants_write() ? POLLOUT : 0));
     fds.push_back({links_[l].stream->fd(), events, 0});
     tags.push_back(static_cast<int>(l));
   }
@@ -276,8 +284,8 @@ void MembershipHub::accept_all() {
       accept_paused_until_ = Clock::now() + kAcceptPause;
       if (Clock::now() >= descriptors_logged_) {
         log_ << "troupe: elastic: the launcher is out of file descriptors (" << strerror(errno)
-             << "): refusing new connections to the membership service for now ("
-             << in_handshake() << " connections in handshake; raise `ulimit -n`)\n";
+             << "): refusing new connections to the membership service for now (" << in_handshake()
+             << " connections in handshake; raise `ulimit -n`)\n";
         log_.flush();
         descriptors_logged_ = Clock::now() + std::chrono::seconds(10);
       }
@@ -346,10 +354,12 @@ void MembershipHub::tick() {
       continue;
     }
     if (now - link.stream->last_heard() > silence_) {
-      lose(static_cast<int>(l),
-           "nothing heard for " + std::to_string(silence_.count()) + " ms (it sends a heartbeat "
-           "every " + std::to_string(kHeartbeatEvery.count()) + " s; the silence allowed is a "
-           "third of --membership-timeout, within 3..10 s)");
+      lose(static_cast<int>(l), "nothing heard for " + std::to_string(silence_.count()) +
+                                    " ms (it sends a heartbeat "
+                                    "every " +
+                                    std::to_string(kHeartbeatEvery.count()) +
+                                    " s; the silence allowed is a "
+                                    "third of --membership-timeout, within 3..10 s)");
       continue;
     }
     if (now >= link.heartbeat_at) {
@@ -419,8 +429,9 @@ void MembershipHub::hello(int tag, const LinkStream::Frame& f) {
       if (their_job != job_id_ &&
           actors::wire::same_mac(fields[7], hello_proof(secret_, nonces, their_job, theirs)))
         return refuse(other_job, "refused: " + other_job);
-      return refuse("no proof of this job's TROUPE_JOB_SECRET and job id for this connection "
-                    "(a different secret, a replayed hello, or another job)");
+      return refuse(
+          "no proof of this job's TROUPE_JOB_SECRET and job id for this connection "
+          "(a different secret, a replayed hello, or another job)");
     }
   } else if (their_job != job_id_) {
     return refuse(other_job, "refused: " + other_job);  // without a secret there is nothing to hide
@@ -464,21 +475,29 @@ void MembershipHub::handle(int tag, const LinkStream::Frame& f) {
       expected += " or its spares' " + std::to_string(spare) + ".." +
                   std::to_string(spare + shape_.spares - 1);
     }
-    return lose(tag, "it named rank slot " + std::to_string(f.slot) + " (expected " + expected +
-                         ")");
+    return lose(tag,
+                "it named rank slot " + std::to_string(f.slot) + " (expected " + expected + ")");
   }
   switch (f.type) {
-    case LinkFrame::attach: server_.attach_remote(f.slot, tag, f.payload == "1"); break;
-    case LinkFrame::relay: server_.on_message(f.slot, f.payload); break;
-    case LinkFrame::closed: server_.on_closed(f.slot, f.payload); break;
+    case LinkFrame::attach:
+      server_.attach_remote(f.slot, tag, f.payload == "1");
+      break;
+    case LinkFrame::relay:
+      server_.on_message(f.slot, f.payload);
+      break;
+    case LinkFrame::closed:
+      server_.on_closed(f.slot, f.payload);
+      break;
     case LinkFrame::exited: {
       const size_t space = f.payload.find(' ');
       if (f.payload.compare(0, space, "0") == 0) ++finished_;
-      server_.on_closed(f.slot, space == std::string::npos ? f.payload : f.payload.substr(space + 1));
+      server_.on_closed(f.slot,
+                        space == std::string::npos ? f.payload : f.payload.substr(space + 1));
       break;
     }
-    default: lose(tag, "it sent a frame of type " + std::to_string(static_cast<int>(f.type)) +
-                           " the service does not expect");
+    default:
+      lose(tag, "it sent a frame of type " + std::to_string(static_cast<int>(f.type)) +
+                    " the service does not expect");
   }
 }
 
@@ -520,7 +539,9 @@ void MembershipHub::drop_all(const std::string& why) {
 MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, int port,
                                  std::string secret, std::chrono::milliseconds deadline,
                                  std::string job_id, std::chrono::milliseconds silence)
-    : shape_(shape), where_(address + ":" + std::to_string(port)), silence_(silence),
+    : shape_(shape),
+      where_(address + ":" + std::to_string(port)),
+      silence_(silence),
       locals_(static_cast<size_t>(shape.nprocs + shape.spares)) {
   const std::string expected =
       " (expected node 0's launcher of this job, `troupe launch --elastic --nnodes " +
@@ -537,8 +558,8 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
   std::string error;
   if (!resolve(address, port, target, error)) throw fail(error);
   const auto until = Clock::now() + deadline;
-  const std::string within = " within " + std::to_string(deadline.count()) +
-                             " ms (--membership-timeout)";
+  const std::string within =
+      " within " + std::to_string(deadline.count()) + " ms (--membership-timeout)";
   std::string last;
   std::string challenge;
   // Connect and wait for the hub's challenge, again until the deadline: node 0's launcher may
@@ -594,16 +615,15 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
     }
     if (Clock::now() >= until)
       throw fail("no challenge from the service" + within + "; the last try: " + last);
-    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100),
-                                                          until - Clock::now()));
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(std::chrono::milliseconds(100), until - Clock::now()));
   }
   const std::string nonce = actors::wire::random_bytes(actors::wire::kNonceBytes);
   stream_->send(LinkFrame::hello, -1,
-                encode(Message::join,
-                       {std::to_string(kVersion), std::to_string(shape.node_rank),
-                        std::to_string(shape.nnodes), std::to_string(shape.nprocs),
-                        std::to_string(shape.spares), nonce, job_id,
-                        hello_proof(secret, nonce + challenge, job_id, shape)})
+                encode(Message::join, {std::to_string(kVersion), std::to_string(shape.node_rank),
+                                       std::to_string(shape.nnodes), std::to_string(shape.nprocs),
+                                       std::to_string(shape.spares), nonce, job_id,
+                                       hello_proof(secret, nonce + challenge, job_id, shape)})
                     .substr(1));
   // The answer, within the deadline.
   std::vector<LinkStream::Frame> frames;
@@ -613,8 +633,7 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
     pollfd p{stream_->fd(), static_cast<short>(POLLIN | (stream_->wants_write() ? POLLOUT : 0)), 0};
     poll(&p, 1, static_cast<int>(left.count()));
     if (!stream_->flush() || (!stream_->read(frames) && frames.empty()))
-      throw fail("the connection ended before an answer to this node's hello: " +
-                 stream_->error());
+      throw fail("the connection ended before an answer to this node's hello: " + stream_->error());
   }
   if (frames[0].type == LinkFrame::refuse) {
     const std::string& told = frames[0].payload;
@@ -630,10 +649,10 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
   if (frames[0].type != LinkFrame::welcome)
     throw fail("it answered the hello with a frame of type " +
                std::to_string(static_cast<int>(frames[0].type)));
-  if (!actors::wire::same_mac(frames[0].payload,
-                              welcome_proof(secret, challenge + nonce, job_id)))
-    throw fail("it welcomed this node without proving it holds this job's TROUPE_JOB_SECRET "
-               "(another job's launcher, or not troupe's)");
+  if (!actors::wire::same_mac(frames[0].payload, welcome_proof(secret, challenge + nonce, job_id)))
+    throw fail(
+        "it welcomed this node without proving it holds this job's TROUPE_JOB_SECRET "
+        "(another job's launcher, or not troupe's)");
   heartbeat_at_ = Clock::now() + kHeartbeatEvery;
 }
 
@@ -675,12 +694,14 @@ void MembershipRelay::close_local(int local, const std::string& why) {
 
 void MembershipRelay::on_exit(int local, int exit_code, const std::string& how) {
   close_local(local, how);
-  if (stream_) stream_->send(LinkFrame::exited, global(local), std::to_string(exit_code) + " " + how);
+  if (stream_)
+    stream_->send(LinkFrame::exited, global(local), std::to_string(exit_code) + " " + how);
 }
 
 void MembershipRelay::add_poll_fds(std::vector<pollfd>& fds, std::vector<int>& tags) const {
   if (stream_) {
-    fds.push_back({stream_->fd(), static_cast<short>(POLLIN | (stream_->wants_write() ? POLLOUT : 0)), 0});
+    fds.push_back(
+        {stream_->fd(), static_cast<short>(POLLIN | (stream_->wants_write() ? POLLOUT : 0)), 0});
     tags.push_back(-1);
   }
   for (size_t i = 0; i < locals_.size(); ++i)
@@ -727,7 +748,8 @@ void MembershipRelay::on_ready(int tag, short revents) {
       close_local(tag, "its process ended");
       return;
     }
-    if (stream_) stream_->send(LinkFrame::relay, global(tag), buffer.substr(0, static_cast<size_t>(got)));
+    if (stream_)
+      stream_->send(LinkFrame::relay, global(tag), buffer.substr(0, static_cast<size_t>(got)));
   }
 }
 
@@ -735,8 +757,11 @@ void MembershipRelay::tick() {
   if (!stream_) return;
   const auto now = Clock::now();
   if (now - stream_->last_heard() > silence_)
-    return lose("nothing heard for " + std::to_string(silence_.count()) + " ms (it sends a "
-                "heartbeat every " + std::to_string(kHeartbeatEvery.count()) + " s; the silence "
+    return lose("nothing heard for " + std::to_string(silence_.count()) +
+                " ms (it sends a "
+                "heartbeat every " +
+                std::to_string(kHeartbeatEvery.count()) +
+                " s; the silence "
                 "allowed is a third of --membership-timeout, within 3..10 s)");
   if (now >= heartbeat_at_) {
     heartbeat_at_ = now + kHeartbeatEvery;
@@ -753,7 +778,8 @@ Clock::time_point MembershipRelay::next_deadline() const {
 void MembershipRelay::lose(const std::string& why) {
   if (!lost_reason_.empty()) return;
   lost_reason_ = "lost the elastic membership service at " + where_ +
-                 " (node 0's launcher): " + why + " (expected it to stay until every node's "
+                 " (node 0's launcher): " + why +
+                 " (expected it to stay until every node's "
                  "ranks ended)";
   stream_.reset();
   // The ranks learn it from their sockets closing: their Runtimes fail at once.

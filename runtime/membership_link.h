@@ -66,7 +66,8 @@ struct NodeShape {
   /// local rank r is slot i * nprocs + r, its RANK, as without spares), then the spares', node by
   /// node: slot nnodes * nprocs + i * spares + k. With one node that is the local index.
   int slot(int node, int local) const {
-    return local < nprocs ? node * nprocs + local : nnodes * nprocs + node * spares + local - nprocs;
+    return local < nprocs ? node * nprocs + local
+                          : nnodes * nprocs + node * spares + local - nprocs;
   }
   /// The node whose launcher starts `slot`'s processes.
   int node_of(int slot) const {
@@ -74,16 +75,25 @@ struct NodeShape {
   }
   /// The local index of `slot` on its node (the inverse of slot()).
   int local_of(int slot) const {
-    return slot < nnodes * nprocs ? slot % nprocs
-                                  : nprocs + (slot - nnodes * nprocs) % spares;
+    return slot < nnodes * nprocs ? slot % nprocs : nprocs + (slot - nnodes * nprocs) % spares;
   }
   /// Every launch slot of the job: its ranks and its spares.
   int slots() const { return nnodes * (nprocs + spares); }
 };
 
 enum class LinkFrame : uint8_t {
-  hello = 1, welcome = 2, refuse = 3, attach = 4, relay = 5, closed = 6, exited = 7, stopped = 8,
-  bye = 9, dismiss = 10, challenge = 11, heartbeat = 12
+  hello = 1,
+  welcome = 2,
+  refuse = 3,
+  attach = 4,
+  relay = 5,
+  closed = 6,
+  exited = 7,
+  stopped = 8,
+  bye = 9,
+  dismiss = 10,
+  challenge = 11,
+  heartbeat = 12
 };
 
 /// How often each end of an authenticated link says it is alive, and the silence after which the
@@ -97,9 +107,9 @@ std::chrono::milliseconds node_silence(std::chrono::milliseconds membership_dead
 /// Limits on connections that have not proved themselves yet (MembershipHub).
 struct HandshakeLimits {
   std::chrono::milliseconds hello_within{10000};  // from accept, whether or not it sends
-  int per_address = 8;       // connections in handshake from one IPv4 address
-  int in_all = 64;           // connections in handshake in all
-  size_t max_frame = 4096;   // the largest frame before the hello is accepted
+  int per_address = 8;                            // connections in handshake from one IPv4 address
+  int in_all = 64;                                // connections in handshake in all
+  size_t max_frame = 4096;                        // the largest frame before the hello is accepted
 };
 
 /// One end of a link: frames in and out of a non-blocking TCP socket.

@@ -7,12 +7,18 @@ namespace troupe {
 
 comm::DataType comm_type(c10::ScalarType t, const std::string& what) {
   switch (t) {
-    case torch::kFloat: return comm::DataType::float32;
-    case torch::kDouble: return comm::DataType::float64;
-    case torch::kHalf: return comm::DataType::float16;
-    case torch::kBFloat16: return comm::DataType::bfloat16;
-    case torch::kInt: return comm::DataType::int32;
-    case torch::kLong: return comm::DataType::int64;
+    case torch::kFloat:
+      return comm::DataType::float32;
+    case torch::kDouble:
+      return comm::DataType::float64;
+    case torch::kHalf:
+      return comm::DataType::float16;
+    case torch::kBFloat16:
+      return comm::DataType::bfloat16;
+    case torch::kInt:
+      return comm::DataType::int32;
+    case torch::kLong:
+      return comm::DataType::int64;
     default:
       throw comm::Error(what + " has dtype " + std::string(c10::toString(t)) +
                         " (expected float32, float64, float16, bfloat16, int32 or int64)");

@@ -4,7 +4,6 @@
 
 namespace troupe {
 
-
 namespace {
 
 // The totals of two algorithms run one after the other (the last step's bytes are the later's).

@@ -21,17 +21,15 @@ ModuleBuffers::ModuleBuffers(torch::nn::Module& module) {
       group = groups_.end() - 1;
       group->type = type;
     }
-    group->offsets.push_back(group->buffers.empty()
-                                 ? 0
-                                 : group->offsets.back() + group->buffers.back().numel());
+    group->offsets.push_back(
+        group->buffers.empty() ? 0 : group->offsets.back() + group->buffers.back().numel());
     group->buffers.push_back(b);
     on_cuda = on_cuda || b.is_cuda();
   }
   for (auto& g : groups_) {
     const int64_t total = g.offsets.back() + g.buffers.back().numel();
     g.flat = torch::empty(
-        {total},
-        torch::TensorOptions().dtype(g.buffers[0].scalar_type()).pinned_memory(on_cuda));
+        {total}, torch::TensorOptions().dtype(g.buffers[0].scalar_type()).pinned_memory(on_cuda));
   }
 }
 

@@ -1,13 +1,13 @@
 #include "runtime/runtime.h"
 
-#include <caf/all.hpp>
 #include <unistd.h>
+#include <caf/all.hpp>
 
 #include <algorithm>
-#include <functional>
 #include <atomic>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -84,8 +84,8 @@ int env_count(const char* name, int fallback, int min) {
     used = 0;
   }
   if (value.empty() || used != value.size() || n < min)
-    throw comm::Error(std::string(name) + "='" + value + "' (expected an integer >= " +
-                      std::to_string(min) + ")");
+    throw comm::Error(std::string(name) + "='" + value +
+                      "' (expected an integer >= " + std::to_string(min) + ")");
   return n;
 }
 
@@ -126,10 +126,10 @@ struct Runtime::Impl {
   caf::actor worker;
   caf::actor directory;  // on every rank: the directory (local on rank 0)
   bool owns_directory = false;
-  std::unique_ptr<actors::FrontDoor> door;                   // rank 0 of a world > 1
+  std::unique_ptr<actors::FrontDoor> door;                  // rank 0 of a world > 1
   std::shared_ptr<actors::DirectoryConnection> connection;  // the other ranks
   std::vector<std::string> hosts;
-  std::vector<int> host_index;        // each rank's real host (runtime/host_identity.h)
+  std::vector<int> host_index;          // each rank's real host (runtime/host_identity.h)
   std::vector<std::string> peer_paths;  // how this rank reaches each rank
   std::unique_ptr<comm::Communicator> comm;
   // Guards dead, death, death_rank and the creation of comm; in an elastic job also every change
@@ -188,9 +188,9 @@ void Runtime::Impl::start() {
   info = options.rank_info ? *options.rank_info : rank_info_from_env();
   validate(info);
   if (options.scheduler_threads < 0 || options.scheduler_threads > 256)
-    throw comm::Error("RuntimeOptions.scheduler_threads=" +
-                      std::to_string(options.scheduler_threads) +
-                      " (expected 0..256; 0 = default)");
+    throw comm::Error(
+        "RuntimeOptions.scheduler_threads=" + std::to_string(options.scheduler_threads) +
+        " (expected 0..256; 0 = default)");
   const int threads = options.scheduler_threads ? options.scheduler_threads : default_threads();
   const comm::LinkEmulation links =
       options.links ? *options.links : link_emulation_from_env(info.world_size);
@@ -212,7 +212,8 @@ void Runtime::Impl::start() {
 
   slot = info.rank;
   launch_single_host = info.local_world_size == info.world_size;
-  const std::string fault_source = options.faults.empty() ? "TROUPE_FAULT" : "RuntimeOptions.faults";
+  const std::string fault_source =
+      options.faults.empty() ? "TROUPE_FAULT" : "RuntimeOptions.faults";
   const char* fault_env = std::getenv("TROUPE_FAULT");
   fault::arm(parse_faults(options.faults.empty() ? (fault_env ? fault_env : "") : options.faults,
                           fault_source),
@@ -226,12 +227,12 @@ void Runtime::Impl::start() {
                         "\" in an elastic job (expected \"ucx\": the world is re-formed between "
                         "processes)");
     if (links.active())
-      throw comm::Error("link emulation (TROUPE_LINK, RuntimeOptions.links) in an elastic job "
-                        "(expected none: the links are per rank, and ranks are renumbered)");
+      throw comm::Error(
+          "link emulation (TROUPE_LINK, RuntimeOptions.links) in an elastic job "
+          "(expected none: the links are per rank, and ranks are renumbered)");
     membership = std::make_unique<elastic::MembershipClient>(
-        membership_fd, [this](int number, const std::string& why) {
-          on_membership_change(number, why);
-        });
+        membership_fd,
+        [this](int number, const std::string& why) { on_membership_change(number, why); });
     form(-1, std::chrono::seconds(env_count("TROUPE_ELASTIC_SPARE", 0, 1)));
     return;
   }
@@ -245,8 +246,9 @@ void Runtime::Impl::start() {
     transport = ucx;
   } else if (options.transport == "inproc") {
     if (!options.fabric)
-      throw comm::Error("RuntimeOptions.transport=\"inproc\" needs RuntimeOptions.fabric "
-                        "(an InprocFabric shared by the ranks of this process)");
+      throw comm::Error(
+          "RuntimeOptions.transport=\"inproc\" needs RuntimeOptions.fabric "
+          "(an InprocFabric shared by the ranks of this process)");
     if (options.fabric->world_size() != info.world_size)
       throw comm::Error("InprocFabric has world size " +
                         std::to_string(options.fabric->world_size()) + ", but WORLD_SIZE is " +
@@ -323,8 +325,8 @@ actors::PeerTable Runtime::Impl::meet(actors::RendezvousRequest& request) {
     if (info.rank == 0) {
       request.master_port = 0;
     } else {
-      request.master_port = directory_port(
-          *agent_store, port_key, agent_store->get(port_key, options.rendezvous_timeout));
+      request.master_port = directory_port(*agent_store, port_key,
+                                           agent_store->get(port_key, options.rendezvous_timeout));
     }
   }
   caf::actor local;
@@ -450,7 +452,8 @@ void Runtime::Impl::teardown() {
     dead.clear();
     death.clear();
     death_rank = -1;
-    module_ids = 0;  // the modules were destroyed before a reform (runtime.h), each giving its id back
+    module_ids =
+        0;  // the modules were destroyed before a reform (runtime.h), each giving its id back
     old = std::move(transport);
   }
   if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
@@ -482,8 +485,9 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
       }
     }
     if (spare) deadline = elastic::Clock::now() + options.rendezvous_timeout;
-    auto ucx = made ? std::make_shared<comm::UcxTransport>(a.rank, a.world_size, std::move(made))
-                    : std::make_shared<comm::UcxTransport>(a.rank, a.world_size, launch_single_host);
+    auto ucx = made
+                   ? std::make_shared<comm::UcxTransport>(a.rank, a.world_size, std::move(made))
+                   : std::make_shared<comm::UcxTransport>(a.rank, a.world_size, launch_single_host);
     auto table = membership->exchange(a.generation, ucx->local_address(), deadline);
     if (!table) continue;  // a newer generation opened: join it
     {
@@ -502,8 +506,8 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
       ++info.local_world_size;
     }
     hosts = table->hosts;
-    worker = actors::spawn_worker(*system, info.rank, transport,
-                                  [](int, const std::string&, bool) {});
+    worker =
+        actors::spawn_worker(*system, info.rank, transport, [](int, const std::string&, bool) {});
     try {
       ucx->connect(table->addresses);
       {
@@ -522,7 +526,8 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
       teardown();
       if (attempt >= 32)
         throw comm::Error(std::string("elastic: no generation formed in 32 attempts; the last "
-                                      "failed with: ") + e.what());
+                                      "failed with: ") +
+                          e.what());
     }
   }
 }
@@ -575,8 +580,9 @@ Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>()) {
 
 Runtime::~Runtime() {
   if (std::uncaught_exceptions() > impl_->uncaught_at_start)
-    impl_->announce_failure("an exception unwound its Runtime (the program did not name it with "
-                            "Runtime::fail)");
+    impl_->announce_failure(
+        "an exception unwound its Runtime (the program did not name it with "
+        "Runtime::fail)");
   impl_->stop();
 }
 
@@ -648,8 +654,8 @@ int Runtime::next_module_id() {
     }
   throw comm::Error("a Runtime holds at most " + std::to_string(comm::tags::kMaxModules) +
                     " modules at once (DistributedModule, DecentralizedModule, "
-                    "AsynchronousModule; tried a " + std::to_string(comm::tags::kMaxModules + 1) +
-                    "th: destroy one first)");
+                    "AsynchronousModule; tried a " +
+                    std::to_string(comm::tags::kMaxModules + 1) + "th: destroy one first)");
 }
 
 void Runtime::release_module_id(int id) {
@@ -668,8 +674,9 @@ ElasticGeneration Runtime::generation() const {
 ElasticGeneration Runtime::reform(int64_t completed_steps) {
   auto& m = *impl_;
   if (!m.membership)
-    throw comm::Error("Runtime::reform: this Runtime is not elastic (expected `troupe launch "
-                      "--elastic`, or RuntimeOptions::membership_fd)");
+    throw comm::Error(
+        "Runtime::reform: this Runtime is not elastic (expected `troupe launch "
+        "--elastic`, or RuntimeOptions::membership_fd)");
   m.teardown();
   fault::at_any(FaultPhase::rendezvous, completed_steps);
   m.form(completed_steps);
@@ -687,7 +694,8 @@ bool Runtime::nccl_available() const {
 std::shared_ptr<comm::NcclCommunicator> Runtime::nccl(int device) {
   const std::string call = "Runtime::nccl(" + std::to_string(device) + ")";
 #ifndef TROUPE_HAVE_NCCL
-  throw comm::Error(call + ": troupe was built without NCCL (CMake found no nccl.h and libnccl; "
+  throw comm::Error(call +
+                    ": troupe was built without NCCL (CMake found no nccl.h and libnccl; "
                     "CUDA tensors are reduced through pinned host memory instead)");
 #else
   auto& m = *impl_;
@@ -713,9 +721,8 @@ std::shared_ptr<comm::NcclCommunicator> Runtime::nccl(int device) {
                                                          "make an id")
                                            : m.nccl_note) +
                       ")");
-  auto created = std::make_shared<comm::NcclCommunicator>(m.info.rank, m.info.world_size,
-                                                          m.nccl_id, device,
-                                                          m.options.rendezvous_timeout);
+  auto created = std::make_shared<comm::NcclCommunicator>(m.info.rank, m.info.world_size, m.nccl_id,
+                                                          device, m.options.rendezvous_timeout);
   created->set_timeout(m.options.collective_timeout);
   std::lock_guard<std::mutex> lock(m.dead_mutex);
   m.nccl = created;

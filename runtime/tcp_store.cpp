@@ -27,8 +27,8 @@ TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds timeout
     throw comm::Error("TcpStore: port " + std::to_string(port) + " of host '" + host_ +
                       "' (expected 1..65535)");
   if (timeout.count() <= 0)
-    throw comm::Error("TcpStore: timeout " + std::to_string(timeout.count()) +
-                      " ms for " + where() + " (expected > 0)");
+    throw comm::Error("TcpStore: timeout " + std::to_string(timeout.count()) + " ms for " +
+                      where() + " (expected > 0)");
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(port);
   options.isServer = false;

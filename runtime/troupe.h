@@ -7,9 +7,10 @@
 /// #include <torch/torch.h>
 /// #include "runtime/troupe.h"
 ///
-/// troupe::Runtime rt;                          // rank from torchrun / troupe launch / mpirun / srun
-/// Net net;                                     // TORCH_MODULE(Net), or std::make_shared<NetImpl>()
-/// troupe::DistributedModule ddp(rt, net);      // runtime/module_holder.h: what it accepts
+/// troupe::Runtime rt;                          // rank from torchrun / troupe launch / mpirun /
+/// srun Net net;                                     // TORCH_MODULE(Net), or
+/// std::make_shared<NetImpl>() troupe::DistributedModule ddp(rt, net);      //
+/// runtime/module_holder.h: what it accepts
 /// // Each rank reads its own shard: LibTorch's distributed samplers (<torch/data.h>, declared in
 /// // torch/data/samplers/distributed.h), given the world size and this rank.
 /// for (size_t epoch = 0; epoch < epochs; ++epoch) {

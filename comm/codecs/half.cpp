@@ -45,8 +45,8 @@ void decode_half_generic(const uint16_t* src, size_t n, float scale, float* dst)
 
 // F16C converts 8 values at a time (the same rounding as float_to_half, which the tests check);
 // the tail goes through the scalar conversion.
-__attribute__((target("avx2,f16c"))) void encode_half_f16c(const float* src, size_t n,
-                                                           float scale, uint16_t* dst) {
+__attribute__((target("avx2,f16c"))) void encode_half_f16c(const float* src, size_t n, float scale,
+                                                           uint16_t* dst) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -101,23 +101,31 @@ bool have_f16c() { return have_avx2() && cpu_features().f16c; }
 }  // namespace
 
 void encode_half(const float* src, size_t n, float scale, uint16_t* dst) {
-  if (have_f16c()) encode_half_f16c(src, n, scale, dst);
-  else encode_half_generic(src, n, scale, dst);
+  if (have_f16c())
+    encode_half_f16c(src, n, scale, dst);
+  else
+    encode_half_generic(src, n, scale, dst);
 }
 
 void decode_half(const uint16_t* src, size_t n, float scale, float* dst) {
-  if (have_f16c()) decode_half_f16c(src, n, scale, dst);
-  else decode_half_generic(src, n, scale, dst);
+  if (have_f16c())
+    decode_half_f16c(src, n, scale, dst);
+  else
+    decode_half_generic(src, n, scale, dst);
 }
 
 void encode_bfloat16(const float* src, size_t n, float scale, uint16_t* dst) {
-  if (have_f16c()) encode_bf16_avx2(src, n, scale, dst);
-  else encode_bf16_generic(src, n, scale, dst);
+  if (have_f16c())
+    encode_bf16_avx2(src, n, scale, dst);
+  else
+    encode_bf16_generic(src, n, scale, dst);
 }
 
 void decode_bfloat16(const uint16_t* src, size_t n, float scale, float* dst) {
-  if (have_f16c()) decode_bf16_avx2(src, n, scale, dst);
-  else decode_bf16_generic(src, n, scale, dst);
+  if (have_f16c())
+    decode_bf16_avx2(src, n, scale, dst);
+  else
+    decode_bf16_generic(src, n, scale, dst);
 }
 
 }  // namespace troupe::comm

@@ -75,10 +75,17 @@ TROUPE_INLINE void by_fours(size_t r, F f) {
   size_t k = 0;
   for (; k + 4 <= r; k += 4) f(k, std::integral_constant<size_t, 4>{});
   switch (r - k) {
-    case 3: f(k, std::integral_constant<size_t, 3>{}); break;
-    case 2: f(k, std::integral_constant<size_t, 2>{}); break;
-    case 1: f(k, std::integral_constant<size_t, 1>{}); break;
-    default: break;
+    case 3:
+      f(k, std::integral_constant<size_t, 3>{});
+      break;
+    case 2:
+      f(k, std::integral_constant<size_t, 2>{});
+      break;
+    case 1:
+      f(k, std::integral_constant<size_t, 1>{});
+      break;
+    default:
+      break;
   }
 }
 
@@ -111,8 +118,8 @@ TROUPE_INLINE void project(const float* m, size_t rows, size_t cols, const float
 }
 
 template <class V>
-TROUPE_INLINE void back_project(const float* m, size_t rows, size_t cols, const float* p,
-                                size_t r, float* qt) {
+TROUPE_INLINE void back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,
+                                float* qt) {
   std::memset(qt, 0, r * cols * sizeof(float));
   for (size_t i = 0; i < rows; ++i) {
     const float* mi = m + i * cols;
@@ -217,8 +224,10 @@ inline uint64_t stream(uint64_t key, uint64_t counter) {
 
 void low_rank_project(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
                       float* p) {
-  if (have_avx2()) project_avx2(m, rows, cols, qt, r, p);
-  else project_generic(m, rows, cols, qt, r, p);
+  if (have_avx2())
+    project_avx2(m, rows, cols, qt, r, p);
+  else
+    project_generic(m, rows, cols, qt, r, p);
 }
 
 void low_rank_add_project(float* m, const float* add, size_t rows, size_t cols, const float* qt,
@@ -239,14 +248,18 @@ void low_rank_expand_error(const float* p, const float* qt, size_t rows, size_t 
 
 void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,
                            float* qt) {
-  if (have_avx2()) back_project_avx2(m, rows, cols, p, r, qt);
-  else back_project_generic(m, rows, cols, p, r, qt);
+  if (have_avx2())
+    back_project_avx2(m, rows, cols, p, r, qt);
+  else
+    back_project_generic(m, rows, cols, p, r, qt);
 }
 
 void low_rank_expand(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                      float scale, float* m) {
-  if (have_avx2()) expand_avx2(p, qt, rows, cols, r, scale, m);
-  else expand_generic(p, qt, rows, cols, r, scale, m);
+  if (have_avx2())
+    expand_avx2(p, qt, rows, cols, r, scale, m);
+  else
+    expand_generic(p, qt, rows, cols, r, scale, m);
 }
 
 void orthogonalize_columns(float* p, size_t rows, size_t r) {

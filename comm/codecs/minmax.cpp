@@ -24,8 +24,10 @@ struct Codes8 {
                                          float* d) {
     for (size_t j = 0; j < len; ++j) {
       float v = lo + step * static_cast<float>(q[j]);
-      if (kAdd) d[j] += v;
-      else d[j] = v;
+      if (kAdd)
+        d[j] += v;
+      else
+        d[j] = v;
     }
   }
 };
@@ -62,8 +64,10 @@ struct Codes4 {
     }
     if (len % 2) {
       const float last = lo + step * static_cast<float>(q[pairs] & 15);
-      if (kAdd) d[len - 1] += last;
-      else d[len - 1] = last;
+      if (kAdd)
+        d[len - 1] += last;
+      else
+        d[len - 1] = last;
     }
   }
 };
@@ -73,8 +77,10 @@ struct Codes4 {
 template <class Use>
 auto with_codes(MinMaxBits bits, Use&& use) {
   switch (bits) {
-    case MinMaxBits::four: return use(Codes4{});
-    case MinMaxBits::eight: return use(Codes8{});
+    case MinMaxBits::four:
+      return use(Codes4{});
+    case MinMaxBits::eight:
+      return use(Codes8{});
   }
   throw Error("min-max codec: bits = " + std::to_string(static_cast<int>(bits)) +
               ", expected 4 or 8");
@@ -83,9 +89,8 @@ auto with_codes(MinMaxBits bits, Use&& use) {
 }  // namespace
 
 size_t minmax_bytes(MinMaxBits bits, size_t n, size_t block) {
-  return with_codes(bits, [&](auto codes) {
-    return minmax::encoded_bytes<decltype(codes)>(n, block);
-  });
+  return with_codes(bits,
+                    [&](auto codes) { return minmax::encoded_bytes<decltype(codes)>(n, block); });
 }
 
 void minmax_encode(MinMaxBits bits, const float* src, size_t n, size_t block, uint8_t* out) {
@@ -95,9 +100,8 @@ void minmax_encode(MinMaxBits bits, const float* src, size_t n, size_t block, ui
 }
 
 void minmax_decode(MinMaxBits bits, const uint8_t* in, size_t n, size_t block, float* dst) {
-  with_codes(bits, [&](auto codes) {
-    minmax::MinMaxKernels<decltype(codes)>::decode(in, n, block, dst);
-  });
+  with_codes(
+      bits, [&](auto codes) { minmax::MinMaxKernels<decltype(codes)>::decode(in, n, block, dst); });
 }
 
 void minmax_decode_add(MinMaxBits bits, const uint8_t* in, size_t n, size_t block, float* dst) {

@@ -77,8 +77,9 @@ TROUPE_INLINE float step_of(float lo, float hi) {
 // decodes to min exactly.
 template <int kMaxCode>
 TROUPE_INLINE float inverse_step_of(float lo, float hi) {
-  return hi > lo ? static_cast<float>(static_cast<double>(kMaxCode) / (static_cast<double>(hi) - lo))
-                 : 0.0f;
+  return hi > lo
+             ? static_cast<float>(static_cast<double>(kMaxCode) / (static_cast<double>(hi) - lo))
+             : 0.0f;
 }
 
 // x >= lo, so t >= 0.5 and truncation rounds to nearest; the clamp guards the rounding of
@@ -136,26 +137,32 @@ TROUPE_INLINE void decode_blocks(const uint8_t* in, size_t n, size_t block, floa
 template <class Codec>
 struct MinMaxKernels {
   static void encode(const float* src, size_t n, size_t block, uint8_t* out) {
-    if (have_avx2()) encode_avx2(src, n, block, out);
-    else encode_blocks<Codec>(src, n, block, out);
+    if (have_avx2())
+      encode_avx2(src, n, block, out);
+    else
+      encode_blocks<Codec>(src, n, block, out);
   }
   static void decode(const uint8_t* in, size_t n, size_t block, float* dst) {
-    if (have_avx2()) decode_avx2<false>(in, n, block, dst);
-    else decode_blocks<Codec, false>(in, n, block, dst);
+    if (have_avx2())
+      decode_avx2<false>(in, n, block, dst);
+    else
+      decode_blocks<Codec, false>(in, n, block, dst);
   }
   static void decode_add(const uint8_t* in, size_t n, size_t block, float* dst) {
-    if (have_avx2()) decode_avx2<true>(in, n, block, dst);
-    else decode_blocks<Codec, true>(in, n, block, dst);
+    if (have_avx2())
+      decode_avx2<true>(in, n, block, dst);
+    else
+      decode_blocks<Codec, true>(in, n, block, dst);
   }
 
  private:
-  __attribute__((target("avx2"))) static void encode_avx2(const float* src, size_t n,
-                                                          size_t block, uint8_t* out) {
+  __attribute__((target("avx2"))) static void encode_avx2(const float* src, size_t n, size_t block,
+                                                          uint8_t* out) {
     encode_blocks<Codec>(src, n, block, out);
   }
   template <bool kAdd>
-  __attribute__((target("avx2"))) static void decode_avx2(const uint8_t* in, size_t n,
-                                                          size_t block, float* dst) {
+  __attribute__((target("avx2"))) static void decode_avx2(const uint8_t* in, size_t n, size_t block,
+                                                          float* dst) {
     decode_blocks<Codec, kAdd>(in, n, block, dst);
   }
 };

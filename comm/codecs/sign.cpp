@@ -91,8 +91,10 @@ TROUPE_INLINE void unpack_loop(const uint8_t* bits, size_t n, float scale, float
   }
   const float* row = kSigns.row[n % 8 ? bits[full] : 0];
   for (size_t l = 0; l < n % 8; ++l) {
-    if (kAdd) dst[8 * full + l] += scale * row[l];
-    else dst[8 * full + l] = scale * row[l];
+    if (kAdd)
+      dst[8 * full + l] += scale * row[l];
+    else
+      dst[8 * full + l] = scale * row[l];
   }
 }
 
@@ -110,8 +112,10 @@ TROUPE_INLINE Float4 abs4(const float* x) {
 }  // namespace
 
 void sign_pack(const float* src, size_t n, uint8_t* bits) {
-  if (have_avx2()) pack_avx2(src, n, bits);
-  else pack_generic(src, n, bits);
+  if (have_avx2())
+    pack_avx2(src, n, bits);
+  else
+    pack_generic(src, n, bits);
 }
 
 void sign_unpack_add(const uint8_t* bits, size_t n, float scale, float* dst) {

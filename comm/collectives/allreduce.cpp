@@ -97,8 +97,10 @@ Schedule recursive_doubling_allreduce_schedule(Group g, void* data, size_t count
   }
   if (r < 2 * rem) {
     Step unfold;
-    if (r % 2 == 1) unfold.ops.push_back(Op{Op::Kind::send, r - 1, data, bytes, 64});
-    else unfold.ops.push_back(Op{Op::Kind::recv, r + 1, data, bytes, 64});
+    if (r % 2 == 1)
+      unfold.ops.push_back(Op{Op::Kind::send, r - 1, data, bytes, 64});
+    else
+      unfold.ops.push_back(Op{Op::Kind::recv, r + 1, data, bytes, 64});
     steps.push_back(std::move(unfold));
   }
   s.lanes.push_back(std::move(steps));

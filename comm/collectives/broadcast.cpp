@@ -58,8 +58,7 @@ Schedule scatter_allgather_broadcast(Group g, void* data, size_t count, size_t e
   // The ring in relative ranks has the same neighbours as in real ranks.
   ring::append_allgather(steps, Group{vrank, W}, base, elem, layout, 0, 1);
   for (size_t i = 1; i < steps.size(); ++i)
-    for (auto& op : steps[i].ops)
-      op.peer = (op.peer + root) % W;
+    for (auto& op : steps[i].ops) op.peer = (op.peer + root) % W;
   s.lanes.push_back(std::move(steps));
   return s;
 }

@@ -59,12 +59,12 @@ struct Group {
 Schedule allreduce_schedule(Group g, void* data, size_t count, DataType type, ReduceOp op,
                             const CollectiveOptions& options);
 /// Hierarchical allreduce for jobs spread over hosts: `host_of[r]` is the host (any integer) of
-/// rank r. Three stages, each a Schedule of its own (run them as schedule.h's stages, each under its
-/// own key): (1) every rank of a host sends its buffer to the host's leader (its lowest rank), which
-/// reduces them; (2) the leaders allreduce among themselves (allreduce_schedule over the leaders);
-/// (3) each leader sends the result to the other ranks of its host. Bytes across hosts: those of an
-/// allreduce among H leaders instead of among W ranks. avg divides by the world size at the end.
-/// Throws comm::Error when host_of does not have world_size entries.
+/// rank r. Three stages, each a Schedule of its own (run them as schedule.h's stages, each under
+/// its own key): (1) every rank of a host sends its buffer to the host's leader (its lowest rank),
+/// which reduces them; (2) the leaders allreduce among themselves (allreduce_schedule over the
+/// leaders); (3) each leader sends the result to the other ranks of its host. Bytes across hosts:
+/// those of an allreduce among H leaders instead of among W ranks. avg divides by the world size at
+/// the end. Throws comm::Error when host_of does not have world_size entries.
 std::vector<std::function<Schedule()>> hierarchical_allreduce_stages(
     Group g, const std::vector<int>& host_of, void* data, size_t count, DataType type, ReduceOp op,
     const CollectiveOptions& options);

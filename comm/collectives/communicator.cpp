@@ -97,8 +97,8 @@ bool Communicator::uses_shared_memory() const {
   return local_ != nullptr;
 }
 
-void Communicator::shared_memory_allreduce(const std::shared_ptr<LocalAllreduce>& local,
-                                           void* data, size_t count, DataType type, ReduceOp op) {
+void Communicator::shared_memory_allreduce(const std::shared_ptr<LocalAllreduce>& local, void* data,
+                                           size_t count, DataType type, ReduceOp op) {
   local->allreduce_private(data, count, type, op, kSharedChunkBytes);
 }
 

@@ -136,9 +136,9 @@ Status BlockingDriver::run(std::vector<Stage> stages, const std::shared_ptr<Tran
   });
 }
 
-Status BlockingDriver::run_made(
-    const std::shared_ptr<Transport>& transport, std::chrono::milliseconds timeout,
-    const std::function<std::shared_ptr<Execution>(Post)>& make) {
+Status BlockingDriver::run_made(const std::shared_ptr<Transport>& transport,
+                                std::chrono::milliseconds timeout,
+                                const std::function<std::shared_ptr<Execution>(Post)>& make) {
   Post post;
   if (transport->serial_callbacks()) {
     post = locked_post(inline_lock_);
@@ -215,8 +215,8 @@ Status finish(const std::shared_ptr<Execution>& execution, Transport& transport,
   return Status::failure(why, cause);
 }
 
-Status BlockingDriver::run_queued(const std::shared_ptr<Execution>& execution,
-                                  Transport& transport, std::chrono::milliseconds timeout) {
+Status BlockingDriver::run_queued(const std::shared_ptr<Execution>& execution, Transport& transport,
+                                  std::chrono::milliseconds timeout) {
   bool failed = false;
   execution->on_failure([&failed](const Status&) { failed = true; });
   bool reported_failure = false;
@@ -242,8 +242,8 @@ Status BlockingDriver::run_queued(const std::shared_ptr<Execution>& execution,
   return finish(execution, transport, timeout, wait, [&] { return execution->waiting_on(); });
 }
 
-Status BlockingDriver::run_inline(const std::shared_ptr<Execution>& execution,
-                                  Transport& transport, std::chrono::milliseconds timeout) {
+Status BlockingDriver::run_inline(const std::shared_ptr<Execution>& execution, Transport& transport,
+                                  std::chrono::milliseconds timeout) {
   auto q = queue_;
   {
     std::lock_guard<std::mutex> guard(q->mutex);

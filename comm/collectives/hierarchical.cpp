@@ -25,7 +25,8 @@ Hosts group_by_host(Group g, const std::vector<int>& host_of) {
   std::map<int, int> leader_of_host;
   for (int r = 0; r < g.world_size; ++r) {
     leader_of_host.emplace(host_of[static_cast<size_t>(r)], r);  // the first rank seen: the lowest
-    if (host_of[static_cast<size_t>(r)] == host_of[static_cast<size_t>(g.rank)]) h.local.push_back(r);
+    if (host_of[static_cast<size_t>(r)] == host_of[static_cast<size_t>(g.rank)])
+      h.local.push_back(r);
   }
   for (auto& [host, leader] : leader_of_host) h.leaders.push_back(leader);
   std::sort(h.leaders.begin(), h.leaders.end());

@@ -42,8 +42,8 @@ Schedule reduce_scatter_schedule(Group g, const void* in, void* out, size_t coun
         const auto sub = static_cast<uint16_t>(c * (W - 1) + k);
         const char* send_buf = k == 0 ? src + sent.begin * elem : acc[(k - 1) % 2];
         Step step;
-        step.ops.push_back(Op{Op::Kind::send, right, const_cast<char*>(send_buf),
-                              sent.size() * elem, sub});
+        step.ops.push_back(
+            Op{Op::Kind::send, right, const_cast<char*>(send_buf), sent.size() * elem, sub});
         step.ops.push_back(Op{Op::Kind::recv, left, tmp, got.size() * elem, sub});
         const bool last = k == W - 2;
         char* dst = last ? dst_base + (got.begin - mine) * elem : acc[k % 2];

@@ -31,8 +31,10 @@ Execution::Execution(std::shared_ptr<Transport> transport, std::vector<Stage> st
 
 void Execution::start() {
   // With stages, schedule_ starts empty: finish_if_idle() builds the first stage.
-  if (!stages_.empty()) finish_if_idle();
-  else begin_schedule();
+  if (!stages_.empty())
+    finish_if_idle();
+  else
+    begin_schedule();
 }
 
 void Execution::begin_schedule() {
@@ -122,7 +124,8 @@ void Execution::finish_if_idle() {
       begin_schedule();
       return;
     } catch (const std::exception& e) {
-      status_ = Status::failure("stage " + std::to_string(next_stage_ - 1) + " failed: " + e.what());
+      status_ =
+          Status::failure("stage " + std::to_string(next_stage_ - 1) + " failed: " + e.what());
       schedule_ = Schedule{};
       if (on_failure_) on_failure_(status_);
     }
@@ -142,9 +145,7 @@ size_t bytes_of(const Schedule& schedule, Op::Kind kind) {
 }
 }  // namespace
 
-size_t Execution::bytes_sent() const {
-  return earlier_sent_ + bytes_of(schedule_, Op::Kind::send);
-}
+size_t Execution::bytes_sent() const { return earlier_sent_ + bytes_of(schedule_, Op::Kind::send); }
 size_t Execution::bytes_received() const {
   return earlier_received_ + bytes_of(schedule_, Op::Kind::recv);
 }

@@ -116,14 +116,14 @@ class Execution : public std::enable_shared_from_this<Execution> {
   std::weak_ptr<Transport> transport_;
   uint32_t key_;
   Schedule schedule_;
-  std::vector<Stage> stages_;           // stages after the first
+  std::vector<Stage> stages_;  // stages after the first
   size_t next_stage_ = 0;
-  size_t earlier_sent_ = 0;             // bytes of the stages already ended
+  size_t earlier_sent_ = 0;  // bytes of the stages already ended
   size_t earlier_received_ = 0;
   Post post_;
-  std::vector<size_t> next_step_;       // per lane: index of the step in flight
-  std::vector<size_t> lane_pending_;    // per lane: ops of the current step not yet completed
-  std::vector<std::vector<int>> peers_; // per lane: peer of each op of the current step, -1 done
+  std::vector<size_t> next_step_;        // per lane: index of the step in flight
+  std::vector<size_t> lane_pending_;     // per lane: ops of the current step not yet completed
+  std::vector<std::vector<int>> peers_;  // per lane: peer of each op of the current step, -1 done
   size_t in_flight_ = 0;
   size_t lanes_running_ = 0;
   bool done_ = false;

@@ -17,10 +17,7 @@
 
 namespace troupe::comm {
 
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 std::string algorithm_name(const Compression& algorithm) {
   return std::visit(
@@ -34,7 +31,7 @@ std::string algorithm_name(const Compression& algorithm) {
             return c.error_feedback && c.mode == SignMode::scaled ? "ef-" + s : s;
           },
           [](const Sparsification& c) -> std::string {
-            std::string s = c.mode == SparseMode::top_k    ? "top-k"
+            std::string s = c.mode == SparseMode::top_k      ? "top-k"
                             : c.mode == SparseMode::random_k ? "random-k"
                                                              : "block-k";
             s += c.count ? "(k=" + std::to_string(c.count) + ")" : "(" + number_text(c.ratio) + ")";
@@ -49,62 +46,64 @@ std::string algorithm_name(const Compression& algorithm) {
 }
 
 void validate(const Compression& algorithm) {
-  std::visit(
-      Overloaded{
-          [](const GradientAllReduce&) {},
-          [](const HalfPrecision&) {},
-          [](const ByteGrad& c) {
-            if (c.block == 0) throw Error("ByteGrad.block=0 (expected >= 1 element per block)");
-          },
-          [](const Int4Quantization& c) {
-            if (c.block < 2 || c.block % 2)
-              throw Error("Int4Quantization.block=" + std::to_string(c.block) +
-                          " (expected an even number of elements >= 2 per block)");
-          },
-          [](const SignCompression& c) {
-            if (c.mode == SignMode::majority_vote && c.error_feedback)
-              throw Error("SignCompression.error_feedback=true with mode majority_vote (error "
-                          "feedback needs the scaled mode; set error_feedback = false)");
-          },
-          [](const Sparsification& c) {
-            if (c.count == 0 && !(c.ratio > 0 && c.ratio <= 1))
-              throw Error("Sparsification.ratio=" + number_text(c.ratio) +
-                          " (expected 0 < ratio <= 1, or a count > 0)");
-            if (!(c.momentum >= 0 && c.momentum < 1))
-              throw Error("Sparsification.momentum=" + number_text(c.momentum) +
-                          " (expected 0 <= momentum < 1)");
-            if (c.momentum > 0 && !c.error_feedback)
-              throw Error("Sparsification.momentum=" + number_text(c.momentum) +
-                          " with error_feedback=false (momentum correction keeps the unsent "
-                          "momentum in the error memory; set error_feedback = true)");
-          },
-          [](const PowerSGD& c) {
-            if (c.rank < 1) throw Error("PowerSGD.rank=" + std::to_string(c.rank) + " (expected >= 1)");
-            if (!(c.min_compression_rate >= 0))
-              throw Error("PowerSGD.min_compression_rate=" + number_text(c.min_compression_rate) +
-                          " (expected >= 0)");
-          },
-      },
-      algorithm);
+  std::visit(Overloaded{
+                 [](const GradientAllReduce&) {},
+                 [](const HalfPrecision&) {},
+                 [](const ByteGrad& c) {
+                   if (c.block == 0)
+                     throw Error("ByteGrad.block=0 (expected >= 1 element per block)");
+                 },
+                 [](const Int4Quantization& c) {
+                   if (c.block < 2 || c.block % 2)
+                     throw Error("Int4Quantization.block=" + std::to_string(c.block) +
+                                 " (expected an even number of elements >= 2 per block)");
+                 },
+                 [](const SignCompression& c) {
+                   if (c.mode == SignMode::majority_vote && c.error_feedback)
+                     throw Error(
+                         "SignCompression.error_feedback=true with mode majority_vote (error "
+                         "feedback needs the scaled mode; set error_feedback = false)");
+                 },
+                 [](const Sparsification& c) {
+                   if (c.count == 0 && !(c.ratio > 0 && c.ratio <= 1))
+                     throw Error("Sparsification.ratio=" + number_text(c.ratio) +
+                                 " (expected 0 < ratio <= 1, or a count > 0)");
+                   if (!(c.momentum >= 0 && c.momentum < 1))
+                     throw Error("Sparsification.momentum=" + number_text(c.momentum) +
+                                 " (expected 0 <= momentum < 1)");
+                   if (c.momentum > 0 && !c.error_feedback)
+                     throw Error("Sparsification.momentum=" + number_text(c.momentum) +
+                                 " with error_feedback=false (momentum correction keeps the unsent "
+                                 "momentum in the error memory; set error_feedback = true)");
+                 },
+                 [](const PowerSGD& c) {
+                   if (c.rank < 1)
+                     throw Error("PowerSGD.rank=" + std::to_string(c.rank) + " (expected >= 1)");
+                   if (!(c.min_compression_rate >= 0))
+                     throw Error("PowerSGD.min_compression_rate=" +
+                                 number_text(c.min_compression_rate) + " (expected >= 0)");
+                 },
+             },
+             algorithm);
 }
 
-std::shared_ptr<Reduction> make_reduction(const Compression& algorithm, const BucketBuffer& bucket) {
+std::shared_ptr<Reduction> make_reduction(const Compression& algorithm,
+                                          const BucketBuffer& bucket) {
   validate(algorithm);
   if (!std::holds_alternative<GradientAllReduce>(algorithm) && bucket.type != DataType::float32)
     throw Error(algorithm_name(algorithm) + " compresses float32 gradients; bucket " +
                 std::to_string(bucket.index) + " holds " + to_string(bucket.type) +
                 " (use GradientAllReduce for other types)");
-  return std::visit(
-      Overloaded{
-          [&](const GradientAllReduce&) { return make_allreduce_reduction(bucket); },
-          [&](const HalfPrecision& c) { return make_half_reduction(c, bucket); },
-          [&](const ByteGrad& c) { return make_byte_grad_reduction(c, bucket); },
-          [&](const Int4Quantization& c) { return make_int4_reduction(c, bucket); },
-          [&](const SignCompression& c) { return make_sign_reduction(c, bucket); },
-          [&](const Sparsification& c) { return make_sparse_reduction(c, bucket); },
-          [&](const PowerSGD& c) { return make_power_sgd_reduction(c, bucket); },
-      },
-      algorithm);
+  return std::visit(Overloaded{
+                        [&](const GradientAllReduce&) { return make_allreduce_reduction(bucket); },
+                        [&](const HalfPrecision& c) { return make_half_reduction(c, bucket); },
+                        [&](const ByteGrad& c) { return make_byte_grad_reduction(c, bucket); },
+                        [&](const Int4Quantization& c) { return make_int4_reduction(c, bucket); },
+                        [&](const SignCompression& c) { return make_sign_reduction(c, bucket); },
+                        [&](const Sparsification& c) { return make_sparse_reduction(c, bucket); },
+                        [&](const PowerSGD& c) { return make_power_sgd_reduction(c, bucket); },
+                    },
+                    algorithm);
 }
 
 Compression parse_compression(const std::string& spec) {
@@ -133,8 +132,8 @@ Compression parse_compression(const std::string& spec) {
     const std::string text = item.substr(eq + 1);
     const AlgorithmSetting* setting = entry->find(key);
     if (!setting)
-      throw Error(where + "unknown key '" + key + "' (allowed for " + name + ": " +
-                  entry->keys() + ")");
+      throw Error(where + "unknown key '" + key + "' (allowed for " + name + ": " + entry->keys() +
+                  ")");
     if (std::find(seen.begin(), seen.end(), setting) != seen.end())
       throw Error(where + "'" + setting->key + "' is given twice");
     seen.push_back(setting);
@@ -143,8 +142,10 @@ Compression parse_compression(const std::string& spec) {
     std::optional<SettingValue> value;
     char* end = nullptr;
     if (setting->type == SettingType::boolean) {
-      if (text == "true" || text == "1") value = true;
-      else if (text == "false" || text == "0") value = false;
+      if (text == "true" || text == "1")
+        value = true;
+      else if (text == "false" || text == "0")
+        value = false;
     } else if (setting->type == SettingType::integer) {
       errno = 0;
       const long long x = std::strtoll(text.c_str(), &end, 10);
@@ -188,7 +189,9 @@ Schedule scaled_allreduce(const ReduceStep& step, void* data, size_t count, Data
   if (how.scale_before) scale(data, count, type, how.scale);
   auto schedule = allreduce_schedule(step.group, data, count, type, how.op, step.collectives);
   if (how.scale != 1.0 && !how.scale_before)
-    schedule.finally = [data, count, type, factor = how.scale] { scale(data, count, type, factor); };
+    schedule.finally = [data, count, type, factor = how.scale] {
+      scale(data, count, type, factor);
+    };
   return schedule;
 }
 
@@ -200,7 +203,8 @@ class AllReduce final : public Reduction {
   std::string name() const override { return "allreduce"; }
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     if (!step.collectives.hosts.empty()) return hierarchical_stages(step);
-    return {[this, step] { return scaled_allreduce(step, bucket_.data, bucket_.count, bucket_.type); }};
+    return {
+        [this, step] { return scaled_allreduce(step, bucket_.data, bucket_.count, bucket_.type); }};
   }
 
  private:

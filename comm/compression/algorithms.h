@@ -93,17 +93,16 @@ struct PowerSGD {
   uint64_t seed = 0;
 };
 
-using Compression =
-    std::variant<GradientAllReduce, HalfPrecision, ByteGrad, SignCompression, Sparsification, PowerSGD,
-                 Int4Quantization>;
+using Compression = std::variant<GradientAllReduce, HalfPrecision, ByteGrad, SignCompression,
+                                 Sparsification, PowerSGD, Int4Quantization>;
 
 /// Short name of an algorithm and its main setting: "allreduce", "fp16", "powersgd(rank=2)", ...
 std::string algorithm_name(const Compression& algorithm);
 
 /// Parses "name" or "name:key=value,key=value" (the CLI's --algorithm). The names and keys are
 /// those of comm/compression/settings.h, the table the job file's [algorithm] reads too: allreduce,
-/// fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, blockk, powersgd; keys by their struct
-/// field names ("ef" is still accepted for error_feedback). Booleans are true/false/1/0.
+/// fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, blockk, powersgd; keys by their
+/// struct field names ("ef" is still accepted for error_feedback). Booleans are true/false/1/0.
 /// Throws comm::Error naming the algorithm, the key, the value and what is allowed.
 Compression parse_compression(const std::string& spec);
 

@@ -19,14 +19,18 @@ class Half final : public Reduction {
       auto* data = static_cast<float*>(bucket_.data);
       const auto scale = static_cast<float>(step.scale);
       // The scale goes first, before the cast: the sum of scaled values stays in range.
-      if (config_.bfloat16) encode_bfloat16(data, bucket_.count, scale, wire_.data());
-      else encode_half(data, bucket_.count, scale, wire_.data());
+      if (config_.bfloat16)
+        encode_bfloat16(data, bucket_.count, scale, wire_.data());
+      else
+        encode_half(data, bucket_.count, scale, wire_.data());
       const DataType type = config_.bfloat16 ? DataType::bfloat16 : DataType::float16;
       auto schedule = allreduce_schedule(step.group, wire_.data(), bucket_.count, type,
                                          ReduceOp::sum, step.collectives);
       schedule.finally = [this, data] {
-        if (config_.bfloat16) decode_bfloat16(wire_.data(), bucket_.count, 1.0f, data);
-        else decode_half(wire_.data(), bucket_.count, 1.0f, data);
+        if (config_.bfloat16)
+          decode_bfloat16(wire_.data(), bucket_.count, 1.0f, data);
+        else
+          decode_half(wire_.data(), bucket_.count, 1.0f, data);
       };
       return schedule;
     }};

@@ -81,15 +81,18 @@ class PowerSgdReduction final : public Reduction {
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     auto* data = static_cast<float*>(bucket_.data);
     if (step.step < config_.start_iter)
-      return {[this, step, data] { return scaled_allreduce(step, data, bucket_.count, bucket_.type); }};
+      return {
+          [this, step, data] { return scaled_allreduce(step, data, bucket_.count, bucket_.type); }};
     return {
         [this, step, data] {
           for (auto& m : matrices_) {
             const auto& t = bucket_.tensors[m.tensor];
             float* x = data + t.offset;
             if (!config_.warm_start)
-              random_normal(mix_seed(config_.seed, static_cast<uint64_t>(bucket_.index) << 32 | step.step, m.tensor),
-                            m.qt.data(), m.qt.size());
+              random_normal(
+                  mix_seed(config_.seed, static_cast<uint64_t>(bucket_.index) << 32 | step.step,
+                           m.tensor),
+                  m.qt.data(), m.qt.size());
             // M = gradient + memory, summed row by row as the projection reads it.
             if (config_.error_feedback)
               low_rank_add_project(x, error_.data() + t.offset, m.rows, m.cols, m.qt.data(), m.r,

@@ -2,9 +2,9 @@
 // sums), comm/codecs/minmax.h: one scatter-gather reduction over the min-max codec of either
 // width, so that every element crosses the wire twice as a code whatever the world size (an
 // allgather of every rank's codes would send (W - 1) codes per element instead):
-//   stage 1: quantise the world-size chunks of the bucket, alltoall (rank j gets everyone's chunk j)
-//   stage 2: dequantise and sum the chunks received in fp32, scale, re-quantise, allgather
-//   end:     dequantise every chunk into the bucket
+//   stage 1: quantise the world-size chunks of the bucket, alltoall (rank j gets everyone's chunk
+//   j) stage 2: dequantise and sum the chunks received in fp32, scale, re-quantise, allgather end:
+//   dequantise every chunk into the bucket
 // Every rank, its own chunk included, decodes the same bytes, so the buckets agree bit for bit.
 #include <utility>
 #include <vector>
@@ -25,7 +25,8 @@ class QuantizedScatterGather final : public Reduction {
 
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     const int world = step.group.world_size;
-    const size_t largest = (bucket_.count + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
+    const size_t largest =
+        (bucket_.count + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
     // Every chunk's encoding gets the same slot, in whole int32 words (the collectives' unit).
     stride_words_ = (minmax_bytes(bits_, largest, block_) + 3) / 4;
     const size_t slot = stride_words_ * 4;

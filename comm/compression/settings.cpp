@@ -37,9 +37,12 @@ AlgorithmSetting field_setting(std::string key, T S::*field) {
   };
   s.get = [field](const Compression& c) -> SettingValue {
     const T x = std::get<S>(c).*field;
-    if constexpr (std::is_same_v<T, bool>) return x;
-    else if constexpr (std::is_integral_v<T>) return static_cast<int64_t>(x);
-    else return static_cast<double>(x);
+    if constexpr (std::is_same_v<T, bool>)
+      return x;
+    else if constexpr (std::is_integral_v<T>)
+      return static_cast<int64_t>(x);
+    else
+      return static_cast<double>(x);
   };
   return s;
 }
@@ -147,9 +150,12 @@ std::string AlgorithmSetting::check(const SettingValue& value) const {
     }
     case SettingType::number: {
       double x = 0;
-      if (const auto* d = std::get_if<double>(&value)) x = *d;
-      else if (const auto* i = std::get_if<int64_t>(&value)) x = static_cast<double>(*i);
-      else return expected();
+      if (const auto* d = std::get_if<double>(&value))
+        x = *d;
+      else if (const auto* i = std::get_if<int64_t>(&value))
+        x = static_cast<double>(*i);
+      else
+        return expected();
       const bool above = low_open ? x > low : x >= low;
       const bool below = high_open ? x < high : x <= high;
       return std::isfinite(x) && above && below ? "" : expected();

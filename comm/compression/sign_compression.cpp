@@ -15,7 +15,8 @@ namespace {
 
 class Sign final : public Reduction {
  public:
-  Sign(const SignCompression& config, const BucketBuffer& bucket) : config_(config), bucket_(bucket) {
+  Sign(const SignCompression& config, const BucketBuffer& bucket)
+      : config_(config), bucket_(bucket) {
     // Message: one float scale per tensor, then each tensor's bits from a byte boundary.
     size_t bytes = bucket.tensors.size() * sizeof(float);
     for (const auto& t : bucket.tensors) {

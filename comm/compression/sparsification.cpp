@@ -26,8 +26,10 @@ class Sparse final : public Reduction {
   Sparse(const Sparsification& config, const BucketBuffer& bucket)
       : config_(config), bucket_(bucket) {
     const size_t n = bucket.count;
-    k_ = config.count ? std::min(config.count, n)
-                      : std::max<size_t>(1, static_cast<size_t>(std::llround(config.ratio * static_cast<double>(n))));
+    k_ = config.count
+             ? std::min(config.count, n)
+             : std::max<size_t>(
+                   1, static_cast<size_t>(std::llround(config.ratio * static_cast<double>(n))));
     k_ = std::min(k_, n);
     if (config.error_feedback) error_.assign(n, 0.0f);
     if (config.momentum > 0) velocity_.assign(n, 0.0f);
@@ -88,8 +90,12 @@ class Sparse final : public Reduction {
     const size_t n = bucket_.count;
     const uint64_t seed = mix_seed(config_.seed, step.step, static_cast<uint64_t>(bucket_.index));
     switch (config_.mode) {
-      case SparseMode::top_k: top_k(data, n, k_, indices_.data()); break;
-      case SparseMode::random_k: random_k(seed, n, k_, indices_.data()); break;
+      case SparseMode::top_k:
+        top_k(data, n, k_, indices_.data());
+        break;
+      case SparseMode::random_k:
+        random_k(seed, n, k_, indices_.data());
+        break;
       case SparseMode::block: {
         const size_t start = static_cast<size_t>(seed % n);
         for (size_t j = 0; j < k_; ++j) indices_[j] = static_cast<uint32_t>((start + j) % n);

@@ -10,12 +10,14 @@ namespace troupe::comm {
 NeighborExchange::NeighborExchange(std::shared_ptr<Transport> transport, std::vector<Op> ops)
     : transport_(std::move(transport)), ops_(std::move(ops)), remaining_(ops_.size()) {}
 
-std::shared_ptr<NeighborExchange> NeighborExchange::start(
-    std::shared_ptr<Transport> transport, Tag tag, const void* send, size_t bytes,
-    std::vector<int> send_to, std::vector<int> recv_from, std::vector<void*> recv_buffers) {
+std::shared_ptr<NeighborExchange> NeighborExchange::start(std::shared_ptr<Transport> transport,
+                                                          Tag tag, const void* send, size_t bytes,
+                                                          std::vector<int> send_to,
+                                                          std::vector<int> recv_from,
+                                                          std::vector<void*> recv_buffers) {
   if (recv_buffers.size() != recv_from.size())
-    throw Error("gossip round: " + std::to_string(recv_buffers.size()) +
-                " receive buffers for " + std::to_string(recv_from.size()) + " peers");
+    throw Error("gossip round: " + std::to_string(recv_buffers.size()) + " receive buffers for " +
+                std::to_string(recv_from.size()) + " peers");
   const int me = transport->rank(), world = transport->world_size();
   auto check = [&](const std::vector<int>& peers, const char* list) {
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -126,8 +128,9 @@ ExchangeOutcome NeighborExchange::wait(std::chrono::steady_clock::time_point dea
     auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     auto transport = transport_.lock();
     for (int peer : silent)
-      if (transport) transport->fail_peer(peer, what + ": no message from rank " + std::to_string(peer) +
-                                      " after " + number_text(waited) + " s");
+      if (transport)
+        transport->fail_peer(peer, what + ": no message from rank " + std::to_string(peer) +
+                                       " after " + number_text(waited) + " s");
     // fail_peer ends the pending operations; their callbacks may still be on their way.
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return remaining_ == 0; }))

@@ -13,9 +13,9 @@ namespace troupe::comm {
 
 namespace {
 
-const TopologyKind kKinds[] = {TopologyKind::ring, TopologyKind::torus,
-                               TopologyKind::complete, TopologyKind::exponential,
-                               TopologyKind::random_matching, TopologyKind::edge_list};
+const TopologyKind kKinds[] = {
+    TopologyKind::ring,        TopologyKind::torus,           TopologyKind::complete,
+    TopologyKind::exponential, TopologyKind::random_matching, TopologyKind::edge_list};
 const Mixing kMixings[] = {Mixing::uniform, Mixing::metropolis};
 
 // Tolerances of doubly_stochastic() and spectral_gap(), as the header states them.
@@ -113,10 +113,10 @@ std::vector<std::vector<int>> torus_neighbours(int rows, int cols) {
       const int self = r * cols + c;
       // With a side of 1 the wrap-around neighbour is the rank itself, with a side of 2 both
       // neighbours on that side are the same rank: neighbour_set drops both cases.
-      neighbours[static_cast<size_t>(self)] = neighbour_set(
-          {wrap(r - 1, rows) * cols + c, wrap(r + 1, rows) * cols + c, r * cols + wrap(c - 1, cols),
-           r * cols + wrap(c + 1, cols)},
-          self);
+      neighbours[static_cast<size_t>(self)] =
+          neighbour_set({wrap(r - 1, rows) * cols + c, wrap(r + 1, rows) * cols + c,
+                         r * cols + wrap(c - 1, cols), r * cols + wrap(c + 1, cols)},
+                        self);
     }
   }
   return neighbours;
@@ -192,12 +192,18 @@ std::vector<std::vector<int>> edge_list_neighbours(const std::vector<std::pair<i
 
 const char* topology_kind_name(TopologyKind kind) {
   switch (kind) {
-    case TopologyKind::ring: return "ring";
-    case TopologyKind::torus: return "torus";
-    case TopologyKind::complete: return "complete";
-    case TopologyKind::exponential: return "exponential";
-    case TopologyKind::random_matching: return "random_matching";
-    case TopologyKind::edge_list: return "edge_list";
+    case TopologyKind::ring:
+      return "ring";
+    case TopologyKind::torus:
+      return "torus";
+    case TopologyKind::complete:
+      return "complete";
+    case TopologyKind::exponential:
+      return "exponential";
+    case TopologyKind::random_matching:
+      return "random_matching";
+    case TopologyKind::edge_list:
+      return "edge_list";
   }
   return "unknown";
 }
@@ -213,8 +219,10 @@ TopologyKind parse_topology_kind(const std::string& text) {
 
 const char* mixing_name(Mixing mixing) {
   switch (mixing) {
-    case Mixing::uniform: return "uniform";
-    case Mixing::metropolis: return "metropolis";
+    case Mixing::uniform:
+      return "uniform";
+    case Mixing::metropolis:
+      return "metropolis";
   }
   return "unknown";
 }
@@ -238,7 +246,9 @@ Topology::Topology(TopologySpec spec, int world_size)
                 " given, expected none (only edge_list takes edges)");
 
   switch (spec_.kind) {
-    case TopologyKind::ring: neighbours_ = ring_neighbours(world_size_); break;
+    case TopologyKind::ring:
+      neighbours_ = ring_neighbours(world_size_);
+      break;
     case TopologyKind::torus: {
       if (spec_.rows < 1 || spec_.cols < 1)
         throw Error(where + "rows " + std::to_string(spec_.rows) + " and cols " +
@@ -251,12 +261,15 @@ Topology::Topology(TopologySpec spec, int world_size)
       neighbours_ = torus_neighbours(spec_.rows, spec_.cols);
       break;
     }
-    case TopologyKind::complete: neighbours_ = complete_neighbours(world_size_); break;
+    case TopologyKind::complete:
+      neighbours_ = complete_neighbours(world_size_);
+      break;
     case TopologyKind::edge_list:
       neighbours_ = edge_list_neighbours(spec_.edges, world_size_);
       break;
     case TopologyKind::exponential:
-    case TopologyKind::random_matching: break;  // peers are computed per round
+    case TopologyKind::random_matching:
+      break;  // peers are computed per round
   }
 }
 
@@ -298,7 +311,8 @@ RoundPeers Topology::round(int rank, uint64_t round) const {
     case TopologyKind::ring:
     case TopologyKind::torus:
     case TopologyKind::complete:
-    case TopologyKind::edge_list: break;
+    case TopologyKind::edge_list:
+      break;
   }
 
   const std::vector<int>& neighbours = neighbours_[static_cast<size_t>(rank)];
@@ -393,12 +407,15 @@ std::string Topology::describe() const {
   const std::string n = std::to_string(world_size_);
   const std::string mixing = mixing_name(spec_.mixing);
   switch (spec_.kind) {
-    case TopologyKind::ring: return "ring(" + n + ", " + mixing + ")";
+    case TopologyKind::ring:
+      return "ring(" + n + ", " + mixing + ")";
     case TopologyKind::torus:
       return "torus(" + std::to_string(spec_.rows) + "x" + std::to_string(spec_.cols) + ", " +
              mixing + ")";
-    case TopologyKind::complete: return "complete(" + n + ", " + mixing + ")";
-    case TopologyKind::exponential: return "exponential(" + n + ")";
+    case TopologyKind::complete:
+      return "complete(" + n + ", " + mixing + ")";
+    case TopologyKind::exponential:
+      return "exponential(" + n + ")";
     case TopologyKind::random_matching:
       return "random_matching(" + n + ", seed " + std::to_string(spec_.seed) + ")";
     case TopologyKind::edge_list:
@@ -433,8 +450,7 @@ std::vector<double> symmetric_eigenvalues(std::vector<std::vector<double>> a) {
         // The rotation angle phi solves cot(2 phi) = theta; t = tan(phi) is the smaller root of
         // t^2 + 2 theta t - 1 = 0, which keeps the rotation below 45 degrees (stable).
         const double theta = (a[q][q] - a[p][p]) / (2 * apq);
-        const double t =
-            (theta >= 0 ? 1.0 : -1.0) / (std::abs(theta) + std::hypot(theta, 1.0));
+        const double t = (theta >= 0 ? 1.0 : -1.0) / (std::abs(theta) + std::hypot(theta, 1.0));
         const double c = 1 / std::sqrt(t * t + 1);
         const double s = t * c;
         for (size_t r = 0; r < n; ++r) {

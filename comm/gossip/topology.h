@@ -11,8 +11,9 @@
 ///   sends to i + 2^k and receives from i - 2^k (mod n), k = t mod ceil(log2 n); weights 1/2, 1/2.
 /// - random_matching: a perfect matching drawn per round from a seed shared by all ranks (like
 ///   Bagua's shift_one, one peer per rank per step, but drawn at random); each pair averages
-///   1/2, 1/2; with odd n one rank sits out. The matching is a uniformly random permutation (Fisher-Yates over SplitMix64, seeded from the
-///   seed and the round) cut into pairs: the same on every rank and with every standard library.
+///   1/2, 1/2; with odd n one rank sits out. The matching is a uniformly random permutation
+///   (Fisher-Yates over SplitMix64, seeded from the seed and the round) cut into pairs: the same on
+///   every rank and with every standard library.
 /// - edge_list: an explicit undirected graph.
 /// Mixing weights of the static kinds: uniform, W[i][j] = 1/(deg(i)+1) for j a neighbour or i
 /// itself (doubly stochastic on regular graphs only), or Metropolis-Hastings,

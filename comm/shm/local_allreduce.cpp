@@ -151,10 +151,10 @@ struct LocalAllreduce::Impl {
   mutable std::mutex mutex;
   std::vector<uint32_t> generation = std::vector<uint32_t>(kMaxSlots, 0);  // submitted per slot
   std::list<Pending> pending;  // submission order (a list: `work` below survives erasing others)
-  Status broken;           // set once: every pending and later operation fails with it
+  Status broken;               // set once: every pending and later operation fails with it
   std::atomic<bool> failed{false};  // broken is set (read without the lock)
   bool stop = false;
-  std::vector<char> scratch;  // the worker's: two blocks
+  std::vector<char> scratch;                                           // the worker's: two blocks
   std::vector<char> private_scratch = std::vector<char>(kBlockBytes);  // allreduce_private's
   uint64_t private_chunks = 0;  // chunks of allreduce_private so far (the same on every rank)
   std::thread worker;
@@ -351,7 +351,8 @@ void LocalAllreduce::Impl::run() {
       continue;
     }
     if (!finished.empty()) continue;
-    const auto wait = std::max(next_deadline - Clock::now(), Clock::duration(std::chrono::microseconds(100)));
+    const auto wait =
+        std::max(next_deadline - Clock::now(), Clock::duration(std::chrono::microseconds(100)));
     futex_wait(&mine()->bell, seen, std::chrono::duration_cast<std::chrono::nanoseconds>(wait));
   }
 }
@@ -360,7 +361,8 @@ std::shared_ptr<LocalAllreduce> LocalAllreduce::connect(Communicator& comm, size
                                                         std::chrono::milliseconds timeout) {
   if (data_bytes == 0) throw Error("LocalAllreduce: data_bytes 0 (expected > 0)");
   if (timeout.count() <= 0)
-    throw Error("LocalAllreduce: timeout " + std::to_string(timeout.count()) + " ms (expected > 0)");
+    throw Error("LocalAllreduce: timeout " + std::to_string(timeout.count()) +
+                " ms (expected > 0)");
   auto impl = std::make_unique<Impl>();
   impl->rank = comm.rank();
   impl->world = comm.world_size();
@@ -377,7 +379,8 @@ std::shared_ptr<LocalAllreduce> LocalAllreduce::connect(Communicator& comm, size
   comm.broadcast(&token, 1, DataType::int64, 0);
   auto name_of = [token](int k) {
     char text[64];
-    std::snprintf(text, sizeof text, "/troupe-%016llx-%d", static_cast<unsigned long long>(token), k);
+    std::snprintf(text, sizeof text, "/troupe-%016llx-%d", static_cast<unsigned long long>(token),
+                  k);
     return std::string(text);
   };
   // Every rank learns whether all succeeded (a rank that failed alone would leave the others

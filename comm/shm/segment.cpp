@@ -79,7 +79,8 @@ std::shared_ptr<SharedSegment> SharedSegment::open(const std::string& name, size
     throw Error("shared segment '" + name + "' is " + std::to_string(st.st_size) +
                 " bytes (expected " + std::to_string(bytes) + ")");
   }
-  return std::shared_ptr<SharedSegment>(new SharedSegment(name, map(name, fd, bytes), bytes, false));
+  return std::shared_ptr<SharedSegment>(
+      new SharedSegment(name, map(name, fd, bytes), bytes, false));
 }
 
 SharedSegment::SharedSegment(std::string name, char* data, size_t size, bool owner)

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <iterator>
 #include <condition_variable>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -44,8 +44,7 @@ std::vector<std::string> split(const std::string& s, char separator) {
 
 /// Bytes per second in one unit of a rate, or 0 when `unit` is not a rate.
 double rate_unit(std::string unit) {
-  if (unit.size() > 2 && unit.compare(unit.size() - 2, 2, "/s") == 0)
-    unit.resize(unit.size() - 2);
+  if (unit.size() > 2 && unit.compare(unit.size() - 2, 2, "/s") == 0) unit.resize(unit.size() - 2);
   const std::string l = lower(unit);
   if (l == "bit") return 1.0 / 8;
   if (l == "kbit") return 1e3 / 8;
@@ -167,9 +166,12 @@ std::vector<LinkShape> LinkEmulation::outgoing(int rank, int world_size) const {
     const LinkShape* mine = special[static_cast<size_t>(rank)];
     const LinkShape* theirs = special[static_cast<size_t>(peer)];
     LinkShape& s = shapes[static_cast<size_t>(peer)];
-    if (peer == rank) s = LinkShape{};
-    else if (mine && theirs) s = slower(*mine, *theirs);
-    else if (mine || theirs) s = mine ? *mine : *theirs;
+    if (peer == rank)
+      s = LinkShape{};
+    else if (mine && theirs)
+      s = slower(*mine, *theirs);
+    else if (mine || theirs)
+      s = mine ? *mine : *theirs;
   }
   return shapes;
 }
@@ -195,9 +197,9 @@ struct EmulatedTransport::Impl {
   std::vector<LinkShape> shapes;
   std::mutex mutex;  // guards everything below
   std::condition_variable wake;
-  std::vector<Delayed> queue;                // a heap ordered by `later`
-  std::vector<Clock::time_point> free_at;    // per peer: when the wire is free again
-  std::vector<std::string> failed;           // per peer: the fail_peer reason
+  std::vector<Delayed> queue;              // a heap ordered by `later`
+  std::vector<Clock::time_point> free_at;  // per peer: when the wire is free again
+  std::vector<std::string> failed;         // per peer: the fail_peer reason
   uint64_t next_seq = 0;
   bool stopping = false;
   std::thread timer;
@@ -231,12 +233,14 @@ struct EmulatedTransport::Impl {
   }
 };
 
-EmulatedTransport::EmulatedTransport(std::shared_ptr<Transport> inner, std::vector<LinkShape> shapes)
+EmulatedTransport::EmulatedTransport(std::shared_ptr<Transport> inner,
+                                     std::vector<LinkShape> shapes)
     : impl_(std::make_shared<Impl>()) {
   if (!inner) throw Error("EmulatedTransport: no inner transport");
   if (static_cast<int>(shapes.size()) != inner->world_size())
     throw Error("EmulatedTransport: " + std::to_string(shapes.size()) +
-                " link shapes, expected one per rank (" + std::to_string(inner->world_size()) + ")");
+                " link shapes, expected one per rank (" + std::to_string(inner->world_size()) +
+                ")");
   for (size_t p = 0; p < shapes.size(); ++p)
     if (!(shapes[p].bytes_per_sec >= 0) || !std::isfinite(shapes[p].bytes_per_sec) ||
         shapes[p].latency.count() < 0)

@@ -13,7 +13,8 @@
 ///
 /// Threads: send/recv/fail_peer may be called from any thread. Callbacks run on a thread owned by
 /// the transport (or on the thread that completed the match); they must be short and must not call
-/// back into blocking APIs. Collectives marshal them to their own driver (see collectives/driver.h).
+/// back into blocking APIs. Collectives marshal them to their own driver (see
+/// collectives/driver.h).
 ///
 /// Implementations: inproc/ (ranks as threads of one process) and ucx/ (processes and hosts).
 #include <cstddef>

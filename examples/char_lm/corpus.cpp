@@ -2,13 +2,13 @@
 
 #include <torch/torch.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
 #include <algorithm>
 #include <cmath>
-#include <dirent.h>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
-#include <sys/stat.h>
 
 namespace troupe::examples {
 
@@ -60,11 +60,10 @@ CharCorpus make_char_corpus(const std::vector<std::string>& documents, int eval_
   }
   if (static_cast<int64_t>(train.size()) < min_chars ||
       static_cast<int64_t>(eval.size()) < min_chars)
-    throw std::invalid_argument("char corpus: " + std::to_string(documents.size()) +
-                                " documents give " + std::to_string(train.size()) +
-                                " training and " + std::to_string(eval.size()) +
-                                " evaluation characters, expected at least " +
-                                std::to_string(min_chars) + " each");
+    throw std::invalid_argument(
+        "char corpus: " + std::to_string(documents.size()) + " documents give " +
+        std::to_string(train.size()) + " training and " + std::to_string(eval.size()) +
+        " evaluation characters, expected at least " + std::to_string(min_chars) + " each");
   std::array<bool, 256> seen{};
   for (unsigned char ch : train) seen[ch] = true;
   for (unsigned char ch : eval) seen[ch] = true;
@@ -102,7 +101,8 @@ CharCorpus load_char_corpus(const std::string& dir, int eval_every, int64_t min_
     std::ifstream in(dir + "/" + name, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
-    if (!in && !in.eof()) throw std::runtime_error("char corpus: cannot read '" + dir + "/" + name + "'");
+    if (!in && !in.eof())
+      throw std::runtime_error("char corpus: cannot read '" + dir + "/" + name + "'");
     for (auto& doc : split_fortunes(text.str())) documents.push_back(std::move(doc));
   }
   return make_char_corpus(documents, eval_every, min_chars);

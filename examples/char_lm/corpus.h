@@ -16,10 +16,10 @@ namespace troupe::examples {
 /// Symbols are bytes: the vocabulary is the set of bytes that occur anywhere in the corpus, in
 /// byte order, so the same files give the same ids on every rank and every run.
 struct CharCorpus {
-  std::vector<uint8_t> symbols;   // id -> byte
-  std::array<int, 256> id_of{};   // byte -> id, -1 where the byte does not occur
-  torch::Tensor train;            // int64 [train characters]
-  torch::Tensor eval;             // int64 [eval characters]
+  std::vector<uint8_t> symbols;  // id -> byte
+  std::array<int, 256> id_of{};  // byte -> id, -1 where the byte does not occur
+  torch::Tensor train;           // int64 [train characters]
+  torch::Tensor eval;            // int64 [eval characters]
   int64_t train_documents = 0;
   int64_t eval_documents = 0;
   int64_t vocab() const { return static_cast<int64_t>(symbols.size()); }

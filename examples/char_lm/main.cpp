@@ -7,8 +7,8 @@
 //   build/bin/troupe launch -n 4 -- build/bin/char_lm --job examples/configs/gossip_ring8.toml
 // With --job only the job file's algorithm (and link emulation) is used; the trainer's settings
 // are this program's options.
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -37,9 +37,9 @@ struct Settings {
   int64_t steps = 600;
   int64_t batch = 32;
   double lr = 3e-3;
-  double momentum = 0.9;       // sgd
-  double weight_decay = 0.01;  // adamw
-  int64_t warmup = 0;          // steps of linear warm-up from lr / warmup to lr
+  double momentum = 0.9;                 // sgd
+  double weight_decay = 0.01;            // adamw
+  int64_t warmup = 0;                    // steps of linear warm-up from lr / warmup to lr
   std::string lr_schedule = "constant";  // or cosine: decays to 0 at the last step after warm-up
   int64_t log_every = 50;
   int64_t eval_every = 200;
@@ -68,8 +68,8 @@ double bits_per_char(const std::function<torch::Tensor(const torch::Tensor&)>& f
   for (int64_t i = 0; i < n; i += chunk) {
     const int64_t m = std::min(chunk, n - i);
     auto logp = forward(inputs.narrow(0, i, m));
-    nats += torch::nll_loss(logp.reshape({-1, logp.size(-1)}), targets.narrow(0, i, m).reshape({-1}),
-                            {}, at::Reduction::Sum)
+    nats += torch::nll_loss(logp.reshape({-1, logp.size(-1)}),
+                            targets.narrow(0, i, m).reshape({-1}), {}, at::Reduction::Sum)
                 .item<double>();
   }
   return nats / static_cast<double>(targets.numel()) / std::log(2.0);
@@ -88,7 +88,8 @@ bool is_local_update(const JobAlgorithm& a) {
 double scheduled_lr(const Settings& s, int64_t step) {
   if (step <= s.warmup) return s.lr * static_cast<double>(step) / static_cast<double>(s.warmup);
   if (s.lr_schedule != "cosine") return s.lr;
-  const double done = static_cast<double>(step - s.warmup) / static_cast<double>(s.steps - s.warmup);
+  const double done =
+      static_cast<double>(step - s.warmup) / static_cast<double>(s.steps - s.warmup);
   return s.lr * 0.5 * (1 + std::cos(M_PI * done));
 }
 
@@ -125,17 +126,19 @@ void train(Runtime& rt, const Settings& s) {
   if (rank == 0) {
     int64_t params = 0;
     for (auto& p : module->parameters()) params += p.numel();
-    say("char_lm: %s (%lld parameters), %s lr %g (%s, warm-up %lld steps), %s, %d rank(s), batch %lld x %lld characters per "
+    say("char_lm: %s (%lld parameters), %s lr %g (%s, warm-up %lld steps), %s, %d rank(s), batch "
+        "%lld x %lld characters per "
         "rank, %lld training / %lld evaluation characters, vocabulary %lld, unigram bits per "
         "char %.4f",
         s.model.c_str(), static_cast<long long>(params), s.optimizer.c_str(), s.lr,
-        s.lr_schedule.c_str(), static_cast<long long>(s.warmup), dp->algorithm_name().c_str(), world, static_cast<long long>(s.batch),
-        static_cast<long long>(length), static_cast<long long>(corpus.train.numel()),
-        static_cast<long long>(corpus.eval.numel()), static_cast<long long>(corpus.vocab()),
-        unigram);
+        s.lr_schedule.c_str(), static_cast<long long>(s.warmup), dp->algorithm_name().c_str(),
+        world, static_cast<long long>(s.batch), static_cast<long long>(length),
+        static_cast<long long>(corpus.train.numel()), static_cast<long long>(corpus.eval.numel()),
+        static_cast<long long>(corpus.vocab()), unigram);
   }
 
-  examples::WindowSampler sampler(corpus.train, length, s.seed * 1000003 + static_cast<uint64_t>(rank));
+  examples::WindowSampler sampler(corpus.train, length,
+                                  s.seed * 1000003 + static_cast<uint64_t>(rank));
   const auto start = std::chrono::steady_clock::now();
   auto window_start = start;
   double window_loss = 0, last_eval = std::nan("");
@@ -173,7 +176,8 @@ void train(Runtime& rt, const Settings& s) {
   dp->finish();
   if (rank == 0) {
     const auto st = dp->stats();
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     say("final eval bits per char %.4f after %lld steps, %lld characters per rank, bytes sent per "
         "step %.0f, %.1f s",
         last_eval, static_cast<long long>(s.steps),
@@ -195,7 +199,8 @@ int main(int argc, char** argv) {
   app.add_option("--data", s.data, "Folder of fortune files (Debian package fortunes)");
   app.add_option("--model", s.model, "transformer or lstm")
       ->check(CLI::IsMember({"transformer", "lstm"}));
-  app.add_option("--optimizer", s.optimizer, "adamw or sgd")->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--optimizer", s.optimizer, "adamw or sgd")
+      ->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--context", s.shape.context, "Characters per training window")
       ->check(cli::integer_in(1, 4096));
   app.add_option("--dim", s.shape.dim, "Model width")->check(cli::integer_in(1, 65536));
@@ -204,7 +209,8 @@ int main(int argc, char** argv) {
   app.add_option("--heads", s.shape.heads, "Attention heads (transformer; divides --dim)")
       ->check(cli::integer_in(1, 1024));
   app.add_option("--steps", s.steps, "Training steps")->check(cli::integer_in(1, max_int));
-  app.add_option("--batch", s.batch, "Windows per rank and step")->check(cli::integer_in(1, max_int));
+  app.add_option("--batch", s.batch, "Windows per rank and step")
+      ->check(cli::integer_in(1, max_int));
   app.add_option("--lr", s.lr, "Learning rate")->check(cli::number_above(0));
   app.add_option("--warmup", s.warmup, "Steps of linear learning-rate warm-up")
       ->check(cli::integer_in(0, max_int));
@@ -220,7 +226,9 @@ int main(int argc, char** argv) {
       ->check(cli::integer_in(1, max_int));
   app.add_option("--eval-windows", s.eval_windows, "Held-out windows scored per evaluation")
       ->check(cli::integer_in(1, max_int));
-  app.add_option("--threads", s.threads, "Compute threads per rank (torch's intra-op threads and OpenBLAS's pool)")->check(cli::integer_in(1, 1024));
+  app.add_option("--threads", s.threads,
+                 "Compute threads per rank (torch's intra-op threads and OpenBLAS's pool)")
+      ->check(cli::integer_in(1, 1024));
   app.add_option("--seed", s.seed, "Seed of the weights and the windows");
   app.add_option("--algorithm", algorithm,
                  "allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, blockk "

@@ -47,8 +47,8 @@ CharTransformerImpl::CharTransformerImpl(const CharModelShape& shape) : shape_(s
         register_module("block" + std::to_string(l), CharBlock(shape.dim, shape.heads)));
   norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.dim})));
   head_ = register_module("head", torch::nn::Linear(shape.dim, shape.vocab));
-  mask_ = torch::full({shape.context, shape.context}, -std::numeric_limits<float>::infinity())
-              .triu(1);
+  mask_ =
+      torch::full({shape.context, shape.context}, -std::numeric_limits<float>::infinity()).triu(1);
 }
 
 torch::Tensor CharTransformerImpl::forward(const torch::Tensor& ids) {
@@ -65,14 +65,14 @@ torch::Tensor CharTransformerImpl::forward(const torch::Tensor& ids) {
 
 CharLstmImpl::CharLstmImpl(const CharModelShape& shape) {
   if (shape.vocab < 2 || shape.dim < 1 || shape.layers < 1)
-    throw std::invalid_argument("char lstm: vocab " + std::to_string(shape.vocab) + ", dim " +
-                                std::to_string(shape.dim) + ", layers " +
-                                std::to_string(shape.layers) +
-                                ": expected vocab >= 2 and the others >= 1");
+    throw std::invalid_argument(
+        "char lstm: vocab " + std::to_string(shape.vocab) + ", dim " + std::to_string(shape.dim) +
+        ", layers " + std::to_string(shape.layers) + ": expected vocab >= 2 and the others >= 1");
   tokens_ = register_module("tokens", torch::nn::Embedding(shape.vocab, shape.dim));
   lstm_ = register_module(
-      "lstm", torch::nn::LSTM(
-                  torch::nn::LSTMOptions(shape.dim, shape.dim).num_layers(shape.layers).batch_first(true)));
+      "lstm",
+      torch::nn::LSTM(
+          torch::nn::LSTMOptions(shape.dim, shape.dim).num_layers(shape.layers).batch_first(true)));
   head_ = register_module("head", torch::nn::Linear(shape.dim, shape.vocab));
 }
 

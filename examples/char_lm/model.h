@@ -20,7 +20,7 @@ struct CharModelShape {
   int64_t context = 64;  // the longest input the transformer's position table covers
   int64_t dim = 128;
   int64_t layers = 2;
-  int64_t heads = 4;     // transformer only; divides dim
+  int64_t heads = 4;  // transformer only; divides dim
 };
 
 /// One pre-norm transformer block: causal multi-head self-attention, then a 4x MLP with GELU, each

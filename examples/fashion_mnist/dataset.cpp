@@ -203,7 +203,8 @@ void check_trainable(const std::string& dir, int64_t train_images, int world, in
                      int64_t test_images) {
   const std::string where = "fashion-mnist: " + dir + ": ";
   if (test_images < 1) {
-    throw std::invalid_argument(where + "the test set holds no images, so no accuracy can be "
+    throw std::invalid_argument(where +
+                                "the test set holds no images, so no accuracy can be "
                                 "measured (expected at least 1 test image)");
   }
   const int64_t per_rank = world > 0 ? train_images / world : 0;
@@ -213,11 +214,13 @@ void check_trainable(const std::string& dir, int64_t train_images, int world, in
                                 " rank(s) (expected at least one image per rank)");
   }
   if (batch > per_rank) {
-    throw std::invalid_argument(
-        where + "batch " + std::to_string(batch) + " per rank is larger than each rank's shard of " +
-        std::to_string(per_rank) + " training image(s) (" + std::to_string(train_images) +
-        " over " + std::to_string(world) + " rank(s)), so no step would run (expected a batch of "
-        "at most " + std::to_string(per_rank) + ")");
+    throw std::invalid_argument(where + "batch " + std::to_string(batch) +
+                                " per rank is larger than each rank's shard of " +
+                                std::to_string(per_rank) + " training image(s) (" +
+                                std::to_string(train_images) + " over " + std::to_string(world) +
+                                " rank(s)), so no step would run (expected a batch of "
+                                "at most " +
+                                std::to_string(per_rank) + ")");
   }
 }
 
@@ -267,9 +270,9 @@ bool BatchIterator::next(torch::Tensor& x, torch::Tensor& y) {
 void BatchIterator::skip(int64_t batches) {
   if (!order_.defined()) throw std::logic_error("BatchIterator::skip called before begin(epoch)");
   if (batches < 0 || position_ + batches * batch_ > order_.size(0))
-    throw std::invalid_argument("BatchIterator::skip(" + std::to_string(batches) + "): the epoch has " +
-                                std::to_string((order_.size(0) - position_) / batch_) +
-                                " batches left");
+    throw std::invalid_argument(
+        "BatchIterator::skip(" + std::to_string(batches) + "): the epoch has " +
+        std::to_string((order_.size(0) - position_) / batch_) + " batches left");
   position_ += batches * batch_;
 }
 
@@ -279,7 +282,8 @@ double accuracy(const Forward& forward, const FashionMnist& data, int64_t batch)
   const int64_t n = size(data);
   if (n == 0 || batch < 1) {
     throw std::invalid_argument("accuracy: " + std::to_string(n) + " examples in batches of " +
-                                std::to_string(batch) + ", expected a non-empty set and batch >= 1");
+                                std::to_string(batch) +
+                                ", expected a non-empty set and batch >= 1");
   }
   torch::NoGradGuard no_grad;
   int64_t correct = 0;

@@ -54,17 +54,18 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
   // member knows from its generation: not by the world this process first joined, which for a
   // restarted rank or a spare may be short of ranks (its batches would then differ from the
   // others', and so would its step count).
-  const int64_t first_world = rt.elastic() ? rt.generation().ranks
+  const int64_t first_world = rt.elastic()                         ? rt.generation().ranks
                               : rt.rank_info().source == "default" ? 1
                                                                    : rt.rank_info().world_size;
   ElasticSampler sampler(size(train), run.batch * std::max<int64_t>(first_world, 1), run.seed);
   const int64_t steps = run.epochs * sampler.steps_per_epoch();
   if (rt.rank() == 0) {
-    std::printf("fashion_mnist: %s, %s, elastic, %d rank(s), %lld training images, global batch "
-                "%lld\n",
-                run.model.c_str(), trainer.algorithm_name().c_str(), rt.world_size(),
-                static_cast<long long>(size(train)),
-                static_cast<long long>(run.batch * std::max<int64_t>(first_world, 1)));
+    std::printf(
+        "fashion_mnist: %s, %s, elastic, %d rank(s), %lld training images, global batch "
+        "%lld\n",
+        run.model.c_str(), trainer.algorithm_name().c_str(), rt.world_size(),
+        static_cast<long long>(size(train)),
+        static_cast<long long>(run.batch * std::max<int64_t>(first_world, 1)));
     std::fflush(stdout);
   }
   auto start = std::chrono::steady_clock::now();
@@ -90,9 +91,10 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
       });
       if (!done) {
         changed = true;
-        std::printf("rank %d (launch slot %d): the world changed, now %d ranks; redoing step "
-                    "%lld\n",
-                    rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
+        std::printf(
+            "rank %d (launch slot %d): the world changed, now %d ranks; redoing step "
+            "%lld\n",
+            rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
         std::fflush(stdout);
         continue;
       }
@@ -119,17 +121,18 @@ void train_elastic(Runtime& rt, const ElasticRun& run, const ElasticData& data) 
     }
     if (trainer.finish()) break;
     changed = true;
-    std::printf("rank %d (launch slot %d): the world changed while it waited for the others' "
-                "end, now %d ranks at step %lld\n",
-                rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
+    std::printf(
+        "rank %d (launch slot %d): the world changed while it waited for the others' "
+        "end, now %d ranks at step %lld\n",
+        rt.rank(), rt.slot(), rt.world_size(), static_cast<long long>(trainer.steps()));
     std::fflush(stdout);
   }
   // Every member says it, so that the replicas' checksums can be compared.
-  std::printf("launch slot %d finished: %lld steps of %s, %d rank(s) in generation %d, "
-              "parameter checksum %s\n",
-              rt.slot(), static_cast<long long>(trainer.steps()),
-              trainer.algorithm_name().c_str(), rt.world_size(), rt.generation().number,
-              parameter_checksum(*module).c_str());
+  std::printf(
+      "launch slot %d finished: %lld steps of %s, %d rank(s) in generation %d, "
+      "parameter checksum %s\n",
+      rt.slot(), static_cast<long long>(trainer.steps()), trainer.algorithm_name().c_str(),
+      rt.world_size(), rt.generation().number, parameter_checksum(*module).c_str());
   std::fflush(stdout);
 }
 

@@ -11,8 +11,8 @@
 //       their own replicas)
 // With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -67,7 +67,8 @@ struct Settings {
 };
 
 std::chrono::milliseconds collective_timeout(const Settings& s) {
-  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(s.collective_timeout_sec * 1000)));
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(s.collective_timeout_sec * 1000)));
 }
 
 std::mutex print_mutex;
@@ -96,10 +97,12 @@ torch::Device training_device(const std::string& name, int local_rank) {
   if (name == "cpu") return torch::Device(torch::kCPU);
   const int gpus = static_cast<int>(torch::cuda::device_count());
   if (gpus == 0)
-    throw comm::Error("--device " + name + ": this process sees no CUDA device "
+    throw comm::Error("--device " + name +
+                      ": this process sees no CUDA device "
                       "(torch::cuda::device_count() is 0; expected a GPU, its driver and a CUDA "
                       "LibTorch, or --device cpu)");
-  if (name == "cuda") return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
+  if (name == "cuda")
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
   const int index = std::stoi(name.substr(5));  // the option's check admits cuda:<digits> only
   if (index >= gpus)
     throw comm::Error("--device " + name + ": this process sees " + std::to_string(gpus) +
@@ -182,10 +185,10 @@ void train_rank(Runtime& rt, const Settings& s) {
   if (!s.resume_dir.empty()) {
     checkpoint.load_last(s.resume_dir);
     if (rank == 0)
-      say(s, rank, format("resumed from %s at step %lld (epoch %lld, batch %lld)",
-                          s.resume_dir.c_str(), static_cast<long long>(step),
-                          static_cast<long long>(saved_epoch + 1),
-                          static_cast<long long>(saved_batch)));
+      say(s, rank,
+          format("resumed from %s at step %lld (epoch %lld, batch %lld)", s.resume_dir.c_str(),
+                 static_cast<long long>(step), static_cast<long long>(saved_epoch + 1),
+                 static_cast<long long>(saved_batch)));
   }
   const int64_t first_epoch = saved_epoch, first_batch = saved_batch;
   for (int64_t epoch = first_epoch; epoch < t.epochs; ++epoch) {
@@ -204,11 +207,13 @@ void train_rank(Runtime& rt, const Settings& s) {
     double window_loss = 0;
     while (batches.next(x, y)) {
       if (rank == s.die_rank && step == s.die_step) {
-        say(s, rank, format("exiting abruptly at step %lld (--die-rank)", static_cast<long long>(step)));
+        say(s, rank,
+            format("exiting abruptly at step %lld (--die-rank)", static_cast<long long>(step)));
         std::_Exit(3);
       }
       if (t.lr_schedule == "cosine")
-        sgd.lr(t.lr * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(steps))));
+        sgd.lr(t.lr * 0.5 *
+               (1 + std::cos(M_PI * static_cast<double>(step) / static_cast<double>(steps))));
       opt.zero_grad();
       auto loss = torch::nll_loss(forward(x.to(device)), y.to(device));
       loss.backward();
@@ -221,7 +226,8 @@ void train_rank(Runtime& rt, const Settings& s) {
         auto st = dp->stats();
         say(s, rank,
             format("epoch %lld step %lld loss %.4f images/s %.0f MB sent %.1f",
-                   static_cast<long long>(epoch + 1), static_cast<long long>(step), window_loss / t.log_every,
+                   static_cast<long long>(epoch + 1), static_cast<long long>(step),
+                   window_loss / t.log_every,
                    window_images * (is_bucket_algorithm(s.algorithm) ? world : 1) / sec,
                    static_cast<double>(st.bytes_sent) / 1e6));
         window_start = std::chrono::steady_clock::now();
@@ -236,7 +242,8 @@ void train_rank(Runtime& rt, const Settings& s) {
         checkpoint.save_step(s.checkpoint_dir, step);
       }
       if (s.stop_step > 0 && step == s.stop_step) {
-        say(s, rank, format("stopping after step %lld (--stop-step)", static_cast<long long>(step)));
+        say(s, rank,
+            format("stopping after step %lld (--stop-step)", static_cast<long long>(step)));
         return;
       }
     }
@@ -252,8 +259,8 @@ void train_rank(Runtime& rt, const Settings& s) {
       // metric may fail there: it is reported and training goes on. Any other job needs every
       // rank in every step: a failed or timed-out collective ends the run, as an uncaught
       // collective error ends a PyTorch DDP job.
-      const std::string why = "epoch " + std::to_string(epoch + 1) + ": consensus distance: " +
-                              e.what();
+      const std::string why =
+          "epoch " + std::to_string(epoch + 1) + ": consensus distance: " + e.what();
       if (!tolerates_dead_ranks(s.algorithm)) throw comm::Error(why);
       consensus = "n/a";
       say(s, rank, why);
@@ -262,14 +269,14 @@ void train_rank(Runtime& rt, const Settings& s) {
       auto st = dp->stats();
       double acc = examples::accuracy(*module, evaluate, test);
       say(s, rank,
-          format("epoch %lld test accuracy %.2f%% bytes sent per step %.0f (last step %llu) "
-                 "epoch time %.1f s (communication wait %.1f s, compute %.0f%%) consensus "
-                 "distance %s",
-                 static_cast<long long>(epoch + 1), acc * 100,
-                 st.steps ? static_cast<double>(st.bytes_sent) / static_cast<double>(st.steps) : 0.0,
-                 static_cast<unsigned long long>(st.last_step_bytes_sent), epoch_sec, wait_sec,
-                 epoch_sec > 0 ? 100 * (epoch_sec - wait_sec) / epoch_sec : 100.0,
-                 consensus.c_str()));
+          format(
+              "epoch %lld test accuracy %.2f%% bytes sent per step %.0f (last step %llu) "
+              "epoch time %.1f s (communication wait %.1f s, compute %.0f%%) consensus "
+              "distance %s",
+              static_cast<long long>(epoch + 1), acc * 100,
+              st.steps ? static_cast<double>(st.bytes_sent) / static_cast<double>(st.steps) : 0.0,
+              static_cast<unsigned long long>(st.last_step_bytes_sent), epoch_sec, wait_sec,
+              epoch_sec > 0 ? 100 * (epoch_sec - wait_sec) / epoch_sec : 100.0, consensus.c_str()));
     }
   }
   dp->finish();
@@ -280,12 +287,13 @@ void train_rank(Runtime& rt, const Settings& s) {
     for (int p : st.dropped_peers) peers += (peers.empty() ? "" : ", ") + std::to_string(p);
     say(s, rank, "finished without dropped peer(s) " + peers);
   } else if (speaks && !is_bucket_algorithm(s.algorithm)) {
-    say(s, rank, format("finished: %llu steps, %llu background rounds, %.1f MB sent, "
-                        "peak %.3f MB per sync",
-                        static_cast<unsigned long long>(st.steps),
-                        static_cast<unsigned long long>(st.background_rounds),
-                        static_cast<double>(st.bytes_sent) / 1e6,
-                        static_cast<double>(st.peak_sync_bytes_sent) / 1e6));
+    say(s, rank,
+        format("finished: %llu steps, %llu background rounds, %.1f MB sent, "
+               "peak %.3f MB per sync",
+               static_cast<unsigned long long>(st.steps),
+               static_cast<unsigned long long>(st.background_rounds),
+               static_cast<double>(st.bytes_sent) / 1e6,
+               static_cast<double>(st.peak_sync_bytes_sent) / 1e6));
   }
 }
 
@@ -305,11 +313,11 @@ void check_momentum_once(const Settings& s) {
   const auto* c = std::get_if<comm::Compression>(&s.algorithm);
   const auto* sparse = c ? std::get_if<comm::Sparsification>(c) : nullptr;
   if (sparse && sparse->momentum > 0 && s.trainer.momentum > 0)
-    throw comm::Error(format("%s applies momentum %g inside the compressor (momentum correction), "
-                             "so SGD must run without it: momentum %g given, expected 0 "
-                             "(--momentum 0, or trainer.momentum = 0 in a job file)",
-                             comm::algorithm_name(*c).c_str(), sparse->momentum,
-                             s.trainer.momentum));
+    throw comm::Error(
+        format("%s applies momentum %g inside the compressor (momentum correction), "
+               "so SGD must run without it: momentum %g given, expected 0 "
+               "(--momentum 0, or trainer.momentum = 0 in a job file)",
+               comm::algorithm_name(*c).c_str(), sparse->momentum, s.trainer.momentum));
 }
 
 // Every rank as a thread of this process, over the in-process transport.
@@ -384,7 +392,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   app.add_option("--log-every", t.log_every, "Steps between progress lines")
       ->check(cli::integer_in(1, max_int));
-  app.add_option("--threads", t.threads, "Compute threads per rank (torch's intra-op threads and OpenBLAS's pool)")
+  app.add_option("--threads", t.threads,
+                 "Compute threads per rank (torch's intra-op threads and OpenBLAS's pool)")
       ->check(cli::integer_in(1, 1024));
   app.add_option("--seed", t.seed, "Seed of the shards and the batch order");
   app.add_option("--algorithm", algorithm,
@@ -467,14 +476,14 @@ int main(int argc, char** argv) {
     Runtime rt(o);
     if (rt.elastic()) {
       if (s.device != "cpu")
-        throw comm::Error("--device " + s.device + " with troupe launch --elastic: elastic "
+        throw comm::Error("--device " + s.device +
+                          " with troupe launch --elastic: elastic "
                           "training runs on the CPU only (expected --device cpu)");
       // troupe launch --elastic: a bucket algorithm, DiLoCo, Streaming DiLoCo, SparseLoCo, D-PSGD,
       // Choco-SGD, AsyncModelAverage or AsyncGossip through an ElasticTrainer
       // (examples/fashion_mnist/elastic.h), which refuses the others by name.
-      examples::ElasticRun run{t.data,      t.model, t.epochs,    t.batch,
-                               t.lr,        t.momentum, t.log_every, t.seed,
-                               s.algorithm, s.ddp};
+      examples::ElasticRun run{t.data,     t.model,     t.epochs, t.batch,     t.lr,
+                               t.momentum, t.log_every, t.seed,   s.algorithm, s.ddp};
       if (!elastic_data) elastic_data = examples::load_elastic_data(t.data, s.subset);
       examples::train_elastic(rt, run, *elastic_data);
       return 0;

@@ -25,7 +25,7 @@ torch::Tensor CnnNetImpl::forward(const torch::Tensor& x) {
   await_parameters(conv1_);
   torch::Tensor h = torch::max_pool2d(torch::relu(conv1_->forward(x)), 2);  // 16 x 14 x 14
   await_parameters(conv2_);
-  h = torch::max_pool2d(torch::relu(conv2_->forward(h)), 2);                // 32 x 7 x 7
+  h = torch::max_pool2d(torch::relu(conv2_->forward(h)), 2);  // 32 x 7 x 7
   await_parameters(fc1_);
   h = torch::relu(fc1_->forward(h.flatten(1)));
   await_parameters(fc2_);
@@ -44,8 +44,8 @@ MlpNetImpl::MlpNetImpl(std::vector<int64_t> sizes) {
     }
   }
   for (size_t i = 0; i + 1 < sizes.size(); ++i) {
-    layers_.push_back(register_module("fc" + std::to_string(i + 1),
-                                      torch::nn::Linear(sizes[i], sizes[i + 1])));
+    layers_.push_back(
+        register_module("fc" + std::to_string(i + 1), torch::nn::Linear(sizes[i], sizes[i + 1])));
   }
 }
 

@@ -7,9 +7,10 @@
 /// #include <torch/torch.h>
 /// #include <troupe/troupe.h>
 ///
-/// troupe::Runtime rt;                          // rank from torchrun / troupe launch / mpirun / srun
-/// Net net;                                     // TORCH_MODULE(Net), or std::make_shared<NetImpl>()
-/// troupe::DistributedModule ddp(rt, net);      // troupe/distributed_module.h: what it accepts
+/// troupe::Runtime rt;                          // rank from torchrun / troupe launch / mpirun /
+/// srun Net net;                                     // TORCH_MODULE(Net), or
+/// std::make_shared<NetImpl>() troupe::DistributedModule ddp(rt, net);      //
+/// troupe/distributed_module.h: what it accepts
 /// // Each rank reads its own shard: LibTorch's distributed samplers, given the world size and
 /// // this rank (set_epoch before make_data_loader, which keeps its own copy of the sampler).
 /// for (size_t epoch = 0; epoch < epochs; ++epoch) {

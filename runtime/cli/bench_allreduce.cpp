@@ -38,8 +38,8 @@ std::vector<Row> measure(Runtime& rt, const AllreduceBench& bench) {
     comm.allreduce(data.data(), count, comm::DataType::float32, comm::ReduceOp::sum);
     double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     comm.allreduce(&one, 1, comm::DataType::float64, comm::ReduceOp::max);
-    int64_t iters = std::clamp<int64_t>(static_cast<int64_t>(bench.seconds_per_size / one), 3,
-                                        20000);
+    int64_t iters =
+        std::clamp<int64_t>(static_cast<int64_t>(bench.seconds_per_size / one), 3, 20000);
     comm.barrier();
     t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < iters; ++i)
@@ -76,11 +76,11 @@ std::string link_text(const AllreduceBench& bench) {
 void print(const std::vector<Row>& rows, const AllreduceBench& bench, bool shared_memory) {
   const int W = bench.world;
   const std::string link = link_text(bench);
-  const std::string over = (shared_memory ? std::string("shared memory (above ") +
-                                                human(bench.tuning.small_bytes) + "; " +
-                                                bench.transport + " below)"
-                                          : bench.transport) +
-                           (link.empty() ? "" : " (emulated link " + link + ")");
+  const std::string over =
+      (shared_memory ? std::string("shared memory (above ") + human(bench.tuning.small_bytes) +
+                           "; " + bench.transport + " below)"
+                     : bench.transport) +
+      (link.empty() ? "" : " (emulated link " + link + ")");
   const std::string link_json = link.empty() ? "" : ", \"link\": \"" + link + "\"";
   if (!bench.json)
     std::printf("troupe allreduce, %d ranks over %s, float32 sum\n%10s %12s %12s %12s\n", W,
@@ -89,11 +89,12 @@ void print(const std::vector<Row>& rows, const AllreduceBench& bench, bool share
     double algbw = static_cast<double>(r.bytes) / r.sec / 1e9;
     double busbw = algbw * 2.0 * (W - 1) / W;
     if (bench.json)
-      std::printf("{\"bytes\": %zu, \"world\": %d, \"transport\": \"%s\"%s, \"sec\": %.9g, "
-                  "\"algbw_GBps\": %.6g, \"busbw_GBps\": %.6g, \"chunk_bytes\": %zu, "
-                  "\"shared_memory\": %s}\n",
-                  r.bytes, W, bench.transport.c_str(), link_json.c_str(), r.sec, algbw, busbw,
-                  r.chunk_bytes, shared_memory && r.bytes > bench.tuning.small_bytes ? "true" : "false");
+      std::printf(
+          "{\"bytes\": %zu, \"world\": %d, \"transport\": \"%s\"%s, \"sec\": %.9g, "
+          "\"algbw_GBps\": %.6g, \"busbw_GBps\": %.6g, \"chunk_bytes\": %zu, "
+          "\"shared_memory\": %s}\n",
+          r.bytes, W, bench.transport.c_str(), link_json.c_str(), r.sec, algbw, busbw,
+          r.chunk_bytes, shared_memory && r.bytes > bench.tuning.small_bytes ? "true" : "false");
     else
       std::printf("%10s %12.1f %12.3f %12.3f\n", human(r.bytes).c_str(), r.sec * 1e6, algbw, busbw);
   }
@@ -113,7 +114,8 @@ int run_allreduce_bench_rank(const AllreduceBench& bench) {
 }
 
 int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe) {
-  if (bench.world < 1) throw comm::Error("--world " + std::to_string(bench.world) + " (expected >= 1)");
+  if (bench.world < 1)
+    throw comm::Error("--world " + std::to_string(bench.world) + " (expected >= 1)");
   // Every rank runs on this host and holds a buffer of the largest size: refuse what cannot be
   // allocated before any rank starts (a lower bound: the transports' buffers come on top).
   const size_t largest = *std::max_element(bench.bytes.begin(), bench.bytes.end());
@@ -165,8 +167,9 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
   launch_options.nprocs = bench.world;
   launch_options.prefix_output = false;
   launch_options.extra_env = link_env;
-  launch_options.command = {self_exe, "bench", "allreduce", "--as-rank", "--world",
-                            std::to_string(bench.world), "--transport", "ucx", "--bytes"};
+  launch_options.command = {self_exe,      "bench",   "allreduce",
+                            "--as-rank",   "--world", std::to_string(bench.world),
+                            "--transport", "ucx",     "--bytes"};
   std::string sizes;
   for (size_t b : bench.bytes) sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
   launch_options.command.push_back(sizes);

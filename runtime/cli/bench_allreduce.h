@@ -12,8 +12,8 @@ struct AllreduceBench {
   std::vector<size_t> bytes;  // each a positive multiple of 4 (float32 elements)
   std::string transport = "ucx";
   bool json = false;
-  double seconds_per_size = 0.3;  // measure each size for about this long
-  comm::CollectiveOptions tuning;  // thresholds and pipelining of the collectives
+  double seconds_per_size = 0.3;        // measure each size for about this long
+  comm::CollectiveOptions tuning;       // thresholds and pipelining of the collectives
   std::string link;                     // link emulation of every link, e.g. "1gbit,5ms"
   std::vector<std::string> link_ranks;  // of the links to and from some ranks, "1=100mbit,20ms"
 };

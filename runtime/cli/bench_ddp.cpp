@@ -40,16 +40,16 @@ torch::nn::Sequential make_cnn() {
 }
 
 struct Timing {
-  double step_sec = 0;       // median step
-  double wait_sec = 0;       // median time in step() waiting for reductions after backward
-  double bytes_sent = 0;     // per step, this rank
-  double forward_sec = 0;    // median zero_grad + forward + loss
-  double backward_sec = 0;   // median loss.backward() (the buckets' hooks run inside it)
-  double update_sec = 0;     // median step() or optimizer.step(), the wait included
-  double helper_cpu_sec = 0; // mean CPU time per step of the threads other than the trainer's
-                             // (UCX progress, CAF): communication's share of the cores
-  double rss_growth = 0;     // bytes of resident memory gained per step after the warm-up
-  double peak_rss = 0;       // bytes, the process's high-water mark
+  double step_sec = 0;        // median step
+  double wait_sec = 0;        // median time in step() waiting for reductions after backward
+  double bytes_sent = 0;      // per step, this rank
+  double forward_sec = 0;     // median zero_grad + forward + loss
+  double backward_sec = 0;    // median loss.backward() (the buckets' hooks run inside it)
+  double update_sec = 0;      // median step() or optimizer.step(), the wait included
+  double helper_cpu_sec = 0;  // mean CPU time per step of the threads other than the trainer's
+                              // (UCX progress, CAF): communication's share of the cores
+  double rss_growth = 0;      // bytes of resident memory gained per step after the warm-up
+  double peak_rss = 0;        // bytes, the process's high-water mark
 };
 
 // Resident bytes of this process now (/proc/self/statm), and its high-water mark (VmHWM).
@@ -145,8 +145,10 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
     auto t1 = Clock::now();
     loss.backward();
     auto t2 = Clock::now();
-    if (ddp) ddp->step(w.opt);
-    else w.opt.step();
+    if (ddp)
+      ddp->step(w.opt);
+    else
+      w.opt.step();
     auto t3 = Clock::now();
     if (s >= kWarmup) {
       times.push_back(seconds(t0, t3));
@@ -157,10 +159,15 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
       bytes = ddp ? static_cast<double>(ddp->last_step().bytes_sent) : 0.0;
     }
   }
-  return Timing{median(times),     median(waits),     bytes,
-                median(forwards),  median(backwards), median(updates),
+  return Timing{median(times),
+                median(waits),
+                bytes,
+                median(forwards),
+                median(backwards),
+                median(updates),
                 (other_threads_cpu() - helpers0) / bench.steps,
-                (resident_bytes() - rss0) / bench.steps, peak_resident_bytes()};
+                (resident_bytes() - rss0) / bench.steps,
+                peak_resident_bytes()};
 }
 
 // --interleave: what each kind of step took in each iteration, the slowest rank's.
@@ -170,7 +177,7 @@ struct Interleaved {
   std::vector<double> alone;    // rank 0 training while the others wait
   std::vector<double> wait;     // the data-parallel step's wait after backward
   std::vector<double> dp_backward, compute_backward;  // loss.backward() alone
-  double dp_helper_cpu = 0;     // other threads' CPU per data-parallel step
+  double dp_helper_cpu = 0;                           // other threads' CPU per data-parallel step
   double compute_helper_cpu = 0;
   double bytes_sent = 0;
 };
@@ -200,8 +207,10 @@ Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
       loss.backward();
       t2 = Clock::now();
     }
-    if (kind == kDp) ddp.step(w.opt);
-    else w.opt.step();
+    if (kind == kDp)
+      ddp.step(w.opt);
+    else
+      w.opt.step();
     const auto t3 = Clock::now();
     return Measured{seconds(t0, t3), seconds(t1, t2), other_threads_cpu() - helpers0};
   };
@@ -255,54 +264,57 @@ void print_interleaved(const DdpBench& bench, const Interleaved& r) {
   const double vs_alone = paired_overhead(r.dp, r.alone);
   const double vs_compute = paired_overhead(r.dp, r.compute);
   if (bench.json)
-    std::printf("{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, "
-                "\"interleave\": true, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, "
-                "\"steps\": %d, \"step_sec\": %.6g, \"compute_step_sec\": %.6g, "
-                "\"alone_step_sec\": %.6g, \"overhead_vs_alone\": %.6g, "
-                "\"overhead_vs_compute\": %.6g, \"comm_wait_sec\": %.6g, "
-                "\"bytes_sent_per_step\": %.0f, \"helper_cpu_sec\": %.6g, "
-                "\"compute_helper_cpu_sec\": %.6g, \"backward_sec\": %.6g, "
-                "\"compute_backward_sec\": %.6g}\n",
-                bench.algorithm.c_str(), bench.world, bench.no_shared_memory ? "false" : "true",
-                bench.model.c_str(), bench.batch, bench.steps, dp, compute, alone, vs_alone,
-                vs_compute, median(r.wait), r.bytes_sent, r.dp_helper_cpu,
-                r.compute_helper_cpu, median(r.dp_backward), median(r.compute_backward));
+    std::printf(
+        "{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, "
+        "\"interleave\": true, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, "
+        "\"steps\": %d, \"step_sec\": %.6g, \"compute_step_sec\": %.6g, "
+        "\"alone_step_sec\": %.6g, \"overhead_vs_alone\": %.6g, "
+        "\"overhead_vs_compute\": %.6g, \"comm_wait_sec\": %.6g, "
+        "\"bytes_sent_per_step\": %.0f, \"helper_cpu_sec\": %.6g, "
+        "\"compute_helper_cpu_sec\": %.6g, \"backward_sec\": %.6g, "
+        "\"compute_backward_sec\": %.6g}\n",
+        bench.algorithm.c_str(), bench.world, bench.no_shared_memory ? "false" : "true",
+        bench.model.c_str(), bench.batch, bench.steps, dp, compute, alone, vs_alone, vs_compute,
+        median(r.wait), r.bytes_sent, r.dp_helper_cpu, r.compute_helper_cpu, median(r.dp_backward),
+        median(r.compute_backward));
   else
-    std::printf("troupe ddp (%s), interleaved: world %d, %s, batch %d per rank, %d iterations: "
-                "median step %.2f ms data-parallel, %.2f ms every rank computing alone, %.2f ms "
-                "rank 0 alone; paired per iteration, data parallelism costs %+.1f%% over rank 0 "
-                "alone and %+.1f%% over every rank computing alone; median wait after backward "
-                "%.2f ms, %.2f MB sent per step, other threads' CPU %.2f ms per data-parallel "
-                "step (%.2f ms per compute step)\n",
-                bench.algorithm.c_str(), bench.world, bench.model.c_str(), bench.batch,
-                bench.steps, dp * 1e3, compute * 1e3, alone * 1e3, vs_alone * 100,
-                vs_compute * 100, median(r.wait) * 1e3, r.bytes_sent / 1e6,
-                r.dp_helper_cpu * 1e3, r.compute_helper_cpu * 1e3);
+    std::printf(
+        "troupe ddp (%s), interleaved: world %d, %s, batch %d per rank, %d iterations: "
+        "median step %.2f ms data-parallel, %.2f ms every rank computing alone, %.2f ms "
+        "rank 0 alone; paired per iteration, data parallelism costs %+.1f%% over rank 0 "
+        "alone and %+.1f%% over every rank computing alone; median wait after backward "
+        "%.2f ms, %.2f MB sent per step, other threads' CPU %.2f ms per data-parallel "
+        "step (%.2f ms per compute step)\n",
+        bench.algorithm.c_str(), bench.world, bench.model.c_str(), bench.batch, bench.steps,
+        dp * 1e3, compute * 1e3, alone * 1e3, vs_alone * 100, vs_compute * 100,
+        median(r.wait) * 1e3, r.bytes_sent / 1e6, r.dp_helper_cpu * 1e3,
+        r.compute_helper_cpu * 1e3);
   std::fflush(stdout);
 }
 
 void print(const DdpBench& bench, const Timing& t) {
   const bool alone = bench.world == 1 || bench.compute_only;
   if (bench.json)
-    std::printf("{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, \"compute_only\": "
-                "%s, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, \"steps\": %d, "
-                "\"step_sec\": %.6g, \"comm_wait_sec\": "
-                "%.6g, \"bytes_sent_per_step\": %.0f, \"forward_sec\": %.6g, \"backward_sec\": "
-                "%.6g, \"update_sec\": %.6g, \"helper_cpu_sec\": %.6g, "
-                "\"rss_growth_per_step\": %.0f, \"peak_rss_bytes\": %.0f}\n",
-                bench.algorithm.c_str(), bench.world, alone ? "true" : "false",
-                bench.no_shared_memory ? "false" : "true", bench.model.c_str(), bench.batch,
-                bench.steps, t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec,
-                t.backward_sec, t.update_sec, t.helper_cpu_sec, t.rss_growth, t.peak_rss);
+    std::printf(
+        "{\"impl\": \"troupe\", \"algorithm\": \"%s\", \"world\": %d, \"compute_only\": "
+        "%s, \"shared_memory\": %s, \"model\": \"%s\", \"batch\": %d, \"steps\": %d, "
+        "\"step_sec\": %.6g, \"comm_wait_sec\": "
+        "%.6g, \"bytes_sent_per_step\": %.0f, \"forward_sec\": %.6g, \"backward_sec\": "
+        "%.6g, \"update_sec\": %.6g, \"helper_cpu_sec\": %.6g, "
+        "\"rss_growth_per_step\": %.0f, \"peak_rss_bytes\": %.0f}\n",
+        bench.algorithm.c_str(), bench.world, alone ? "true" : "false",
+        bench.no_shared_memory ? "false" : "true", bench.model.c_str(), bench.batch, bench.steps,
+        t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec, t.backward_sec, t.update_sec,
+        t.helper_cpu_sec, t.rss_growth, t.peak_rss);
   else
-    std::printf("troupe ddp (%s): world %d, %s, batch %d per rank, %d steps: median step %.2f ms, "
-                "median wait for reductions after backward %.2f ms, %.2f MB sent per step%s; "
-                "medians of forward %.2f ms, backward %.2f ms, update %.2f ms; other threads' "
-                "CPU %.2f ms per step\n",
-                bench.algorithm.c_str(), bench.world, bench.model.c_str(), bench.batch,
-                bench.steps, t.step_sec * 1e3, t.wait_sec * 1e3, t.bytes_sent / 1e6,
-                alone ? " (compute alone)" : "", t.forward_sec * 1e3,
-                t.backward_sec * 1e3, t.update_sec * 1e3, t.helper_cpu_sec * 1e3);
+    std::printf(
+        "troupe ddp (%s): world %d, %s, batch %d per rank, %d steps: median step %.2f ms, "
+        "median wait for reductions after backward %.2f ms, %.2f MB sent per step%s; "
+        "medians of forward %.2f ms, backward %.2f ms, update %.2f ms; other threads' "
+        "CPU %.2f ms per step\n",
+        bench.algorithm.c_str(), bench.world, bench.model.c_str(), bench.batch, bench.steps,
+        t.step_sec * 1e3, t.wait_sec * 1e3, t.bytes_sent / 1e6, alone ? " (compute alone)" : "",
+        t.forward_sec * 1e3, t.backward_sec * 1e3, t.update_sec * 1e3, t.helper_cpu_sec * 1e3);
   std::fflush(stdout);
 }
 
@@ -317,10 +329,10 @@ void check(const DdpBench& bench) {
   // and 10 floats per image), and all ranks run on this host: refuse a batch that cannot fit
   // before a rank starts (a lower bound: gradients and buffers come on top).
   const uint64_t per_image = (784 + 2048 + 2048 + 1024 + 10) * sizeof(float);
-  check_memory(static_cast<uint64_t>(bench.batch) * per_image * static_cast<uint64_t>(bench.world),
-               available_memory(),
-               "--batch " + std::to_string(bench.batch) + " on " + std::to_string(bench.world) +
-                   " rank(s)");
+  check_memory(
+      static_cast<uint64_t>(bench.batch) * per_image * static_cast<uint64_t>(bench.world),
+      available_memory(),
+      "--batch " + std::to_string(bench.batch) + " on " + std::to_string(bench.world) + " rank(s)");
   if (bench.interleave && (bench.world < 2 || bench.compute_only))
     throw comm::Error("--interleave needs --world >= 2 and no --compute-only (got --world " +
                       std::to_string(bench.world) +
@@ -342,8 +354,8 @@ int run_ddp_bench_rank(const DdpBench& bench) {
   Timing t = train(bench, bench.compute_only ? nullptr : &rt, rt.rank());
   // The job's step time is the slowest rank's; so is each phase's, and the memory is the
   // largest rank's.
-  double slowest[8] = {t.step_sec,     t.wait_sec,   t.forward_sec,    t.backward_sec,
-                       t.update_sec,   t.helper_cpu_sec, t.rss_growth, t.peak_rss};
+  double slowest[8] = {t.step_sec,   t.wait_sec,       t.forward_sec, t.backward_sec,
+                       t.update_sec, t.helper_cpu_sec, t.rss_growth,  t.peak_rss};
   rt.comm().allreduce(slowest, 8, comm::DataType::float64, comm::ReduceOp::max);
   if (rt.rank() == 0)
     print(bench, Timing{slowest[0], slowest[1], t.bytes_sent, slowest[2], slowest[3], slowest[4],
@@ -361,9 +373,12 @@ int run_ddp_bench(const DdpBench& bench, const std::string& self_exe) {
   LaunchOptions launch_options;
   launch_options.nprocs = bench.world;
   launch_options.prefix_output = false;
-  launch_options.command = {self_exe, "bench", "ddp", "--as-rank", "--world",
-                            std::to_string(bench.world), "--model", bench.model, "--batch",
-                            std::to_string(bench.batch), "--steps", std::to_string(bench.steps)};
+  launch_options.command = {self_exe,  "bench",
+                            "ddp",     "--as-rank",
+                            "--world", std::to_string(bench.world),
+                            "--model", bench.model,
+                            "--batch", std::to_string(bench.batch),
+                            "--steps", std::to_string(bench.steps)};
   if (bench.json) launch_options.command.push_back("--json");
   if (bench.delay_reduce) launch_options.command.push_back("--delay-reduce");
   if (bench.compute_only) launch_options.command.push_back("--compute-only");

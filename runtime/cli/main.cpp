@@ -1,8 +1,8 @@
 // build/bin/troupe: launch a job, print versions, run benchmarks.
-#include <CLI/CLI.hpp>
-#include <caf/config.hpp>
 #include <torch/version.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
+#include <caf/config.hpp>
 
 #include <climits>
 #include <iostream>
@@ -115,22 +115,26 @@ int main(int argc, char** argv) {
   launch_cmd->add_option("-n,--nprocs", launch.nprocs, "Number of processes on this host")
       ->required()
       ->check(troupe::cli::integer_in(1, troupe::kMaxLocalRanks));
-  launch_cmd->add_option("--nnodes", launch.nnodes,
-                         "Number of hosts, each running troupe launch with the same -n, "
-                         "--master-addr and --master-port")
+  launch_cmd
+      ->add_option("--nnodes", launch.nnodes,
+                   "Number of hosts, each running troupe launch with the same -n, "
+                   "--master-addr and --master-port")
       ->check(troupe::cli::integer_in(1, troupe::kMaxWorldSize));
-  launch_cmd->add_option("--node-rank", launch.node_rank,
-                         "This host's place, 0..nnodes-1: it starts ranks node_rank*n .. "
-                         "node_rank*n+n-1")
+  launch_cmd
+      ->add_option("--node-rank", launch.node_rank,
+                   "This host's place, 0..nnodes-1: it starts ranks node_rank*n .. "
+                   "node_rank*n+n-1")
       ->check(troupe::cli::integer_in(0, troupe::kMaxWorldSize - 1));
   launch_cmd->add_option("--master-addr", launch.master_addr,
                          "Rendezvous address: node 0's (default 127.0.0.1 with one host)");
-  launch_cmd->add_option("--master-port", launch.master_port,
-                         "Rendezvous port (0: a free one with one host, 29500 with several)")
+  launch_cmd
+      ->add_option("--master-port", launch.master_port,
+                   "Rendezvous port (0: a free one with one host, 29500 with several)")
       ->check(troupe::cli::integer_in(0, 65535));
   launch_cmd->add_option("--timeout", launch.timeout_sec, "Stop every rank after this many seconds")
       ->check(troupe::cli::number_at_least(0));
-  launch_cmd->add_flag("!--no-prefix", launch.prefix_output, "Do not prefix output lines with the rank");
+  launch_cmd->add_flag("!--no-prefix", launch.prefix_output,
+                       "Do not prefix output lines with the rank");
   launch_cmd->add_flag("!--keep-going", launch.stop_on_failure,
                        "When a rank fails, let the others run on (for algorithms that tolerate a "
                        "dead rank); the exit status still says that one failed");
@@ -158,16 +162,17 @@ int main(int argc, char** argv) {
   launch_cmd->add_option("--link", link,
                          "Emulate every link at a bandwidth and latency, e.g. 1gbit,5ms "
                          "(sets TROUPE_LINK)");
-  launch_cmd->add_option("--link-rank", link_ranks,
-                         "Emulate the links to and from one rank, e.g. 3=100mbit,20ms; "
-                         "repeatable (sets TROUPE_LINK_RANKS)")
+  launch_cmd
+      ->add_option("--link-rank", link_ranks,
+                   "Emulate the links to and from one rank, e.g. 3=100mbit,20ms; "
+                   "repeatable (sets TROUPE_LINK_RANKS)")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   launch_cmd->add_option("command", launch.command, "Program and its arguments (after --)")
       ->required();
 
-  auto* run_cmd = app.add_subcommand(
-      "run", "Run the training job of a TOML file (examples/configs/ has some)");
+  auto* run_cmd =
+      app.add_subcommand("run", "Run the training job of a TOML file (examples/configs/ has some)");
   std::string job_path;
   run_cmd->add_option("job", job_path, "The job file")->required();
 
@@ -187,12 +192,14 @@ int main(int argc, char** argv) {
   bench_ar->add_option("--seconds", bench.seconds_per_size, "Measuring time per size")
       ->check(troupe::cli::number_in(0.001, 3600));
   bench_ar->add_flag("--json", bench.json, "One JSON object per line");
-  bench_ar->add_option("--small-bytes", bench.tuning.small_bytes,
-                       "Up to this size: latency-optimal algorithms")
+  bench_ar
+      ->add_option("--small-bytes", bench.tuning.small_bytes,
+                   "Up to this size: latency-optimal algorithms")
       ->check(troupe::cli::integer_in(0, std::numeric_limits<long long>::max()));
-  bench_ar->add_option("--chunk-bytes", bench.tuning.chunk_bytes,
-                       "Pipeline chunk of the ring (default: 512 KiB on one host, 8 MiB across "
-                       "hosts)")
+  bench_ar
+      ->add_option("--chunk-bytes", bench.tuning.chunk_bytes,
+                   "Pipeline chunk of the ring (default: 512 KiB on one host, 8 MiB across "
+                   "hosts)")
       ->check(troupe::cli::integer_in(1, std::numeric_limits<long long>::max()));
   bench_ar->add_option("--max-lanes", bench.tuning.max_lanes, "Chunks in flight per collective")
       ->check(troupe::cli::integer_in(1, 1024));
@@ -201,8 +208,9 @@ int main(int argc, char** argv) {
                      "progress thread), not through troupe's own shared memory");
   bench_ar->add_option("--link", bench.link,
                        "Emulate every link at a bandwidth and latency, e.g. 1gbit,5ms");
-  bench_ar->add_option("--link-rank", bench.link_ranks,
-                       "Emulate the links to and from one rank, e.g. 1=100mbit,20ms; repeatable")
+  bench_ar
+      ->add_option("--link-rank", bench.link_ranks,
+                   "Emulate the links to and from one rank, e.g. 1=100mbit,20ms; repeatable")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   bench_ar->add_flag("--as-rank", as_rank, "Internal: run as one rank of the benchmark job")

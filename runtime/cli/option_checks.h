@@ -36,7 +36,8 @@ inline std::string number_text(double x) {
 
 /// "a number > 0", "a number in [0, 1)", "a number >= 0".
 inline std::string number_expected(double min, bool min_open, double max, bool max_open) {
-  if (std::isinf(max)) return std::string("a number ") + (min_open ? "> " : ">= ") + number_text(min);
+  if (std::isinf(max))
+    return std::string("a number ") + (min_open ? "> " : ">= ") + number_text(min);
   return "a number in " + std::string(min_open ? "(" : "[") + number_text(min) + ", " +
          number_text(max) + (max_open ? ")" : "]");
 }
@@ -49,7 +50,8 @@ inline std::string check_number(const std::string& input, double min, bool min_o
   char* end = nullptr;
   errno = 0;
   const double x = input.empty() ? 0 : std::strtod(input.c_str(), &end);
-  if (input.empty() || end != input.c_str() + input.size() || std::isspace(static_cast<unsigned char>(input[0])))
+  if (input.empty() || end != input.c_str() + input.size() ||
+      std::isspace(static_cast<unsigned char>(input[0])))
     return "'" + input + "' is not a number" + expected;
   if (!std::isfinite(x)) return input + " is not a finite number" + expected;
   if ((min_open ? x <= min : x < min) || (max_open ? x >= max : x > max))
@@ -104,7 +106,8 @@ inline CLI::Validator integer_in(long long min, long long max) {
         char* end = nullptr;
         errno = 0;
         const long long x = input.empty() ? 0 : std::strtoll(input.c_str(), &end, 10);
-        if (input.empty() || end != input.c_str() + input.size() || std::isspace(static_cast<unsigned char>(input[0])))
+        if (input.empty() || end != input.c_str() + input.size() ||
+            std::isspace(static_cast<unsigned char>(input[0])))
           return "'" + input + "' is not an integer (expected " + expected + ")";
         if (errno == ERANGE || x < min || x > max)
           return input + " is out of range (expected " + expected + ")";
@@ -123,8 +126,10 @@ inline std::string bytes_text(uint64_t bytes) {
     ++unit;
   }
   char buf[32];
-  if (value == std::floor(value)) std::snprintf(buf, sizeof buf, "%.0f %s", value, units[unit]);
-  else std::snprintf(buf, sizeof buf, "%.1f %s", value, units[unit]);
+  if (value == std::floor(value))
+    std::snprintf(buf, sizeof buf, "%.0f %s", value, units[unit]);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", value, units[unit]);
   return buf;
 }
 
@@ -133,17 +138,22 @@ inline std::string bytes_text(uint64_t bytes) {
 /// what was expected for a sign, a fraction, an unknown unit, zero, an overflow or a remainder.
 inline uint64_t parse_byte_size(const std::string& text, size_t element_size,
                                 const std::string& flag = "--bytes") {
-  const std::string expected = " (expected a positive whole number of bytes with an optional "
-                               "unit B, KiB, MiB or GiB, e.g. 4KiB)";
+  const std::string expected =
+      " (expected a positive whole number of bytes with an optional "
+      "unit B, KiB, MiB or GiB, e.g. 4KiB)";
   size_t digits = 0;
   while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
   if (digits == 0) throw comm::Error(flag + ": size '" + text + "' is not a number" + expected);
   const std::string unit = text.substr(digits);
   uint64_t scale = 0;
-  if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "KiB" || unit == "K") scale = uint64_t{1} << 10;
-  else if (unit == "MiB" || unit == "M") scale = uint64_t{1} << 20;
-  else if (unit == "GiB" || unit == "G") scale = uint64_t{1} << 30;
+  if (unit.empty() || unit == "B")
+    scale = 1;
+  else if (unit == "KiB" || unit == "K")
+    scale = uint64_t{1} << 10;
+  else if (unit == "MiB" || unit == "M")
+    scale = uint64_t{1} << 20;
+  else if (unit == "GiB" || unit == "G")
+    scale = uint64_t{1} << 30;
   else
     throw comm::Error(flag + ": size '" + text + "' has unit '" + unit +
                       "' (expected B, KiB, MiB or GiB)");
@@ -204,8 +214,9 @@ inline std::optional<uint64_t> available_memory() {
 inline void check_memory(uint64_t needed, std::optional<uint64_t> available,
                          const std::string& what) {
   if (!available || needed <= *available) return;
-  throw comm::Error(what + " needs at least " + bytes_text(needed) + " of memory but this host has " +
-                    bytes_text(*available) + " available (MemAvailable in /proc/meminfo)");
+  throw comm::Error(what + " needs at least " + bytes_text(needed) +
+                    " of memory but this host has " + bytes_text(*available) +
+                    " available (MemAvailable in /proc/meminfo)");
 }
 
 }  // namespace troupe::cli

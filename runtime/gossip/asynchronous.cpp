@@ -29,10 +29,10 @@ struct AsynchronousModule::Impl {
   std::string topology_text;
 
   uint64_t steps = 0;
-  bool running = false;   // the background actor has been started and not stopped
-  bool aborted = false;   // abort() called and not resumed
+  bool running = false;  // the background actor has been started and not stopped
+  bool aborted = false;  // abort() called and not resumed
   bool finished = false;
-  bool ended = false;     // end_world() called
+  bool ended = false;      // end_world() called
   std::vector<int> peers;  // the ranks the background actor talks to
   std::vector<float> gradients;
   mutable std::mutex stats_mutex;
@@ -129,15 +129,16 @@ struct AsynchronousModule::Impl {
       caf::scoped_actor self{detail::actor_system(rt)};
       ok = false;
       self->request(actor, options.timeout, actors::stop_atom::value)
-          .receive([&](actors::stopped_atom, bool k, const std::string& e) {
-                     ok = k;
-                     error = e;
-                   },
-                   [&](caf::error& e) {
-                     error = "no answer from the background actor within " +
-                             std::to_string(options.timeout.count()) +
-                             " ms: " + detail::actor_system(rt).render(e);
-                   });
+          .receive(
+              [&](actors::stopped_atom, bool k, const std::string& e) {
+                ok = k;
+                error = e;
+              },
+              [&](caf::error& e) {
+                error = "no answer from the background actor within " +
+                        std::to_string(options.timeout.count()) +
+                        " ms: " + detail::actor_system(rt).render(e);
+              });
     }
     {
       std::lock_guard<std::mutex> lock(flat.mutex());
@@ -154,8 +155,7 @@ struct AsynchronousModule::Impl {
   }
 };
 
-AsynchronousModule::AsynchronousModule(Runtime& runtime,
-                                       std::shared_ptr<torch::nn::Module> module,
+AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                        AsyncModelAverage algorithm, GossipOptions options) {
   if (algorithm.warmup_steps < 0)
     throw comm::Error("AsyncModelAverage.warmup_steps = " + std::to_string(algorithm.warmup_steps) +
@@ -163,8 +163,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   if (algorithm.sync_interval_ms < 1)
     throw comm::Error("AsyncModelAverage.sync_interval_ms = " +
                       std::to_string(algorithm.sync_interval_ms) + ": expected an integer >= 1");
-  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options,
-                                 "async_model_average");
+  impl_ =
+      std::make_unique<Impl>(runtime, std::move(module), algorithm, options, "async_model_average");
   auto& m = *impl_;
   actors::AveragerSettings settings;
   settings.interval = std::chrono::milliseconds(algorithm.sync_interval_ms);
@@ -182,16 +182,17 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime,
   m.start_background();
 }
 
-AsynchronousModule::AsynchronousModule(Runtime& runtime,
-                                       std::shared_ptr<torch::nn::Module> module,
+AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                        AsyncGossip algorithm, GossipOptions options) {
   if (algorithm.min_interval_ms < 0)
     throw comm::Error("AsyncGossip.min_interval_ms = " + std::to_string(algorithm.min_interval_ms) +
                       ": expected an integer >= 0");
   comm::Topology topology(algorithm.topology, runtime.world_size());
   if (!topology.undirected() || topology.time_varying())
-    throw comm::Error("asynchronous gossip averages pairwise with fixed neighbours: it needs a "
-                      "static undirected topology, not " + topology.describe());
+    throw comm::Error(
+        "asynchronous gossip averages pairwise with fixed neighbours: it needs a "
+        "static undirected topology, not " +
+        topology.describe());
   impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options, "async_gossip");
   auto& m = *impl_;
   m.topology_text = topology.describe();
@@ -319,11 +320,10 @@ void AsynchronousModule::end_world(const std::string& reason) {
   self->monitor(m.actor);
   caf::anon_send_exit(m.actor, caf::exit_reason::user_shutdown);
   bool gone = false;
-  self->receive([&](const caf::down_msg&) { gone = true; },
-                caf::after(m.options.timeout) >> [] {});
-  if (!gone && failed.empty())
-    failed = "its background actor did not exit within " + deadline;
-  if (!failed.empty()) throw comm::Error(m.name() + ": ending the world (" + reason + "): " + failed);
+  self->receive([&](const caf::down_msg&) { gone = true; }, caf::after(m.options.timeout) >> [] {});
+  if (!gone && failed.empty()) failed = "its background actor did not exit within " + deadline;
+  if (!failed.empty())
+    throw comm::Error(m.name() + ": ending the world (" + reason + "): " + failed);
 }
 
 void AsynchronousModule::resume_at(uint64_t steps) {

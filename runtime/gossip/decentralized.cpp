@@ -274,7 +274,8 @@ struct DecentralizedModule::Impl {
       std::lock_guard<std::mutex> lock(stats_mutex);
       totals.last_step_bytes_sent = 0;
     }
-    const bool communicate = !finished && steps % static_cast<uint64_t>(d.communication_interval) == 0;
+    const bool communicate =
+        !finished && steps % static_cast<uint64_t>(d.communication_interval) == 0;
     if (d.exchange == Decentralized::Exchange::overlap) {
       // The weights of this step left after the previous one; mix them, then apply the gradient
       // computed at this rank's own weights. Weights replaced since then (a checkpoint loaded)
@@ -288,8 +289,7 @@ struct DecentralizedModule::Impl {
       }
       locked_step(optimizer);
       ++steps;
-      if (!finished && steps % static_cast<uint64_t>(d.communication_interval) == 0)
-        send_weights();
+      if (!finished && steps % static_cast<uint64_t>(d.communication_interval) == 0) send_weights();
     } else {
       locked_step(optimizer);
       if (communicate) {
@@ -364,8 +364,8 @@ DecentralizedModule::DecentralizedModule(Runtime& runtime,
     throw comm::Error("decentralized SGD needs a doubly stochastic mixing matrix; " +
                       topology.describe() +
                       " is not (uniform weights on an irregular graph): use mixing = metropolis");
-  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options,
-                                 algorithm.topology, "decentralized");
+  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options, algorithm.topology,
+                                 "decentralized");
   if (algorithm.exchange == Decentralized::Exchange::overlap) impl_->send_weights();
   Impl* impl = impl_.get();
   impl_->listener = runtime.add_failure_listener(
@@ -379,10 +379,12 @@ DecentralizedModule::DecentralizedModule(Runtime& runtime,
   check_low_precision(algorithm);
   comm::Topology topology(algorithm.topology, runtime.world_size());
   if (!topology.undirected() || topology.time_varying())
-    throw comm::Error("low-precision decentralized SGD keeps copies of its neighbours' weights: "
-                      "it needs a static undirected topology, not " + topology.describe());
-  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options,
-                                 algorithm.topology, "low_precision_decentralized");
+    throw comm::Error(
+        "low-precision decentralized SGD keeps copies of its neighbours' weights: "
+        "it needs a static undirected topology, not " +
+        topology.describe());
+  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options, algorithm.topology,
+                                 "low_precision_decentralized");
   auto& m = *impl_;
   const size_t n = m.flat.count();
   // Every rank starts from rank 0's weights, so every copy starts there too. Ranks that keep
@@ -439,7 +441,8 @@ void DecentralizedModule::finish() {
 void DecentralizedModule::save_state(comm::StateWriter& out) const {
   const auto& m = *impl_;
   if (m.nccl)
-    throw comm::Error(m.name() + ": save_state on the \"cuda via nccl\" gossip path (expected "
+    throw comm::Error(m.name() +
+                      ": save_state on the \"cuda via nccl\" gossip path (expected "
                       "GossipOptions::stage_through_host for a checkpoint)");
   out.string(m.name());
   out.value(m.steps);
@@ -464,7 +467,8 @@ void DecentralizedModule::save_state(comm::StateWriter& out) const {
 void DecentralizedModule::load_state(comm::StateReader& in) {
   auto& m = *impl_;
   if (m.nccl)
-    throw comm::Error(m.name() + ": load_state on the \"cuda via nccl\" gossip path (expected "
+    throw comm::Error(m.name() +
+                      ": load_state on the \"cuda via nccl\" gossip path (expected "
                       "GossipOptions::stage_through_host for a checkpoint)");
   const auto saved = in.string();
   if (saved != m.name()) in.fail("saved under " + saved + ", this module runs " + m.name());
@@ -503,7 +507,8 @@ void DecentralizedModule::load_state(comm::StateReader& in) {
     // The neighbours' copies live in the links: new links start from the saved ones.
     m.own_copy = std::move(own);
     m.neighbour_copies.clear();
-    m.links = std::make_unique<actors::GossipLinks>(detail::actor_system(m.rt), m.transport, m.key_prefix);
+    m.links = std::make_unique<actors::GossipLinks>(detail::actor_system(m.rt), m.transport,
+                                                    m.key_prefix);
     const auto& l = std::get<LowPrecisionDecentralized>(m.algorithm);
     for (auto& [p, copy] : copies) {
       actors::EdgeSettings edge;

@@ -73,13 +73,13 @@ class DecentralizedModule : public DataParallel {
   template <typename Contained, typename GossipAlgorithm>
   DecentralizedModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
                       GossipAlgorithm algorithm, GossipOptions options = {})
-      : DecentralizedModule(runtime, shared_module(module, "DecentralizedModule"), std::move(algorithm),
-                          std::move(options)) {}
+      : DecentralizedModule(runtime, shared_module(module, "DecentralizedModule"),
+                            std::move(algorithm), std::move(options)) {}
   template <typename M, typename GossipAlgorithm,
             typename = std::enable_if_t<is_module_by_value<M>>>
   DecentralizedModule(Runtime& runtime, M&, GossipAlgorithm algorithm, GossipOptions options = {})
       : DecentralizedModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
-                          std::move(options)) {}
+                            std::move(options)) {}
   ~DecentralizedModule() override;
 
   void step(torch::optim::Optimizer& optimizer) override;
@@ -127,13 +127,13 @@ class AsynchronousModule : public DataParallel {
   template <typename Contained, typename GossipAlgorithm>
   AsynchronousModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
                      GossipAlgorithm algorithm, GossipOptions options = {})
-      : AsynchronousModule(runtime, shared_module(module, "AsynchronousModule"), std::move(algorithm),
-                         std::move(options)) {}
+      : AsynchronousModule(runtime, shared_module(module, "AsynchronousModule"),
+                           std::move(algorithm), std::move(options)) {}
   template <typename M, typename GossipAlgorithm,
             typename = std::enable_if_t<is_module_by_value<M>>>
   AsynchronousModule(Runtime& runtime, M&, GossipAlgorithm algorithm, GossipOptions options = {})
       : AsynchronousModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
-                         std::move(options)) {}
+                           std::move(options)) {}
   ~AsynchronousModule() override;
 
   void step(torch::optim::Optimizer& optimizer) override;

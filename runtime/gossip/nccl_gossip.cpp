@@ -73,8 +73,8 @@ void NcclGossip::start(const torch::Tensor& weights, const std::vector<int>& sen
   s.bytes_sent = count * sizeof(float) * send_to.size();
   s.bytes_received = count * sizeof(float) * recv_from.size();
   try {
-    s.comm->exchange(s.send.data_ptr(), count, comm::DataType::float32, send_to, recv_from,
-                     targets, {s.ready},
+    s.comm->exchange(s.send.data_ptr(), count, comm::DataType::float32, send_to, recv_from, targets,
+                     {s.ready},
                      [promise](const comm::Status& status) { promise->set_value(status); });
   } catch (...) {
     s.pending = {};

@@ -38,14 +38,13 @@ class StagedBucket : public actors::BucketPath, public std::enable_shared_from_t
 
   void reduce(const caf::actor& self, uint32_t step, double denominator, Done done) override {
     // The copy completes on the watcher's thread; the wrapped path starts on the actor's.
-    mirror_->download(ready_events_, timeout_,
-                      [self, weak = weak_from_this(), step, denominator,
-                       done](const std::string& error) {
-                        actors::post(self, [self, weak, step, denominator, done, error] {
-                          if (auto me = weak.lock())
-                            me->reduce_mirror(self, step, denominator, done, error);
-                        });
-                      });
+    mirror_->download(
+        ready_events_, timeout_,
+        [self, weak = weak_from_this(), step, denominator, done](const std::string& error) {
+          actors::post(self, [self, weak, step, denominator, done, error] {
+            if (auto me = weak.lock()) me->reduce_mirror(self, step, denominator, done, error);
+          });
+        });
   }
 
   void abort(const caf::actor& self, const comm::Status& why) override {

@@ -52,8 +52,8 @@ class NcclBucket : public actors::BucketPath {
       done(status, moved, moved);
     };
     order_->submit(index_, [nccl = nccl_, data = data_, count = count_, type = type_,
-                            events = ready_events_, denominator, index = index_,
-                            world = world_, before = divide_before_, finished]() {
+                            events = ready_events_, denominator, index = index_, world = world_,
+                            before = divide_before_, finished]() {
       auto communicator = nccl.lock();
       try {
         if (!communicator)
@@ -104,7 +104,8 @@ class NcclPath : public GradientPath {
     return "troupe was built without NCCL";
 #else
     if (!std::holds_alternative<GradientAllReduce>(*context.algorithm))
-      return comm::algorithm_name(*context.algorithm) + " is not GradientAllReduce (the only "
+      return comm::algorithm_name(*context.algorithm) +
+             " is not GradientAllReduce (the only "
              "algorithm it runs)";
     if (context.options->stage_through_host) return "DdpOptions::stage_through_host is on";
     if (!context.runtime->nccl_available())

@@ -3,9 +3,9 @@
 // which would also copy every byte into and out of its queues.
 //
 // It serves GradientAllReduce over CPU parameters when DdpOptions::shared_memory is on (the
-// default), there are at least two ranks and every rank is on one real host (Runtime::real_hosts(): one host
-// name and one kernel and /dev/shm; namespaces that share a name are not fooled).
-// At connect (a collective, after the model check, which compares the option) every rank maps a
+// default), there are at least two ranks and every rank is on one real host (Runtime::real_hosts():
+// one host name and one kernel and /dev/shm; namespaces that share a name are not fooled). At
+// connect (a collective, after the model check, which compares the option) every rank maps a
 // comm::LocalAllreduce region; the buckets are laid out in it at the same offsets on every rank.
 // The region has two halves and each build of the buckets takes the other one, so the rebuild
 // after step 1 copies the gradients across without overlap. A full bucket submits its slot (its
@@ -75,7 +75,8 @@ class SharedMemoryPath : public GradientPath {
     if (!opt.shared_memory) return "DdpOptions::shared_memory is off";
     if (context.cuda) return "the parameters are on CUDA (shared memory holds CPU buckets)";
     if (!std::holds_alternative<GradientAllReduce>(*context.algorithm))
-      return comm::algorithm_name(*context.algorithm) + " is not GradientAllReduce (the only "
+      return comm::algorithm_name(*context.algorithm) +
+             " is not GradientAllReduce (the only "
              "algorithm it runs)";
     if (rt.world_size() < 2) return "one rank";
     // Only when every rank really shares this host and its /dev/shm, not merely its host name.
@@ -94,17 +95,19 @@ class SharedMemoryPath : public GradientPath {
     align_ = std::max<size_t>(opt.align_bytes, 64);
     size_t bytes = 0;
     for (auto& p : *context.params)
-      bytes += (static_cast<size_t>(p.numel()) * p.element_size() + 2 * align_ - 1) / align_ * align_;
+      bytes +=
+          (static_cast<size_t>(p.numel()) * p.element_size() + 2 * align_ - 1) / align_ * align_;
     half_bytes_ = (bytes + align_ + 4095) / 4096 * 4096;
     try {
       local_ = comm::LocalAllreduce::connect(context.runtime->comm(), 2 * half_bytes_,
                                              *opt.stall_timeout);
     } catch (const comm::Error& e) {  // every rank throws (connect agrees on failures)
-      throw comm::Error("DistributedModule: shared memory for the buckets (" +
-                        std::to_string(2 * half_bytes_) + " bytes per rank): " + e.what() +
-                        " (enlarge /dev/shm, or set DdpOptions::shared_memory = false to reduce "
-                        "through the transport)",
-                        e.peer());
+      throw comm::Error(
+          "DistributedModule: shared memory for the buckets (" + std::to_string(2 * half_bytes_) +
+              " bytes per rank): " + e.what() +
+              " (enlarge /dev/shm, or set DdpOptions::shared_memory = false to reduce "
+              "through the transport)",
+          e.peer());
     }
   }
 
@@ -124,8 +127,8 @@ class SharedMemoryPath : public GradientPath {
                         std::to_string(bytes) + " bytes at " + std::to_string(cursor_) +
                         ") does not fit the shared region's half ending at " +
                         std::to_string(half_end_));
-    auto flat = torch::from_blob(local_->data() + cursor_, {elements}, [keep = local_](void*) {},
-                                 options);
+    auto flat = torch::from_blob(
+        local_->data() + cursor_, {elements}, [keep = local_](void*) {}, options);
     flat.zero_();
     cursor_ += bytes;
     return flat;

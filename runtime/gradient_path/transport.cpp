@@ -7,9 +7,9 @@
 // callbacks all run on its one progress thread, the execution's steps run right in those
 // callbacks, under a lock; over inproc the completions come back to the bucket actor as run
 // messages and it drives the steps. Keys are comm::tags::bucket_key (module, step, stage,
-// bucket: comm/tags.h), so buckets may start in any order on different ranks and a compressed reduction's
-// stages never meet each other's messages. With DdpOptions::hierarchical and several hosts,
-// GradientAllReduce reduces by host (comm/collectives/hierarchical.cpp).
+// bucket: comm/tags.h), so buckets may start in any order on different ranks and a compressed
+// reduction's stages never meet each other's messages. With DdpOptions::hierarchical and several
+// hosts, GradientAllReduce reduces by host (comm/collectives/hierarchical.cpp).
 //
 // It serves any CPU module; host staging (host_staging.cpp) also runs it on the pinned mirrors of
 // CUDA buckets. When a rank dies, what is in flight with live peers gets a grace of a second,
@@ -134,7 +134,8 @@ class TransportPath : public GradientPath {
       // By host only where that changes anything: several hosts, and some with several ranks.
       auto hosts = rt.real_hosts();
       const int distinct = *std::max_element(hosts.begin(), hosts.end()) + 1;
-      if (distinct > 1 && distinct < rt.world_size()) settings_->collectives.hosts = std::move(hosts);
+      if (distinct > 1 && distinct < rt.world_size())
+        settings_->collectives.hosts = std::move(hosts);
     }
     settings_->key_prefix = context.key_prefix;
     settings_->divide_before = opt.divide_before && opt.agg_grad;

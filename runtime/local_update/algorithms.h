@@ -1,6 +1,7 @@
 #pragma once
 /// The local-update algorithms' settings (plain structs, like comm/compression/algorithms.h and
-/// runtime/gossip/algorithms.h): what a job names and runtime/local_update/diloco.h and streaming_diloco.h run.
+/// runtime/gossip/algorithms.h): what a job names and runtime/local_update/diloco.h and
+/// streaming_diloco.h run.
 #include "comm/compression/algorithms.h"
 
 namespace troupe {

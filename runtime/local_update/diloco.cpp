@@ -82,8 +82,7 @@ struct DiLoCoModule::Impl : Algorithm {
   void land_missed(int64_t t) override {
     if (t % config.inner_steps != 0)
       throw comm::Error("DiLoCo: no synchronisation lands after inner step " + std::to_string(t) +
-                        " (expected a multiple of h = " + std::to_string(config.inner_steps) +
-                        ")");
+                        " (expected a multiple of h = " + std::to_string(config.inner_steps) + ")");
     Algorithm::land_missed(t);
   }
   void save_rest(comm::StateWriter& out) override { reduction->save_state(out); }

@@ -15,8 +15,7 @@ LocalUpdateModule::~LocalUpdateModule() = default;
 
 void LocalUpdateModule::step(torch::optim::Optimizer& inner) { step(inner, {}); }
 
-void LocalUpdateModule::step(torch::optim::Optimizer& inner,
-                             const std::function<void()>& landed) {
+void LocalUpdateModule::step(torch::optim::Optimizer& inner, const std::function<void()>& landed) {
   struct Listening {  // the listener is this call's only, whatever it throws
     Algorithm& a;
     ~Listening() { a.on_landed = nullptr; }
@@ -27,9 +26,7 @@ void LocalUpdateModule::step(torch::optim::Optimizer& inner,
   algorithm_->after_step(core.inner_step(inner));
 }
 
-void LocalUpdateModule::start_due() {
-  algorithm_->before_step(algorithm_->outer_step().inner);
-}
+void LocalUpdateModule::start_due() { algorithm_->before_step(algorithm_->outer_step().inner); }
 
 int64_t LocalUpdateModule::inner_steps() const { return algorithm_->outer_step().inner; }
 
@@ -78,14 +75,16 @@ void LocalUpdateModule::load_state(comm::StateReader& in, StatePart part) {
 }
 
 void LocalUpdateModule::Algorithm::save_shared_rest(comm::StateWriter&) {
-  throw comm::Error(name() + ": its state has no part shared by every rank (elastic training "
-                             "runs diloco and sparseloco)");
+  throw comm::Error(name() +
+                    ": its state has no part shared by every rank (elastic training "
+                    "runs diloco and sparseloco)");
 }
 
 std::function<void(comm::StateReader&)> LocalUpdateModule::Algorithm::read_shared_rest(
     comm::StateReader&) {
-  throw comm::Error(name() + ": its state has no part shared by every rank (elastic training "
-                             "runs diloco and sparseloco)");
+  throw comm::Error(name() +
+                    ": its state has no part shared by every rank (elastic training "
+                    "runs diloco and sparseloco)");
 }
 
 }  // namespace troupe

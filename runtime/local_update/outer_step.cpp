@@ -21,8 +21,7 @@ void OuterSgd::step(torch::Tensor x, torch::Tensor buf, torch::Tensor d) const {
 void check_outer_settings(const std::string& what, int inner_steps, double outer_lr,
                           std::optional<double> outer_momentum) {
   auto bad = [&](const std::string& setting) { throw comm::Error(what + ": " + setting); };
-  if (inner_steps < 1)
-    bad("inner_steps = " + std::to_string(inner_steps) + ", expected >= 1");
+  if (inner_steps < 1) bad("inner_steps = " + std::to_string(inner_steps) + ", expected >= 1");
   if (!(outer_lr > 0) || !std::isfinite(outer_lr))
     bad("outer_lr = " + comm::number_text(outer_lr) + ", expected a finite number > 0");
   if (outer_momentum && !(*outer_momentum >= 0 && *outer_momentum < 1))

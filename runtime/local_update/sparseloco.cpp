@@ -179,12 +179,12 @@ struct SparseLoCoModule::Impl : Algorithm {
       const size_t words = layout.bytes / 4;
       comm::Group group{runtime.rank(), world};
       auto options = runtime.comm().options();
-      traffic = runtime.comm().run_stages(
-          {[this, group, words, options] {
-            return comm::allgather_schedule(group, mine.data(), all.data(), words,
-                                            comm::DataType::int32, options);
-          }},
-          "SparseLoCo's outer allgather");
+      traffic = runtime.comm().run_stages({[this, group, words, options] {
+                                            return comm::allgather_schedule(
+                                                group, mine.data(), all.data(), words,
+                                                comm::DataType::int32, options);
+                                          }},
+                                          "SparseLoCo's outer allgather");
     } else {
       std::copy(mine.begin(), mine.end(), all.begin());
     }
@@ -210,17 +210,16 @@ struct SparseLoCoModule::Impl : Algorithm {
   }
   void land_missed(int64_t t) override {
     if (t % config.inner_steps != 0)
-      throw comm::Error("SparseLoCo: no synchronisation lands after inner step " + std::to_string(t) +
-                        " (expected a multiple of h = " + std::to_string(config.inner_steps) +
-                        ")");
+      throw comm::Error("SparseLoCo: no synchronisation lands after inner step " +
+                        std::to_string(t) +
+                        " (expected a multiple of h = " + std::to_string(config.inner_steps) + ")");
     Algorithm::land_missed(t);
   }
   void save_rest(comm::StateWriter& out) override { out.vector(error); }
   std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {
     auto saved = in.vector<float>(error.size(), "SparseLoCo's error-feedback memory");
-    return [this, saved = std::move(saved)](comm::StateReader&) mutable {
-      error = std::move(saved);
-    };
+    return
+        [this, saved = std::move(saved)](comm::StateReader&) mutable { error = std::move(saved); };
   }
   // Shared: nothing beyond OuterStep's; the error-feedback memory is the rank's own.
   void save_shared_rest(comm::StateWriter&) override {}
@@ -231,9 +230,9 @@ struct SparseLoCoModule::Impl : Algorithm {
   SparseLoCo config;
   OuterStep core;
   Layout layout;
-  std::vector<float> error, sum;          // flat, in host memory
-  std::vector<uint32_t> order;            // a chunk's coordinates, for the top-k
-  std::vector<uint8_t> mine, all;         // this rank's message; every rank's, in rank order
+  std::vector<float> error, sum;   // flat, in host memory
+  std::vector<uint32_t> order;     // a chunk's coordinates, for the top-k
+  std::vector<uint8_t> mine, all;  // this rank's message; every rank's, in rank order
 };
 
 SparseLoCoModule::SparseLoCoModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,

@@ -25,10 +25,9 @@ namespace troupe {
 std::string streaming_diloco_name(const StreamingDiLoCo& c) {
   std::ostringstream s;
   s << "streaming_diloco(h=" << c.inner_steps << ", fragments=" << c.fragments
-    << ", delay=" << c.delay << ", alpha=" << c.fragment_update_alpha
-    << ", outer_lr=" << c.outer_lr << ", outer_momentum=" << c.outer_momentum
-    << (c.nesterov ? "" : ", heavy ball") << ", " << comm::algorithm_name(c.outer_compression)
-    << (c.eager ? ", eager" : "") << ")";
+    << ", delay=" << c.delay << ", alpha=" << c.fragment_update_alpha << ", outer_lr=" << c.outer_lr
+    << ", outer_momentum=" << c.outer_momentum << (c.nesterov ? "" : ", heavy ball") << ", "
+    << comm::algorithm_name(c.outer_compression) << (c.eager ? ", eager" : "") << ")";
   return s.str();
 }
 
@@ -48,12 +47,14 @@ std::vector<std::pair<size_t, size_t>> streaming_fragments(const std::vector<siz
   std::vector<std::pair<size_t, size_t>> out;
   size_t taken = 0;  // rows already in earlier fragments
   for (size_t k = 0; k + 1 < parts; ++k) {
-    const double target = static_cast<double>(at) * static_cast<double>(k + 1) /
-                          static_cast<double>(parts);
+    const double target =
+        static_cast<double>(at) * static_cast<double>(k + 1) / static_cast<double>(parts);
     // The row end nearest the target that leaves each fragment (this and the rest) a row.
     const size_t lo = taken + 1, hi = ends.size() - (parts - 1 - k);
     size_t j = static_cast<size_t>(
-        std::lower_bound(ends.begin(), ends.end(), static_cast<size_t>(target)) - ends.begin()) + 1;
+                   std::lower_bound(ends.begin(), ends.end(), static_cast<size_t>(target)) -
+                   ends.begin()) +
+               1;
     if (j > 1 && j <= ends.size() &&
         target - static_cast<double>(ends[j - 2]) < static_cast<double>(ends[j - 1]) - target)
       --j;
@@ -154,10 +155,10 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     size_t first = 0, count = 0;
     comm::BucketBuffer bucket;  // over delta's slice
     std::shared_ptr<comm::Reduction> reduction;
-    int offset = 0;           // syncs after inner step t when t % H == offset
-    int64_t syncs = 0;        // reductions started
-    bool has_average = false; // eager: `others` holds the others' last average
-    int average_world = 0;    // eager: the world that took `average`, the fragment's last one
+    int offset = 0;            // syncs after inner step t when t % H == offset
+    int64_t syncs = 0;         // reductions started
+    bool has_average = false;  // eager: `others` holds the others' last average
+    int average_world = 0;     // eager: the world that took `average`, the fragment's last one
   };
 
   Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, StreamingDiLoCo c)
@@ -265,9 +266,9 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
       std::lock_guard<std::mutex> lock(broken_mutex);
       failed = !broken.empty();  // never posted: nothing to wait for
       if (failed)
-        throw comm::Error("Streaming DiLoCo's reduction of fragment " + std::to_string(f) +
-                              " refused: " + broken,
-                          broken_peer);
+        throw comm::Error(
+            "Streaming DiLoCo's reduction of fragment " + std::to_string(f) + " refused: " + broken,
+            broken_peer);
     }
     auto built = frag.reduction->stages(core.reduce_step(step));
     if (built.size() > static_cast<size_t>(comm::tags::kMaxStages))
@@ -276,8 +277,9 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
                         std::to_string(comm::tags::kMaxStages));
     std::vector<comm::Stage> stages;
     for (size_t s = 0; s < built.size(); ++s)
-      stages.push_back(comm::Stage{
-          comm::tags::bucket_key(id.key_prefix(), step, static_cast<int>(s), f), std::move(built[s])});
+      stages.push_back(
+          comm::Stage{comm::tags::bucket_key(id.key_prefix(), step, static_cast<int>(s), f),
+                      std::move(built[s])});
     timeout = detail::RuntimeAccess::collective_timeout(runtime);
     auto transport = runtime.transport();
     courier.post([this, stages = std::move(stages), transport]() mutable {
@@ -300,11 +302,10 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     const auto t0 = std::chrono::steady_clock::now();
     // The driver fails its peers at its own deadline; this one only guards against a driver that
     // never returns.
-    const auto status =
-        courier.wait(t0 + timeout + std::chrono::seconds(30),
-                     "Streaming DiLoCo's reduction of fragment " + std::to_string(flight) +
-                         " (sync " + std::to_string(fragments[static_cast<size_t>(flight)].syncs - 1) +
-                         ")");
+    const auto status = courier.wait(
+        t0 + timeout + std::chrono::seconds(30),
+        "Streaming DiLoCo's reduction of fragment " + std::to_string(flight) + " (sync " +
+            std::to_string(fragments[static_cast<size_t>(flight)].syncs - 1) + ")");
     core.count_wait(t0);
     if (!status.ok()) {
       // Ended (not past the deadline): the module's state is at rest and can be saved, with
@@ -411,8 +412,7 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     if (config.eager) {
       const double w = frag.average_world;
       if (w > 1)
-        slice(others, frag).copy_(
-            slice(average, frag).mul(w).sub_(slice(own, frag)).div_(w - 1));
+        slice(others, frag).copy_(slice(average, frag).mul(w).sub_(slice(own, frag)).div_(w - 1));
       local.add_(slice(core.global, frag)).sub_(slice(provisional, frag));
     }
     flight = -1;
@@ -507,8 +507,8 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
     auto per_fragment = read_per_fragment(in);
     std::vector<float> avg;
     if (config.eager) avg = in.vector<float>(core.flat.count(), "Streaming DiLoCo's last averages");
-    return [this, per_fragment = std::move(per_fragment), avg = std::move(avg)](
-               comm::StateReader& rest) {
+    return [this, per_fragment = std::move(per_fragment),
+            avg = std::move(avg)](comm::StateReader& rest) {
       for (auto& f : fragments) f.reduction->load_shared_state(rest);
       if (config.eager) {
         set_values(average, avg);
@@ -575,10 +575,10 @@ struct StreamingDiLoCoModule::Impl : Algorithm {
   // average every rank received.
   torch::Tensor own, others, provisional, average;
   std::vector<Fragment> fragments;
-  int flight = -1;        // the fragment in flight
-  int64_t apply_at = 0;   // ... applied after this inner step
-  bool arrived = false;   // ... whose average is in delta
-  bool failed = false;    // ... whose reduction failed here (ended: nothing more to wait for)
+  int flight = -1;       // the fragment in flight
+  int64_t apply_at = 0;  // ... applied after this inner step
+  bool arrived = false;  // ... whose average is in delta
+  bool failed = false;   // ... whose reduction failed here (ended: nothing more to wait for)
   comm::Communicator::Traffic traffic;  // ... and what its reduction sent
   std::chrono::milliseconds timeout{60000};
   std::vector<uint64_t> sync_bytes;

@@ -121,9 +121,9 @@ class CentralizedOptimizer {
   DistributedModule& module();
   /// The inner optimizer (e.g. for an LR scheduler, or torch::save of its state).
   torch::optim::Optimizer& optimizer();
-  /// The state across steps (runtime/checkpoint.h: Checkpoint::algorithm): the DistributedModule's, the inner optimizer's and the last
-  /// gradient norm.
-  /// Between steps only; load_state throws comm::Error naming what differs.
+  /// The state across steps (runtime/checkpoint.h: Checkpoint::algorithm): the DistributedModule's,
+  /// the inner optimizer's and the last gradient norm. Between steps only; load_state throws
+  /// comm::Error naming what differs.
   void save_state(comm::StateWriter& out) const;
   void load_state(comm::StateReader& in);
 

@@ -114,8 +114,8 @@ class FP16Optimizer {
   DistributedModule& module();
   /// The inner optimizer over the masters (e.g. for an LR scheduler).
   torch::optim::Optimizer& optimizer();
-  /// The state across steps (runtime/checkpoint.h: Checkpoint::algorithm): the float32 master weights, the loss
-  /// scale and its counters, the inner optimizer's and the DistributedModule's.
+  /// The state across steps (runtime/checkpoint.h: Checkpoint::algorithm): the float32 master
+  /// weights, the loss scale and its counters, the inner optimizer's and the DistributedModule's.
   /// Between steps only; load_state throws comm::Error naming what differs.
   void save_state(comm::StateWriter& out) const;
   void load_state(comm::StateReader& in);

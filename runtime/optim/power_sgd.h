@@ -60,9 +60,9 @@ class PowerSGD {
   DistributedModule& module() { return *ddp_; }
   /// The inner torch::optim::SGD (e.g. for an LR scheduler).
   torch::optim::Optimizer& sgd();
-  /// The state across steps (runtime/checkpoint.h: Checkpoint::algorithm): the DistributedModule's (PowerSGD's Qs and
-  /// error feedback, the step counter) and the SGD's.
-  /// Between steps only; load_state throws comm::Error naming what differs.
+  /// The state across steps (runtime/checkpoint.h: Checkpoint::algorithm): the DistributedModule's
+  /// (PowerSGD's Qs and error feedback, the step counter) and the SGD's. Between steps only;
+  /// load_state throws comm::Error naming what differs.
   void save_state(comm::StateWriter& out) const;
   void load_state(comm::StateReader& in);
 

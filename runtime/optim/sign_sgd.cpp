@@ -55,7 +55,8 @@ void SignSgdParamState::serialize(torch::serialize::InputArchive& archive) {
 }
 
 void validate(const SignSgdOptions& o) {
-  if (!(o.lr() > 0)) throw comm::Error("SignSgdOptions.lr=" + number_text(o.lr()) + " (expected > 0)");
+  if (!(o.lr() > 0))
+    throw comm::Error("SignSgdOptions.lr=" + number_text(o.lr()) + " (expected > 0)");
   if (!(o.momentum() >= 0))
     throw comm::Error("SignSgdOptions.momentum=" + number_text(o.momentum()) + " (expected >= 0)");
   if (!(o.weight_decay() >= 0))

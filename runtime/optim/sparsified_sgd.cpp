@@ -125,7 +125,8 @@ void SparsifiedSGD::load(torch::serialize::InputArchive& archive) {
   for (size_t i = 0; i < params.size(); ++i) {
     archive.read("sparsified_sgd/memory/" + std::to_string(i), memory[i], true);
     archive.read("sparsified_sgd/estimated/" + std::to_string(i), estimated[i], true);
-    if (!memory[i].sizes().equals(params[i].sizes()) || !estimated[i].sizes().equals(params[i].sizes()))
+    if (!memory[i].sizes().equals(params[i].sizes()) ||
+        !estimated[i].sizes().equals(params[i].sizes()))
       throw comm::Error("SparsifiedSGD::load: parameter " + std::to_string(i) +
                         " has another shape in the archive");
   }

@@ -58,22 +58,20 @@ struct Model {
 struct Ranks {
   comm::InprocFabric fabric{2};
   Model models[2];
-  std::shared_ptr<actors::BackgroundStats> stats[2] = {
-      std::make_shared<actors::BackgroundStats>(), std::make_shared<actors::BackgroundStats>()};
+  std::shared_ptr<actors::BackgroundStats> stats[2] = {std::make_shared<actors::BackgroundStats>(),
+                                                       std::make_shared<actors::BackgroundStats>()};
   std::vector<Stopped> answers[2];
   test::TestSystem t;
   caf::actor actor[2];  // each rank's averager or gossiper
   caf::actor stoppers[2];
 
-  void watch(int r) {
-    stoppers[r] = t.keep(t.system->spawn(stopper, actor[r], &answers[r]));
-  }
+  void watch(int r) { stoppers[r] = t.keep(t.system->spawn(stopper, actor[r], &answers[r])); }
   void averagers() {
     for (int r = 0; r < 2; ++r) {
       actors::AveragerSettings s;
       s.key_prefix = comm::tags::module_prefix(1);
-      actor[r] = t.keep(actors::spawn_averager(*t.system, models[r].access(), s,
-                                               fabric.transport(r), stats[r]));
+      actor[r] = t.keep(
+          actors::spawn_averager(*t.system, models[r].access(), s, fabric.transport(r), stats[r]));
       watch(r);
     }
   }
@@ -82,8 +80,8 @@ struct Ranks {
       actors::GossiperSettings s;
       s.neighbours = {1 - r};
       s.key_prefix = comm::tags::module_prefix(2);
-      actor[r] = t.keep(actors::spawn_gossiper(*t.system, models[r].access(), s,
-                                               fabric.transport(r), stats[r]));
+      actor[r] = t.keep(
+          actors::spawn_gossiper(*t.system, models[r].access(), s, fabric.transport(r), stats[r]));
       watch(r);
     }
   }
@@ -107,7 +105,8 @@ struct Ranks {
 
 }  // namespace
 
-TEST_CASE("two averagers average their models in a round their timer starts, keeping local progress") {
+TEST_CASE(
+    "two averagers average their models in a round their timer starts, keeping local progress") {
   Ranks k;
   k.models[0].x = {1, 2, 3};
   k.models[1].x = {3, 6, -1};

@@ -60,7 +60,9 @@ struct Seen {
 caf::behavior recorder(caf::event_based_actor*, Seen* out) {
   return {
       [out](actors::bucket_done_atom, int index, uint32_t step, bool ok, const std::string& error,
-            int peer) { out->reports.push_back({index, step, ok, error, peer}); },
+            int peer) {
+        out->reports.push_back({index, step, ok, error, peer});
+      },
       [out](actors::bucket_state_atom, int index, bool launched, int ready,
             const std::vector<int>& waiting) {
         out->progress.push_back({index, launched, ready, waiting});
@@ -87,7 +89,8 @@ struct Fixture {
 
 }  // namespace
 
-TEST_CASE("a bucket asks its path to reduce on its last ready message, and reports to the reducer") {
+TEST_CASE(
+    "a bucket asks its path to reduce on its last ready message, and reports to the reducer") {
   Fixture f(3);
   f.ready(7);
   f.ready(7);
@@ -119,7 +122,8 @@ TEST_CASE("a bucket asks its path to reduce on its last ready message, and repor
   CHECK(f.path->calls[1].step == 8);
 }
 
-TEST_CASE("a bucket answers progress_atom with its own reply: started or not, and whom it waits for") {
+TEST_CASE(
+    "a bucket answers progress_atom with its own reply: started or not, and whom it waits for") {
   Fixture f(3);
   f.ready(1);
   f.ready(1);

@@ -26,11 +26,10 @@ std::string lone_rank_zero(int world) {
   std::string why = "no reply";
   self->request(directory, std::chrono::seconds(30), actors::register_atom::value, 0, world,
                 std::string("host0"), std::string("address0"), std::string(), worker)
-      .receive(
-          [&](actors::table_atom, bool ok, const std::string& error,
-              const std::vector<std::string>&, const std::vector<std::string>&,
-              const std::vector<std::string>&) { why = ok ? "" : error; },
-          [&](caf::error& e) { why = "request failed: " + system.render(e); });
+      .receive([&](actors::table_atom, bool ok, const std::string& error,
+                   const std::vector<std::string>&, const std::vector<std::string>&,
+                   const std::vector<std::string>&) { why = ok ? "" : error; },
+               [&](caf::error& e) { why = "request failed: " + system.render(e); });
   self->send_exit(worker, caf::exit_reason::user_shutdown);
   self->send_exit(directory, caf::exit_reason::user_shutdown);
   return why;
@@ -43,7 +42,8 @@ TEST_CASE("the ranks that never arrived are all named when they are few") {
         "rendezvous timed out after 100 ms: rank(s) 1, 2, 3 never arrived (world size 4)");
 }
 
-TEST_CASE("a rendezvous of 65,535 ranks that only rank 0 reached names the first few and the count") {
+TEST_CASE(
+    "a rendezvous of 65,535 ranks that only rank 0 reached names the first few and the count") {
   const std::string why = lone_rank_zero(65535);
   CHECK(why ==
         "rendezvous timed out after 100 ms: rank(s) 1, 2, 3, 4, 5, 6, 7, 8, ... (65534 in all) "

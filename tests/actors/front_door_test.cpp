@@ -52,7 +52,8 @@ bool closed_by_door(int fd, std::chrono::milliseconds within) {
   char buf[256];
   while (Clock::now() < deadline) {
     pollfd p{fd, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (::poll(&p, 1, static_cast<int>(std::max<long long>(left.count(), 0))) <= 0) return false;
     const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) return true;
@@ -74,9 +75,9 @@ struct Certificates {
                 ".pem -days 1 -subj /CN=" + ca + "; ";
     for (std::string name : {"rank0:ca", "rank1:ca", "rogue:rogue-ca"}) {
       const auto cert = name.substr(0, name.find(':')), ca = name.substr(name.find(':') + 1);
-      script += "openssl req" + key + "-keyout " + cert + ".key -out " + cert + ".csr -subj /CN=" +
-                cert + "; openssl x509 -req -in " + cert + ".csr -CA " + ca + ".pem -CAkey " + ca +
-                ".key -CAcreateserial -out " + cert + ".pem -days 1; ";
+      script += "openssl req" + key + "-keyout " + cert + ".key -out " + cert +
+                ".csr -subj /CN=" + cert + "; openssl x509 -req -in " + cert + ".csr -CA " + ca +
+                ".pem -CAkey " + ca + ".key -CAcreateserial -out " + cert + ".pem -days 1; ";
     }
     made = std::system(("(" + script + ") >/dev/null 2>&1").c_str()) == 0;
   }
@@ -168,7 +169,9 @@ TEST_CASE("bytes that are not troupe's hello are answered by a closed connection
   CHECK(door.counts().authenticated == 0);
 }
 
-TEST_CASE("a rank that proves the secret and then announces a 4 GiB frame is cut off before any allocation") {
+TEST_CASE(
+    "a rank that proves the secret and then announces a 4 GiB frame is cut off before any "
+    "allocation") {
   Door door(2);
   const int fd = connect_local(door.port());
   REQUIRE(fd >= 0);
@@ -216,7 +219,8 @@ TEST_CASE("a connection that says nothing is closed at the handshake deadline") 
   caf::anon_send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("a flood of idle connections is turned away at the per-address cap and the job still meets") {
+TEST_CASE(
+    "a flood of idle connections is turned away at the per-address cap and the job still meets") {
   Door door(2);
   std::vector<int> idle;
   for (int i = 0; i < 200; ++i) {
@@ -243,7 +247,8 @@ TEST_CASE("a flood of idle connections is turned away at the per-address cap and
 TEST_CASE("an outsider without the secret is refused without learning the job, which goes on") {
   Door door(3, kSecret, 10s);
   // An outsider that claims to be rank 5 of 7, without the secret, then with a wrong one.
-  for (const std::string& guess : {std::string(), std::string("fedcba9876543210fedcba9876543210")}) {
+  for (const std::string& guess :
+       {std::string(), std::string("fedcba9876543210fedcba9876543210")}) {
     auto outsider = join(5, 7, door.port(), guess, 3s);
     CAPTURE(outsider.first);
     CHECK(outsider.first.find("does not hold this job's secret") != std::string::npos);
@@ -262,7 +267,9 @@ TEST_CASE("an outsider without the secret is refused without learning the job, w
   CHECK(door.counts().authenticated == 2);
 }
 
-TEST_CASE("ranks with the same secret meet through Runtime; a rank with another secret is named as such") {
+TEST_CASE(
+    "ranks with the same secret meet through Runtime; a rank with another secret is named as "
+    "such") {
   auto fabric = std::make_shared<comm::InprocFabric>(2);
   const int port = pick_free_port();
   auto o0 = test::thread_rank(0, 2, port, fabric, 3s);
@@ -300,13 +307,14 @@ TEST_CASE("a job secret shorter than 16 characters is refused by name, without p
     FAIL("a Runtime started with a 7-character secret");
   } catch (const comm::Error& e) {
     const std::string what = e.what();
-    CHECK(what.find("TROUPE_JOB_SECRET has 7 characters (expected at least 16") != std::string::npos);
+    CHECK(what.find("TROUPE_JOB_SECRET has 7 characters (expected at least 16") !=
+          std::string::npos);
     CHECK(what.find("hunter2") == std::string::npos);
   }
 }
 
 TEST_CASE("rank 0 listens on MASTER_ADDR's address only") {
-  Door door(2);  // MASTER_ADDR 127.0.0.1
+  Door door(2);                                            // MASTER_ADDR 127.0.0.1
   const int fd = connect_local(door.port(), "127.0.0.2");  // also this host, another address
   CHECK(fd < 0);
   if (fd >= 0) ::close(fd);
@@ -338,7 +346,8 @@ TEST_CASE("a job of one rank publishes nothing, so two of them share a MASTER_PO
   CHECK(a.hosts().size() == 1);
 }
 
-TEST_CASE("with TLS, ranks meet over it, and a certificate from another authority or none is refused") {
+TEST_CASE(
+    "with TLS, ranks meet over it, and a certificate from another authority or none is refused") {
   Certificates certs;
   if (!certs.made) {
     test::skip_case("the openssl command could not make test certificates");
@@ -371,7 +380,8 @@ TEST_CASE("with TLS, ranks meet over it, and a certificate from another authorit
 }
 
 TEST_CASE("a TLS file that cannot be used is named with its variable") {
-  actors::wire::TlsFiles files{"/nonexistent/rank.pem", "/nonexistent/rank.key", "/nonexistent/ca.pem"};
+  actors::wire::TlsFiles files{"/nonexistent/rank.pem", "/nonexistent/rank.key",
+                               "/nonexistent/ca.pem"};
   try {
     Door door(2, kSecret, 1s, files);
     FAIL("a front door started with missing TLS files");

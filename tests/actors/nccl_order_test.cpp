@@ -30,9 +30,8 @@ TEST_CASE("buckets submitted from several threads are issued in bucket order") {
   std::vector<int> issued;  // written only inside submit, which serialises the issues
   std::vector<std::future<void>> threads;
   for (int b = buckets - 1; b >= 0; --b)
-    threads.push_back(std::async(std::launch::async, [&, b] {
-      order.submit(b, [&issued, b] { issued.push_back(b); });
-    }));
+    threads.push_back(std::async(
+        std::launch::async, [&, b] { order.submit(b, [&issued, b] { issued.push_back(b); }); }));
   for (auto& t : threads) t.get();
   REQUIRE(issued.size() == static_cast<size_t>(buckets));
   for (int b = 0; b < buckets; ++b) CHECK(issued[static_cast<size_t>(b)] == b);

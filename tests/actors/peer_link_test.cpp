@@ -100,7 +100,8 @@ EdgeRound round_of(uint64_t index, bool send, bool receive, const void* data, si
 
 }  // namespace
 
-TEST_CASE("two peer links carry a D-PSGD round: each neighbour's weights arrive in the other's link") {
+TEST_CASE(
+    "two peer links carry a D-PSGD round: each neighbour's weights arrive in the other's link") {
   Deterministic t;
   auto a = t.link(0, {}), b = t.link(1, {});
   const std::vector<float> x0 = {1, 2, 3, 4}, x1 = {-5, 6.5f, 0, 1e-3f};
@@ -150,8 +151,8 @@ TEST_CASE("a Choco-SGD link adds each 8-bit difference to its public copy of the
   edge.payload = EdgePayload::minmax8_difference;
   edge.public_copy = start;
   edge.block = block;
-  auto a = t.link(0, edge);  // rank 0's copy of rank 1
-  auto b = t.link(1, {});    // rank 1 only sends its differences
+  auto a = t.link(0, edge);             // rank 0's copy of rank 1
+  auto b = t.link(1, {});               // rank 1 only sends its differences
   std::vector<float> expected = start;  // the reference: decode, then add, outside the link
   std::vector<float> decoded(n);
   for (uint64_t round = 0; round < 3; ++round) {
@@ -218,10 +219,12 @@ TEST_CASE("a peer link refuses rounds out of order, a second round in flight and
   t.exchange(0, a, round_of(9, false, true, nullptr, right + 1));
   t.sched->run();
   REQUIRE(t.answers[0].edges.size() == 2);
-  CHECK(t.answers[0].edges[0].error ==
-        "gossip round 6 with rank 1: round 5 is still in flight on this edge (one round at a time)");
+  CHECK(
+      t.answers[0].edges[0].error ==
+      "gossip round 6 with rank 1: round 5 is still in flight on this edge (one round at a time)");
   CHECK(t.answers[0].edges[1].round == 9);
-  CHECK(t.answers[0].edges[1].error.find("gossip round 9 with rank 1: round 5 is still in flight") == 0);
+  CHECK(t.answers[0].edges[1].error.find(
+            "gossip round 9 with rank 1: round 5 is still in flight") == 0);
 
   auto b = t.link(1, {});  // rank 1 sends round 5: the round in flight ends well
   t.exchange(1, b, round_of(5, true, false, q.data(), right));
@@ -283,7 +286,8 @@ TEST_CASE("a message-stream link carries AD-PSGD's messages in order, one receiv
                actors::StreamMessage{std::make_shared<const std::vector<char>>(9, 'x')});
   t.sched->run();
   CHECK(t.answers[0].sent.size() == 1);  // the wrong size, at once; the others wait for rank 1
-  CHECK(t.answers[0].sent[0].error == "message stream with rank 1: a message of 9 bytes, expected 8");
+  CHECK(t.answers[0].sent[0].error ==
+        "message stream with rank 1: a message of 9 bytes, expected 8");
   CHECK_FALSE(t.answers[0].sent[0].ok);
 
   caf::send_as(t.recorders[1], b, actors::listen_atom::value);
@@ -333,8 +337,8 @@ TEST_CASE("GossipLinks fails a neighbour that stays silent past the round's dead
   std::vector<float> x0 = {1, 2}, x1 = {3, 4};
   links.start(0, x0.data(), 8, {1, 2}, {1, 2});
   other.start(0, x1.data(), 8, {0}, {0});
-  auto outcome = links.wait(std::chrono::steady_clock::now() + std::chrono::milliseconds(200),
-                            "test round 0");
+  auto outcome =
+      links.wait(std::chrono::steady_clock::now() + std::chrono::milliseconds(200), "test round 0");
   CHECK(outcome.received == std::vector<int>{1});
   REQUIRE(outcome.values.size() == 1);
   CHECK(std::vector<float>(outcome.values[0], outcome.values[0] + 2) == x1);

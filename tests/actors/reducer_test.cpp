@@ -90,7 +90,8 @@ TEST_CASE("the reducer answers a waiting trainer when the step's last bucket is 
   CHECK(f.answers[0].error == "");
 }
 
-TEST_CASE("the reducer answers at once for a step already done, and a repeated report counts once") {
+TEST_CASE(
+    "the reducer answers at once for a step already done, and a repeated report counts once") {
   Fixture f;
   f.done(0, 9);
   f.done(0, 9);

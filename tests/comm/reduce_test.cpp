@@ -63,8 +63,9 @@ TEST_CASE("reduce computes sum, min and max for every dtype, in place and out of
   }
   for (auto op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max}) {
     auto want = [&](size_t i) {
-      return op == ReduceOp::sum ? a[i] + b[i] : op == ReduceOp::min ? std::min(a[i], b[i])
-                                                                     : std::max(a[i], b[i]);
+      return op == ReduceOp::sum   ? a[i] + b[i]
+             : op == ReduceOp::min ? std::min(a[i], b[i])
+                                   : std::max(a[i], b[i]);
     };
     std::vector<double> da(a.begin(), a.end()), db(b.begin(), b.end()), dd(n);
     reduce(dd.data(), da.data(), db.data(), n, DataType::float64, op);
@@ -106,9 +107,18 @@ TEST_CASE("divide truncates integers toward zero and rejects a divisor below 1")
                     doctest::Contains("divisor 0 is not >= 1"));
 }
 
-TEST_CASE("divide by a power of two matches the quotient bit for bit, subnormals and NaN included") {
-  std::vector<float> f = {1.0f, 3.0f, -7.5f, 1e-38f, 3e-45f, 1.1754942e-38f, 3.4028235e38f, 0.1f,
-                          -0.0f, std::numeric_limits<float>::infinity(),
+TEST_CASE(
+    "divide by a power of two matches the quotient bit for bit, subnormals and NaN included") {
+  std::vector<float> f = {1.0f,
+                          3.0f,
+                          -7.5f,
+                          1e-38f,
+                          3e-45f,
+                          1.1754942e-38f,
+                          3.4028235e38f,
+                          0.1f,
+                          -0.0f,
+                          std::numeric_limits<float>::infinity(),
                           std::numeric_limits<float>::quiet_NaN()};
   std::vector<double> d = {1.0, 3.0, -7.5, 1e-308, 5e-324, 0.1, 1.7976931348623157e308};
   for (uint32_t bits = 1; bits < 0x7f800000u; bits += 0x00731234u) {  // a spread of floats

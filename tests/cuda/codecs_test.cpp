@@ -214,7 +214,8 @@ TEST_CASE("8-bit min-max on the GPU gives the CPU's bytes, signed zeros of the h
   check_minmax_blocks(gpu::MinMaxBits::eight, {1, 16, 255, 2048, 4096});
 }
 
-TEST_CASE("4-bit min-max on the GPU gives the CPU's bytes, nibble order and odd last byte included") {
+TEST_CASE(
+    "4-bit min-max on the GPU gives the CPU's bytes, nibble order and odd last byte included") {
   if (skip_without_device()) return;
   // Even blocks only; block - 1 and block + 1 leave an odd count, whose last byte has one code.
   check_minmax_blocks(gpu::MinMaxBits::four, {2, 16, 254, 2048, 4096});
@@ -223,8 +224,8 @@ TEST_CASE("4-bit min-max on the GPU gives the CPU's bytes, nibble order and odd 
 TEST_CASE("sign_pack on the GPU packs the CPU's bits, and unpacking applies the CPU's scale") {
   if (skip_without_device()) return;
   Stream stream;
-  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{31},
-                   size_t{33}, size_t{100003}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{31}, size_t{33},
+                   size_t{100003}}) {
     CAPTURE(n);
     std::vector<float> src = uniform_floats(n, -1.0f, 1.0f, 21 + static_cast<uint32_t>(n));
     for (size_t i = 0; i < n; i += 5) src[i] = -0.0f;  // not negative
@@ -328,7 +329,8 @@ TEST_CASE("top_k on the GPU returns the CPU's indices, ties broken towards the l
   Stream stream;
   for (size_t n : sizes_around(4096))
     for (size_t k : {size_t{0}, size_t{1}, n / 100, n / 3, n > 0 ? n - 1 : 0, n})
-      if (k <= n) check_top_k(uniform_floats(n, -1.0f, 1.0f, 51 + static_cast<uint32_t>(n)), k, stream);
+      if (k <= n)
+        check_top_k(uniform_floats(n, -1.0f, 1.0f, 51 + static_cast<uint32_t>(n)), k, stream);
 
   // Ties: seven magnitudes with +0 and -0 (equal), so the k-th is nearly always tied and the
   // radix select must go on into the index bits.
@@ -344,7 +346,8 @@ TEST_CASE("top_k on the GPU returns the CPU's indices, ties broken towards the l
   std::vector<float> special = wide_floats(100003, 53);
   for (size_t i = 11; i < special.size(); i += 1009)
     special[i] = i % 2 ? std::numeric_limits<float>::infinity() : from_bits(0xffc00001u);
-  for (size_t k : {size_t{10}, size_t{99}, size_t{100}, size_t{5000}}) check_top_k(special, k, stream);
+  for (size_t k : {size_t{10}, size_t{99}, size_t{100}, size_t{5000}})
+    check_top_k(special, k, stream);
 }
 
 TEST_CASE("gather and scatter_add on the GPU match the CPU exactly") {
@@ -435,8 +438,7 @@ void check_flatten_round_trip(size_t element_bytes, Stream& stream) {
     std::memcpy(want.data() + spans[i].offset * element_bytes, host[i].data(), host[i].size());
   CHECK_SAME_BYTES(d_flat.download(), want);
 
-  for (size_t i = 0; i < spans.size(); ++i)
-    troupe::test::fill(spans[i].data, 0, host[i].size());
+  for (size_t i = 0; i < spans.size(); ++i) troupe::test::fill(spans[i].data, 0, host[i].size());
   gpu::unflatten(d_flat.get(), flat_count, spans.data(), spans.size(), element_bytes,
                  stream.handle());
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -484,8 +486,10 @@ TEST_CASE("bad codec arguments are rejected before any CUDA work, naming the val
   CHECK(says(message([&] { gpu::minmax_bytes(three, 4, 4); }), "bits 3 (expected 4 or 8)"));
   CHECK(says(message([&] { gpu::minmax_encode(three, x, 4, 4, bytes, nullptr); }),
              "minmax_encode: bits 3"));
-  CHECK(says(message([&] { gpu::encode_half(reinterpret_cast<float*>(bytes + 1), 2, 1.0f,
-                                            reinterpret_cast<uint16_t*>(bytes + 8), nullptr); }),
+  CHECK(says(message([&] {
+               gpu::encode_half(reinterpret_cast<float*>(bytes + 1), 2, 1.0f,
+                                reinterpret_cast<uint16_t*>(bytes + 8), nullptr);
+             }),
              "is not 4-byte aligned"));
   CHECK(says(message([&] { gpu::top_k(x, 4, 5, idx, nullptr); }), "k 5 > n 4"));
   CHECK(says(message([&] { gpu::top_k(x, (size_t{1} << 32) + 1, 1, idx, nullptr); }),
@@ -493,8 +497,7 @@ TEST_CASE("bad codec arguments are rejected before any CUDA work, naming the val
   CHECK(says(message([&] { gpu::scatter_add(idx, nullptr, 3, 1.0f, x, nullptr); }),
              "values is null with k 3"));
   CHECK(says(message([&] { gpu::mean_abs(x, 4, nullptr, nullptr); }), "result is null"));
-  CHECK(says(message([&] { gpu::sparse_error_feedback(x, 2, idx, 3, x, nullptr); }),
-             "k 3 > n 2"));
+  CHECK(says(message([&] { gpu::sparse_error_feedback(x, 2, idx, 3, x, nullptr); }), "k 3 > n 2"));
   gpu::TensorSpan spans[2] = {{x, 2, 0}, {x, 3, 2}};
   CHECK(says(message([&] { gpu::flatten(spans, 2, 3, bytes, 5, nullptr); }), "element_bytes 3"));
   CHECK(says(message([&] { gpu::flatten(spans, 2, 4, bytes, 4, nullptr); }),

@@ -154,8 +154,8 @@ void check_blocks(std::initializer_list<size_t> blocks) {
   for (size_t block : blocks) {
     // Empty, one element, either side of a block (an odd count at 4 bits), a few blocks and a
     // short one, and 100003 (odd).
-    for (size_t n : {size_t{0}, size_t{1}, block - 1, block, block + 1, 3 * block + 5,
-                     size_t{100003}}) {
+    for (size_t n :
+         {size_t{0}, size_t{1}, block - 1, block, block + 1, 3 * block + 5, size_t{100003}}) {
       const auto seed = static_cast<uint32_t>(n + block);
       check_against_cpu<kBits>(uniform_floats(n, -1.0f, 3.0f, seed), block);
       check_against_cpu<kBits>(wide_floats(n, seed + 1), block);
@@ -175,7 +175,8 @@ TEST_CASE("the GPU's 8-bit min-max arithmetic, run on the CPU, gives comm's byte
   check_blocks<8>({1, 15, 16, 17, 255, 2048});
 }
 
-TEST_CASE("4-bit codes pack the even element in the low nibble, an odd count's last high nibble 0") {
+TEST_CASE(
+    "4-bit codes pack the even element in the low nibble, an odd count's last high nibble 0") {
   // 0..14 then 15 in one block of 16: min 0, max 15, step 1, so code i is i.
   std::vector<float> x(16);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);

@@ -112,9 +112,12 @@ template <class C>
 C apply(Op op, C x, C y) {
   switch (op) {
     case Op::sum:
-    case Op::avg: return add(x, y);
-    case Op::min: return y < x ? y : x;
-    case Op::max: return x < y ? y : x;
+    case Op::avg:
+      return add(x, y);
+    case Op::min:
+      return y < x ? y : x;
+    case Op::max:
+      return x < y ? y : x;
   }
   return x;
 }
@@ -136,7 +139,9 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   template <class T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
 
  private:
   void* data_ = nullptr;
@@ -158,8 +163,8 @@ struct Layout {
   size_t dst_offset, a_offset, b_offset;
 };
 const Layout kLayouts[] = {
-    {1, 0, 0, 0},           {7, 0, 0, 0},       {1000003, 0, 0, 0},
-    {1000003, 1, 1, 1},     {4099, 3, 3, 3},    {4099, 0, 1, 2},
+    {1, 0, 0, 0},       {7, 0, 0, 0},    {1000003, 0, 0, 0},
+    {1000003, 1, 1, 1}, {4099, 3, 3, 3}, {4099, 0, 1, 2},
 };
 
 template <DType D>
@@ -191,8 +196,8 @@ void check_reduce(const Layout& layout, Op op, bool dst_is_a, std::mt19937_64& r
   troupe::test::download(got.data(), dst_device, n * sizeof(T));
 
   const long bad = first_mismatch(got, expected);
-  INFO(name(D), " ", name(op), " count ", n, " offsets ", layout.dst_offset, "/",
-       layout.a_offset, "/", layout.b_offset, dst_is_a ? " dst = a" : "");
+  INFO(name(D), " ", name(op), " count ", n, " offsets ", layout.dst_offset, "/", layout.a_offset,
+       "/", layout.b_offset, dst_is_a ? " dst = a" : "");
   if (bad >= 0) {
     const auto i = static_cast<size_t>(bad);
     INFO("first mismatch at ", i, ": a ", H::load(a[i]), " b ", H::load(b[i]), " got ",
@@ -283,17 +288,20 @@ TEST_CASE("bad arguments are rejected before any CUDA work, naming the value") {
   float x = 0;
   void* p = &x;
   auto message = [](auto&& call) { return troupe::test::invalid_argument_message(call); };
-  CHECK(message([&] { troupe::cuda::reduce(p, p, p, 1, static_cast<DType>(42), Op::sum, nullptr); })
-            .find("dtype 42") != std::string::npos);
+  CHECK(message([&] {
+          troupe::cuda::reduce(p, p, p, 1, static_cast<DType>(42), Op::sum, nullptr);
+        }).find("dtype 42") != std::string::npos);
   CHECK(message([&] {
           troupe::cuda::reduce(p, p, p, 1, DType::float32, static_cast<Op>(9), nullptr);
         }).find("op 9") != std::string::npos);
-  CHECK(message([&] { troupe::cuda::reduce(nullptr, p, p, 5, DType::float32, Op::sum, nullptr); })
-            .find("null buffer with count 5") != std::string::npos);
-  CHECK(message([&] { troupe::cuda::divide(p, 1, DType::int32, 0, nullptr); })
-            .find("divisor 0") != std::string::npos);
-  CHECK(message([&] { troupe::cuda::divide(p, 1, static_cast<DType>(-1), 2, nullptr); })
-            .find("dtype -1") != std::string::npos);
+  CHECK(message([&] {
+          troupe::cuda::reduce(nullptr, p, p, 5, DType::float32, Op::sum, nullptr);
+        }).find("null buffer with count 5") != std::string::npos);
+  CHECK(message([&] { troupe::cuda::divide(p, 1, DType::int32, 0, nullptr); }).find("divisor 0") !=
+        std::string::npos);
+  CHECK(message([&] {
+          troupe::cuda::divide(p, 1, static_cast<DType>(-1), 2, nullptr);
+        }).find("dtype -1") != std::string::npos);
   // count 0 is nothing to do, even with no buffers.
   CHECK_NOTHROW(troupe::cuda::reduce(nullptr, nullptr, nullptr, 0, DType::int64, Op::max, nullptr));
   CHECK_NOTHROW(troupe::cuda::divide(nullptr, 0, DType::float16, 4, nullptr));

@@ -2,9 +2,9 @@
 // and the watcher's callbacks and deadlines. The argument checks run without a GPU too.
 #ifdef TROUPE_HAVE_CUDA
 
+#include "cuda/stream.h"
 #include "cuda/event_watcher.h"
 #include "cuda/reduce.h"
-#include "cuda/stream.h"
 #include "tests/support/cuda_stream.h"
 #include "tests/support/skip.h"
 
@@ -53,9 +53,10 @@ TEST_CASE("bad stream arguments are rejected naming the value, with or without a
   using namespace troupe::cuda;
   CHECK(device_count() >= 0);
   CHECK_THROWS_WITH_AS(set_device(-1), doctest::Contains("device -1"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(set_device(device_count()),
-                       doctest::Contains(("expected 0 <= device < " + std::to_string(device_count())).c_str()),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      set_device(device_count()),
+      doctest::Contains(("expected 0 <= device < " + std::to_string(device_count())).c_str()),
+      std::invalid_argument);
   CHECK_THROWS_WITH_AS(record_event(nullptr, nullptr), doctest::Contains("event is null"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(event_done(nullptr), doctest::Contains("event is null"),
@@ -116,7 +117,8 @@ TEST_CASE("pinned memory goes to the device and back through two streams ordered
   host_free(back);
 }
 
-TEST_CASE("an event watcher calls back when an event completes, and names one that misses its deadline") {
+TEST_CASE(
+    "an event watcher calls back when an event completes, and names one that misses its deadline") {
   if (skip_without_device()) return;
   using namespace troupe::cuda;
   DeviceGuard guard(0);
@@ -137,7 +139,8 @@ TEST_CASE("an event watcher calls back when an event completes, and names one th
   record_event(stuck, stream.handle());
   std::promise<std::string> stuck_done;
   const auto start = std::chrono::steady_clock::now();
-  watcher.watch(stuck, "the stuck one", 200ms, [&](const std::string& e) { stuck_done.set_value(e); });
+  watcher.watch(stuck, "the stuck one", 200ms,
+                [&](const std::string& e) { stuck_done.set_value(e); });
   auto stuck_future = stuck_done.get_future();
   REQUIRE(stuck_future.wait_for(5s) == std::future_status::ready);
   const auto waited = std::chrono::steady_clock::now() - start;

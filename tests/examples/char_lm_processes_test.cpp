@@ -45,9 +45,10 @@ long long printed_number(const std::string& log, const std::string& label) {
 std::string run_char_lm(const std::string& algorithm, const std::string& steps) {
   LaunchOptions o;
   o.nprocs = 2;
-  o.command = {char_lm_bin(), "--algorithm", algorithm, "--steps", steps, "--batch", "8",
-               "--context", "32", "--dim", "48", "--layers", "1", "--heads", "4",
-               "--eval-every", "1000", "--eval-windows", "16", "--log-every", "1000"};
+  o.command = {char_lm_bin(), "--algorithm", algorithm, "--steps",      steps,  "--batch",
+               "8",           "--context",   "32",      "--dim",        "48",   "--layers",
+               "1",           "--heads",     "4",       "--eval-every", "1000", "--eval-windows",
+               "16",          "--log-every", "1000"};
   o.timeout_sec = 240;
   o.extra_env = {{"UCX_TLS", "sm,self"}};
   std::ostringstream out, err;
@@ -88,9 +89,10 @@ TEST_CASE("char_lm on two processes learns the fortunes better than their unigra
     CAPTURE(algorithm);
     LaunchOptions o;
     o.nprocs = 2;
-    o.command = {char_lm_bin(), "--algorithm", algorithm, "--steps", "150", "--batch", "16",
-                 "--context", "32", "--dim", "48", "--layers", "1", "--heads", "4",
-                 "--lr", "0.01", "--eval-every", "1000", "--eval-windows", "128", "--log-every", "50"};
+    o.command = {char_lm_bin(), "--algorithm",    algorithm, "--steps",     "150",  "--batch",
+                 "16",          "--context",      "32",      "--dim",       "48",   "--layers",
+                 "1",           "--heads",        "4",       "--lr",        "0.01", "--eval-every",
+                 "1000",        "--eval-windows", "128",     "--log-every", "50"};
     o.timeout_sec = 240;
     o.extra_env = {{"UCX_TLS", "sm,self"}};
     std::ostringstream out, err;

@@ -5,12 +5,12 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "examples/char_lm/corpus.h"
 #include "examples/char_lm/model.h"
@@ -22,7 +22,8 @@ namespace {
 std::string text_of(const CharCorpus& c, const torch::Tensor& ids) {
   std::string s;
   auto a = ids.accessor<int64_t, 1>();
-  for (int64_t i = 0; i < a.size(0); ++i) s += static_cast<char>(c.symbols[static_cast<size_t>(a[i])]);
+  for (int64_t i = 0; i < a.size(0); ++i)
+    s += static_cast<char>(c.symbols[static_cast<size_t>(a[i])]);
   return s;
 }
 
@@ -61,10 +62,12 @@ TEST_CASE("every twentieth document is held out, and the ids give the text back"
 }
 
 TEST_CASE("a corpus too small or held out at every document is refused, naming the numbers") {
-  CHECK(error_of([] { make_char_corpus({"a\n", "b\n"}, 1, 1); }).find("eval_every = 1") !=
-        std::string::npos);
+  CHECK(error_of([] {
+          make_char_corpus({"a\n", "b\n"}, 1, 1);
+        }).find("eval_every = 1") != std::string::npos);
   const auto small = error_of([] { make_char_corpus({"a\n", "b\n", "c\n"}, 2, 100); });
-  CHECK(small.find("3 documents give 4 training and 8 evaluation characters, expected at least 100") !=
+  CHECK(small.find(
+            "3 documents give 4 training and 8 evaluation characters, expected at least 100") !=
         std::string::npos);
 }
 
@@ -102,10 +105,11 @@ TEST_CASE("training windows are consecutive symbols, targets the inputs shifted 
   CHECK(xa.sizes() == torch::IntArrayRef({8, 16}));
   CHECK(torch::equal(ya, xa + 1));  // the stream is 0..999: the next symbol is +1
   CHECK(torch::equal(xa.narrow(1, 1, 15), xa.narrow(1, 0, 15) + 1));
-  CHECK(torch::equal(xa, xb));      // same seed, same windows
+  CHECK(torch::equal(xa, xb));  // same seed, same windows
   CHECK(!torch::equal(xa, xc));
-  CHECK(error_of([&] { WindowSampler(torch::arange(10, torch::kInt64), 10, 1); })
-            .find("stream of 10") != std::string::npos);
+  CHECK(error_of([&] {
+          WindowSampler(torch::arange(10, torch::kInt64), 10, 1);
+        }).find("stream of 10") != std::string::npos);
   torch::Tensor ex, ey;
   eval_windows(stream, 9, 1000, ex, ey);
   CHECK(ex.size(0) == 100);  // 1000 / (9 + 1) whole windows
@@ -137,8 +141,9 @@ TEST_CASE("both models see only the past: changing later symbols leaves earlier 
     CHECK(!torch::allclose(a.narrow(1, 7, 5), b.narrow(1, 7, 5)));
     CHECK(torch::allclose(a.exp().sum(-1), torch::ones({3, 12}), 1e-5, 1e-5));  // distributions
   }
-  CHECK(error_of([&] { transformer->forward(torch::zeros({1, 13}, torch::kInt64)); })
-            .find("an input of 13 symbols, expected at most the context, 12") != std::string::npos);
+  CHECK(error_of([&] {
+          transformer->forward(torch::zeros({1, 13}, torch::kInt64));
+        }).find("an input of 13 symbols, expected at most the context, 12") != std::string::npos);
   shape.heads = 3;
   CHECK(error_of([&] { CharTransformer bad(shape); }).find("heads 3") != std::string::npos);
 }

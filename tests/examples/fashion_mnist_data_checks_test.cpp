@@ -49,7 +49,8 @@ void flip_middle_byte(const std::string& path) {
   }
   REQUIRE(bytes.size() > 100);
   bytes[bytes.size() / 2] ^= 0x5a;
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::string load_error(const Folder& folder) {
@@ -89,7 +90,8 @@ TEST_CASE("a corrupt gzip file that decodes past what its header announces is re
   Folder folder;
   write_split(folder, 20, 0);
   const std::string images = folder.file("t10k-images-idx3-ubyte.gz");
-  troupe::test::write_gz(images, troupe::test::idx_bytes(0x803, {20, 28, 28}, 30 * 28 * 28, false), 0);
+  troupe::test::write_gz(images, troupe::test::idx_bytes(0x803, {20, 28, 28}, 30 * 28 * 28, false),
+                         0);
   flip_middle_byte(images);
   CHECK(load_error(folder) == "fashion-mnist: " + images +
                                   ": more data than its header announces (expected 15696 bytes "

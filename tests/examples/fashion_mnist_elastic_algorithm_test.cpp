@@ -23,9 +23,25 @@ struct Run {
 
 // 1536 images in global batches of 3 x 16: 32 steps per epoch, 64 in all.
 std::vector<std::string> small_run(const std::string& algorithm) {
-  return {FASHION_MNIST_BIN, "--model", "mlp", "--subset", "1536", "--batch", "16", "--epochs",
-          "2", "--log-every", "1000", "--threads", "1", "--momentum", "0.9", "--algorithm",
-          algorithm, "--collective-timeout", "120"};
+  return {FASHION_MNIST_BIN,
+          "--model",
+          "mlp",
+          "--subset",
+          "1536",
+          "--batch",
+          "16",
+          "--epochs",
+          "2",
+          "--log-every",
+          "1000",
+          "--threads",
+          "1",
+          "--momentum",
+          "0.9",
+          "--algorithm",
+          algorithm,
+          "--collective-timeout",
+          "120"};
 }
 
 Run launch_elastic(const std::vector<std::string>& command, const std::string& faults,
@@ -77,8 +93,9 @@ TEST_CASE("an elastic fashion_mnist with PowerSGD loses a rank, finishes, and sa
   CHECK(run.log.find("2 rank(s) in generation 2") != std::string::npos);
 }
 
-TEST_CASE("a spare taken into a world short of ranks keeps the job's global batch, and finishes "
-          "with the survivor") {
+TEST_CASE(
+    "a spare taken into a world short of ranks keeps the job's global batch, and finishes "
+    "with the survivor") {
   // Slots 1 and 2 die in step 10 and one spare waits: generation 2 has two members, the survivor
   // and the spare. The spare's batches (3 x 16 images, 32 steps an epoch) must be the job's, not
   // 2 x 16 from the world it first joined: it then ends at step 64 with the survivor, identical.
@@ -94,8 +111,9 @@ TEST_CASE("a spare taken into a world short of ranks keeps the job's global batc
   CHECK(std::set<std::string>(sums.begin(), sums.end()).size() == 1);
 }
 
-TEST_CASE("an elastic fashion_mnist with DiLoCo loses a rank, goes back to its outer sync, and "
-          "finishes identical") {
+TEST_CASE(
+    "an elastic fashion_mnist with DiLoCo loses a rank, goes back to its outer sync, and "
+    "finishes identical") {
   // h = 4: slot 2 dies in step 10's inner step, the survivors go on from the sync after step 8
   // and end at step 64, an outer sync, with bit-identical parameters.
   auto run = launch_elastic(small_run("diloco:h=4"), "kill:rank=2,step=10");
@@ -110,8 +128,9 @@ TEST_CASE("an elastic fashion_mnist with DiLoCo loses a rank, goes back to its o
   CHECK(run.log.find("2 rank(s) in generation 2") != std::string::npos);
 }
 
-TEST_CASE("an elastic fashion_mnist takes asynchronous model averaging from --algorithm, loses a "
-          "rank and finishes") {
+TEST_CASE(
+    "an elastic fashion_mnist takes asynchronous model averaging from --algorithm, loses a "
+    "rank and finishes") {
   auto run = launch_elastic(small_run("async_model_average:warmup_steps=4,sync_interval_ms=20"),
                             "kill:rank=2,step=10");
   INFO(run.log);
@@ -123,8 +142,9 @@ TEST_CASE("an elastic fashion_mnist takes asynchronous model averaging from --al
   // a step (and redo it) or, when they were faster than slot 2 and finished their 64 steps before
   // its step 10 (seen in CI with the torch wheel's faster compute), in the barrier at their end.
   const bool in_a_step = run.log.find("now 2 ranks; redoing step") != std::string::npos;
-  const bool at_the_end = run.log.find("the world changed while it waited for the others' end, "
-                                       "now 2 ranks") != std::string::npos;
+  const bool at_the_end = run.log.find(
+                              "the world changed while it waited for the others' end, "
+                              "now 2 ranks") != std::string::npos;
   CHECK((in_a_step || at_the_end));
   // Both survivors finish every step in the world of two (their replicas differ: the averages
   // run on their own schedule).
@@ -133,8 +153,8 @@ TEST_CASE("an elastic fashion_mnist takes asynchronous model averaging from --al
 }
 
 TEST_CASE("fashion_mnist's --algorithm names a gossip algorithm's bad setting") {
-  auto run = launch_elastic({FASHION_MNIST_BIN, "--algorithm", "async_gossip:min_interval_ms=-1"},
-                            "");
+  auto run =
+      launch_elastic({FASHION_MNIST_BIN, "--algorithm", "async_gossip:min_interval_ms=-1"}, "");
   INFO(run.log);
   CHECK(run.result.exit_code != 0);
   CHECK(run.log.find("--algorithm async_gossip:min_interval_ms=-1: min_interval_ms = '-1', "
@@ -162,9 +182,21 @@ TEST_CASE("fashion_mnist's collective timeout is the deadline its collectives fa
   // synchronous job, so any of them ends the run with the error, and no rank finishes.
   LaunchOptions o;
   o.nprocs = 2;
-  o.command = {FASHION_MNIST_BIN, "--model", "mlp", "--subset", "1024", "--batch", "16",
-               "--epochs", "2", "--log-every", "1000", "--threads", "1",
-               "--collective-timeout", "0.001"};
+  o.command = {FASHION_MNIST_BIN,
+               "--model",
+               "mlp",
+               "--subset",
+               "1024",
+               "--batch",
+               "16",
+               "--epochs",
+               "2",
+               "--log-every",
+               "1000",
+               "--threads",
+               "1",
+               "--collective-timeout",
+               "0.001"};
   o.timeout_sec = 280;
   o.extra_env = {{"UCX_TLS", "sm,self"}};
   std::ostringstream out, err;

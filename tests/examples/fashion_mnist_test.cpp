@@ -94,7 +94,8 @@ std::vector<uint8_t> read_raw(const std::string& path) {
 
 void write_raw(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 /// A well-formed "test" split of `n` images in `dir`.
@@ -249,7 +250,9 @@ TEST_CASE("shards of 3 ranks are disjoint, equal-sized and cover all but the rem
   CHECK_THROWS_AS(troupe::examples::shard(all, 3, 3, 42), std::invalid_argument);
 }
 
-TEST_CASE("the batch iterator repeats an epoch's order, reshuffles the next, and leaves torch's RNG alone") {
+TEST_CASE(
+    "the batch iterator repeats an epoch's order, reshuffles the next, and leaves torch's RNG "
+    "alone") {
   const FashionMnist all = numbered_set(1000);
   BatchIterator batches(all, 64, 7);
   CHECK(batches.batches_per_epoch() == 15);

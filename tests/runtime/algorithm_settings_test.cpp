@@ -79,8 +79,8 @@ Outcome from_cli(const std::string& spec) {
 
 Outcome from_toml(const std::string& name, const std::string& settings) {
   try {
-    const JobConfig job = parse_job_config(
-        "[job]\nworld_size = 2\n[algorithm]\nname = \"" + name + "\"\n" + settings);
+    const JobConfig job = parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"" + name +
+                                           "\"\n" + settings);
     return {std::get<comm::Compression>(job.algorithm), ""};
   } catch (const comm::Error& e) {
     return {comm::GradientAllReduce{}, e.what()};
@@ -133,7 +133,8 @@ TEST_CASE("each setting, changed alone, gives the same struct from both spelling
   }
 }
 
-TEST_CASE("all settings but error feedback changed at once give the same struct from both spellings") {
+TEST_CASE(
+    "all settings but error feedback changed at once give the same struct from both spellings") {
   for (const auto& entry : comm::compression_algorithms()) {
     INFO("algorithm ", entry.name);
     std::string spec = entry.name, table;
@@ -152,7 +153,8 @@ TEST_CASE("all settings but error feedback changed at once give the same struct 
 }
 
 TEST_CASE("error_feedback is spelled the same on the command line and in a job file") {
-  const auto cli = std::get<comm::PowerSGD>(comm::parse_compression("powersgd:error_feedback=false"));
+  const auto cli =
+      std::get<comm::PowerSGD>(comm::parse_compression("powersgd:error_feedback=false"));
   CHECK_FALSE(cli.error_feedback);
   const auto old = std::get<comm::Sparsification>(comm::parse_compression("topk:ef=0"));
   CHECK_FALSE(old.error_feedback);
@@ -166,10 +168,10 @@ TEST_CASE("an unknown or repeated key names the key, the algorithm and the keys 
                     "--algorithm fp16: unknown key 'ratio' (allowed for fp16: none)");
   CHECK_THROWS_WITH(comm::parse_compression("sign:ef=0,error_feedback=1"),
                     "--algorithm sign: 'error_feedback' is given twice");
-  CHECK_THROWS_WITH(parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"topk\"\nk = 5\n",
-                                     "job.toml"),
-                    "job.toml: unknown key algorithm.k (allowed for topk: name, ratio, count, "
-                    "error_feedback, seed, momentum)");
+  CHECK_THROWS_WITH(
+      parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"topk\"\nk = 5\n", "job.toml"),
+      "job.toml: unknown key algorithm.k (allowed for topk: name, ratio, count, "
+      "error_feedback, seed, momentum)");
   CHECK_THROWS_WITH(
       parse_job_config("[job]\nworld_size = 2\n[algorithm]\nname = \"sign\"\nef = false\n"
                        "error_feedback = true\n",

@@ -39,10 +39,12 @@ std::string error_of(F f) {
 
 TEST_CASE("a world size past the largest job is refused from every launcher's variables") {
   const std::string limit = "(expected 1..65536, the most ranks a job may have)";
-  CHECK(error_of([] { rank_info_from_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2147483647"}})); }) ==
-        "WORLD_SIZE = 2147483647 is out of range " + limit);
-  CHECK(error_of([] { rank_info_from_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "65537"}})); }) ==
-        "WORLD_SIZE = 65537 is out of range " + limit);
+  CHECK(error_of([] {
+          rank_info_from_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "2147483647"}}));
+        }) == "WORLD_SIZE = 2147483647 is out of range " + limit);
+  CHECK(error_of([] {
+          rank_info_from_env(fake({{"RANK", "0"}, {"WORLD_SIZE", "65537"}}));
+        }) == "WORLD_SIZE = 65537 is out of range " + limit);
   CHECK(error_of([] {
           rank_info_from_env(
               fake({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "300000000"}}));
@@ -81,9 +83,10 @@ TEST_CASE("a job file's world size is capped at the ranks one host starts, and l
             .world_size == 4096);
   CHECK(error_of([&] {
           parse_job_config("[job]\nworld_size = 257\nmode = \"threads\"" + allreduce, "job.toml");
-        }) == "job.toml: job.world_size = 257: expected an integer in [1, 256] with mode = "
-              "\"threads\" (the most ranks one process runs as threads; mode = \"processes\" "
-              "allows 4096)");
+        }) ==
+        "job.toml: job.world_size = 257: expected an integer in [1, 256] with mode = "
+        "\"threads\" (the most ranks one process runs as threads; mode = \"processes\" "
+        "allows 4096)");
   CHECK(parse_job_config("[job]\nworld_size = 256\nmode = \"threads\"" + allreduce, "job.toml")
             .world_size == 256);
 }

@@ -66,7 +66,9 @@ TEST_CASE("each dtype has its own buckets; by layer one per tensor, by model one
   CHECK(by_model.buckets[1].params.size() == 8);
 }
 
-TEST_CASE("observed ready times split a bucket at a pause in backward once it holds the first bucket's size") {
+TEST_CASE(
+    "observed ready times split a bucket at a pause in backward once it holds the first bucket's "
+    "size") {
   // Reverse order 5..0; first bucket 5, 4 as before. Then 3, 2 (88 bytes), 1 (136 bytes), 0.
   std::vector<ParameterShape> p(6, ParameterShape{10, kFloat});
   // A pause before 1, while the open bucket holds 88 bytes (< 100): no split. A pause before 0,

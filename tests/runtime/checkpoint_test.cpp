@@ -137,8 +137,8 @@ Job data_parallel_job(std::shared_ptr<Net> net, std::shared_ptr<DataParallel> dp
     dp->step(*sgd);
   };
   job.add_state = [dp, sgd](Checkpoint& c) { c.algorithm(*dp).optimizer(*sgd); };
-  job.owner = std::make_shared<std::pair<std::shared_ptr<DataParallel>,
-                                         std::shared_ptr<torch::optim::SGD>>>(dp, sgd);
+  job.owner = std::make_shared<
+      std::pair<std::shared_ptr<DataParallel>, std::shared_ptr<torch::optim::SGD>>>(dp, sgd);
   return job;
 }
 
@@ -178,8 +178,8 @@ struct Runs {
 };
 
 std::string fresh_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() /
-             ("troupe-checkpoint-" + name + "-" + std::to_string(::getpid()));
+  auto dir =
+      fs::temp_directory_path() / ("troupe-checkpoint-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir.string();
 }
@@ -233,7 +233,8 @@ void check_bit_identical(const MakeJob& make, const std::string& name) {
     INFO(name << ", rank " << r << ": max difference "
               << test::max_diff(runs.uninterrupted[static_cast<size_t>(r)],
                                 runs.resumed[static_cast<size_t>(r)]));
-    CHECK(identical(runs.uninterrupted[static_cast<size_t>(r)], runs.resumed[static_cast<size_t>(r)]));
+    CHECK(identical(runs.uninterrupted[static_cast<size_t>(r)],
+                    runs.resumed[static_cast<size_t>(r)]));
   }
   // The trajectory moved: a resume that loaded nothing of it would not match by accident.
   CHECK_FALSE(identical(runs.uninterrupted[0], params_of(*std::make_shared<Net>(7))));
@@ -284,8 +285,8 @@ TEST_CASE("a resumed optim::PowerSGD run is bit-identical (Qs, error feedback, w
   power.start_iter = 2;
   MakeJob make = [power](Runtime& rt, std::shared_ptr<Net> net, int) {
     auto opt = std::make_shared<optim::PowerSGD>(
-        rt, net, optim::PowerSgdOptimizerOptions(0.05).momentum(0.9).algorithm(power).ddp(
-                     small_buckets()));
+        rt, net,
+        optim::PowerSgdOptimizerOptions(0.05).momentum(0.9).algorithm(power).ddp(small_buckets()));
     return optimizer_job(net, opt);
   };
   check_bit_identical(make, "powersgd");
@@ -479,7 +480,11 @@ TEST_CASE("a checkpoint restores torch's generator and the embedder's values") {
   int64_t epoch = 4, batch = 17;
   std::string shuffle = "generator state";
   Checkpoint checkpoint(0, 1);
-  checkpoint.module(*net).rng().value("epoch", epoch).value("batch", batch).bytes("shuffle", shuffle);
+  checkpoint.module(*net)
+      .rng()
+      .value("epoch", epoch)
+      .value("batch", batch)
+      .bytes("shuffle", shuffle);
   torch::manual_seed(3);
   const auto state = checkpoint.serialize_state();
   const auto drawn = torch::rand({8});
@@ -487,7 +492,10 @@ TEST_CASE("a checkpoint restores torch's generator and the embedder's values") {
   torch::manual_seed(1000);
   epoch = batch = 0;
   shuffle.clear();
-  { torch::NoGradGuard no_grad; net->weight.fill_(0); }
+  {
+    torch::NoGradGuard no_grad;
+    net->weight.fill_(0);
+  }
   checkpoint.restore_state(state);
   CHECK(torch::equal(torch::rand({8}), drawn));
   CHECK(torch::equal(net->weight, weights));
@@ -522,7 +530,10 @@ struct Saved {
   // checking that nothing was changed.
   void load(int rank = 0, int world = 1) const {
     torch::nn::Linear fresh(3, 2);
-    { torch::NoGradGuard no_grad; fresh->weight.fill_(-1); }
+    {
+      torch::NoGradGuard no_grad;
+      fresh->weight.fill_(-1);
+    }
     int64_t value = -1;
     Checkpoint c(rank, world);
     c.module(*fresh).value("epoch", value);
@@ -566,7 +577,7 @@ TEST_CASE("a missing checkpoint file is refused, naming the file") {
   Saved saved;
   fs::remove(saved.file);
   CHECK_THROWS_WITH(saved.load(), mentions("checkpoint '" + saved.file +
-                                                    "': cannot open: No such file or directory"));
+                                           "': cannot open: No such file or directory"));
 }
 
 TEST_CASE("a truncated checkpoint file is refused, naming the file") {
@@ -591,9 +602,9 @@ TEST_CASE("a checkpoint file of another format version is refused") {
   auto bytes = saved.bytes();
   bytes[8] = 7;  // the version follows the 8-byte magic
   saved.write(bytes);
-  CHECK_THROWS_WITH(saved.load(), mentions("'" + saved.file +
-                                           "': format version 7, this build reads version " +
-                                           std::to_string(troupe::Checkpoint::kVersion)));
+  CHECK_THROWS_WITH(saved.load(),
+                    mentions("'" + saved.file + "': format version 7, this build reads version " +
+                             std::to_string(troupe::Checkpoint::kVersion)));
   // A file of the version before (Streaming DiLoCo's state then lacked what eager updates keep).
   bytes[8] = 1;
   saved.write(bytes);
@@ -609,8 +620,8 @@ TEST_CASE("a checkpoint file of another format version is refused") {
 TEST_CASE("a checkpoint of another world size or rank is refused") {
   Saved saved;
   CHECK_THROWS_WITH(saved.load(0, 2), mentions("'" + saved.file +
-                                                        "': saved by a job of world size 1, this "
-                                                        "job has world size 2"));
+                                               "': saved by a job of world size 1, this "
+                                               "job has world size 2"));
   // Rank 1's file under rank 0's name.
   Checkpoint c(1, 2);
   int64_t epoch = 1;
@@ -619,8 +630,7 @@ TEST_CASE("a checkpoint of another world size or rank is refused") {
   fs::rename(Checkpoint::file_of(saved.dir, 1), Checkpoint::file_of(saved.dir, 0));
   Checkpoint rank0(0, 2);
   rank0.value("epoch", epoch);
-  CHECK_THROWS_WITH(rank0.load(saved.dir),
-                    doctest::Contains("saved by rank 1, this is rank 0"));
+  CHECK_THROWS_WITH(rank0.load(saved.dir), doctest::Contains("saved by rank 1, this is rank 0"));
 }
 
 TEST_CASE("a checkpoint of another model is refused before anything is loaded") {
@@ -639,8 +649,9 @@ TEST_CASE("a checkpoint of another model is refused before anything is loaded") 
                                       "has [value epoch, value batch]"));
 }
 
-TEST_CASE("an optimizer's state loads exactly under the LibTorch that wrote it, and another's is "
-          "refused naming both versions") {
+TEST_CASE(
+    "an optimizer's state loads exactly under the LibTorch that wrote it, and another's is "
+    "refused naming both versions") {
   torch::manual_seed(3);
   torch::nn::Linear net(3, 2);
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.1));

@@ -45,7 +45,8 @@ double max_difference(const std::vector<torch::Tensor>& a, const std::vector<tor
   REQUIRE(a.size() == b.size());
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
+    worst = std::max(
+        worst, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
   return worst;
 }
 
@@ -96,7 +97,8 @@ void reference_step(Net& net, torch::optim::Optimizer& opt, const Data& d, int s
 
 }  // namespace
 
-TEST_CASE("set_denominator divides the step's sum of gradients whether called before or after backward") {
+TEST_CASE(
+    "set_denominator divides the step's sum of gradients whether called before or after backward") {
   torch::set_num_threads(1);
   const int world = 3, steps = 2;
   struct Case {
@@ -212,7 +214,8 @@ TEST_CASE("set_denominator divides the step's sum of gradients whether called be
 TEST_CASE("set_denominator refuses a bad value, weight averaging and summing, naming why") {
   auto errors = run_threads(1, [](int, Runtime& rt) {
     DistributedModule ddp(rt, std::make_shared<Net>(false));
-    CHECK_THROWS_WITH(ddp.set_denominator(0), doctest::Contains("expected a finite denominator > 0"));
+    CHECK_THROWS_WITH(ddp.set_denominator(0),
+                      doctest::Contains("expected a finite denominator > 0"));
     CHECK_THROWS_WITH(ddp.set_denominator(std::numeric_limits<double>::infinity()),
                       doctest::Contains("finite"));
     CHECK_THROWS_WITH(ddp.set_denominator(std::nan("")), doctest::Contains("> 0"));
@@ -241,7 +244,8 @@ TEST_CASE("broadcast_buffers gives every rank rank 0's BatchNorm statistics afte
       Data data(steps, world);
       auto reference = std::make_shared<Net>();
       copy_state(*replicas[0], *reference);
-      torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      torch::optim::SGD ref_opt(reference->parameters(),
+                                torch::optim::SGDOptions(0.1).momentum(0.9));
       std::vector<std::vector<torch::Tensor>> ref_buffers;
       for (int s = 0; s < steps; ++s) {
         reference_step(*reference, ref_opt, data, s, {0, 1, 2}, 0, world);
@@ -274,14 +278,17 @@ TEST_CASE("broadcast_buffers gives every rank rank 0's BatchNorm statistics afte
         for (int r = 1; r < world; ++r) {
           CAPTURE(r);
           const double off = max_difference(buffers[s][r], buffers[s][0]);
-          if (broadcast) CHECK(off == 0);
-          else CHECK(off > 1e-3);  // each rank's statistics of its own data
+          if (broadcast)
+            CHECK(off == 0);
+          else
+            CHECK(off > 1e-3);  // each rank's statistics of its own data
         }
       }
     }
 }
 
-TEST_CASE("ranks that disagree on broadcast_buffers or join get an error naming the option, not a hang") {
+TEST_CASE(
+    "ranks that disagree on broadcast_buffers or join get an error naming the option, not a hang") {
   for (int which = 0; which < 2; ++which) {
     auto errors = run_threads(2, [&](int r, Runtime& rt) {
       DdpOptions options;
@@ -294,7 +301,9 @@ TEST_CASE("ranks that disagree on broadcast_buffers or join get an error naming 
   }
 }
 
-TEST_CASE("with join, ranks with uneven numbers of batches finish, equal to one process shadowing the joined ranks with zeros") {
+TEST_CASE(
+    "with join, ranks with uneven numbers of batches finish, equal to one process shadowing the "
+    "joined ranks with zeros") {
   torch::set_num_threads(1);
   const int world = 3;
   struct Case {
@@ -372,7 +381,9 @@ TEST_CASE("with join, ranks with uneven numbers of batches finish, equal to one 
   }
 }
 
-TEST_CASE("join is refused without the option, after a backward without its step, and with a majority vote") {
+TEST_CASE(
+    "join is refused without the option, after a backward without its step, and with a majority "
+    "vote") {
   auto errors = run_threads(1, [](int, Runtime& rt) {
     auto net = std::make_shared<Net>();
     {

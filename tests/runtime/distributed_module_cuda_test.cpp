@@ -10,8 +10,8 @@
 
 #include "runtime/distributed_module.h"
 #include "runtime/launch.h"
-#include "tests/support/tensors.h"
 #include "tests/support/skip.h"
+#include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;
@@ -83,8 +83,10 @@ std::vector<torch::Tensor> train_rank(Runtime& rt, const Job& job, int device, A
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   const int64_t r = rt.rank();
   for (int s = 0; s < kSteps; ++s) {
-    if (set_to_none) net->zero_grad(/*set_to_none=*/true);
-    else sgd.zero_grad();
+    if (set_to_none)
+      net->zero_grad(/*set_to_none=*/true);
+    else
+      sgd.zero_grad();
     auto x = job.inputs[s].narrow(0, r * kBatch, kBatch).to(cuda);
     auto y = job.targets[s].narrow(0, r * kBatch, kBatch).to(cuda);
     torch::mse_loss(net->forward(x), y).backward();
@@ -111,9 +113,8 @@ std::vector<std::vector<torch::Tensor>> train(const Job& job, Algorithm algorith
   std::vector<std::vector<torch::Tensor>> params(static_cast<size_t>(job.world));
   paths->assign(static_cast<size_t>(job.world), "");
   auto errors = test::run_ranks(ranks, [&](int r, Runtime& rt) {
-    params[static_cast<size_t>(r)] =
-        train_rank(rt, job, device_of(r), algorithm, options, &(*paths)[static_cast<size_t>(r)],
-                   set_to_none);
+    params[static_cast<size_t>(r)] = train_rank(rt, job, device_of(r), algorithm, options,
+                                                &(*paths)[static_cast<size_t>(r)], set_to_none);
   });
   for (auto& e : errors) CHECK(e == "");
   return params;
@@ -121,7 +122,8 @@ std::vector<std::vector<torch::Tensor>> train(const Job& job, Algorithm algorith
 
 }  // namespace
 
-TEST_CASE("CUDA parameters reduced through host staging by thread ranks on one GPU match one process") {
+TEST_CASE(
+    "CUDA parameters reduced through host staging by thread ranks on one GPU match one process") {
   if (skip_without_cuda()) return;
   const Job job(3);
   const auto want = reference(job);
@@ -134,7 +136,8 @@ TEST_CASE("CUDA parameters reduced through host staging by thread ranks on one G
   copies.delay_reduce = true;
   for (const auto& options : {several, copies}) {
     std::vector<std::string> paths;
-    auto got = train(job, GradientAllReduce{}, options, /*nccl=*/false, [](int) { return 0; }, &paths);
+    auto got = train(
+        job, GradientAllReduce{}, options, /*nccl=*/false, [](int) { return 0; }, &paths);
     for (int r = 0; r < job.world; ++r) {
       CAPTURE(r);
       CHECK(paths[static_cast<size_t>(r)] == "cuda via host staging");
@@ -144,12 +147,15 @@ TEST_CASE("CUDA parameters reduced through host staging by thread ranks on one G
   }
 }
 
-TEST_CASE("a compressed algorithm on CUDA parameters stages through host memory and still trains like one process") {
+TEST_CASE(
+    "a compressed algorithm on CUDA parameters stages through host memory and still trains like "
+    "one process") {
   if (skip_without_cuda()) return;
   const Job job(2);
   const auto want = reference(job);
   std::vector<std::string> paths;
-  auto got = train(job, HalfPrecision{}, DdpOptions{}, /*nccl=*/false, [](int) { return 0; }, &paths);
+  auto got = train(
+      job, HalfPrecision{}, DdpOptions{}, /*nccl=*/false, [](int) { return 0; }, &paths);
   for (int r = 0; r < job.world; ++r) {
     CAPTURE(r);
     CHECK(paths[static_cast<size_t>(r)] == "cuda via host staging");
@@ -158,7 +164,8 @@ TEST_CASE("a compressed algorithm on CUDA parameters stages through host memory 
   }
 }
 
-TEST_CASE("one rank with NCCL trains like one process, and divide_before scales by the denominator") {
+TEST_CASE(
+    "one rank with NCCL trains like one process, and divide_before scales by the denominator") {
   if (skip_without_cuda()) return;
   const Job job(1);
   const auto want = reference(job);
@@ -167,10 +174,12 @@ TEST_CASE("one rank with NCCL trains like one process, and divide_before scales 
   auto errors = test::run_threads(1, [&](int, Runtime& rt) { have_nccl = rt.nccl_available(); });
   REQUIRE(errors[0] == "");
   if (!have_nccl) {
-    troupe::test::skip_case("no NCCL unique id from rank 0 (troupe built without NCCL?): skipping the NCCL case");
+    troupe::test::skip_case(
+        "no NCCL unique id from rank 0 (troupe built without NCCL?): skipping the NCCL case");
     return;
   }
-  auto got = train(job, GradientAllReduce{}, DdpOptions{}, /*nccl=*/true, [](int) { return 0; }, &paths);
+  auto got = train(
+      job, GradientAllReduce{}, DdpOptions{}, /*nccl=*/true, [](int) { return 0; }, &paths);
   CHECK(paths[0] == "cuda via nccl");
   if (!got[0].empty()) CHECK(test::max_diff(got[0], want) < 1e-4);
 
@@ -204,7 +213,8 @@ TEST_CASE("NCCL over thread ranks with one GPU each matches one process") {
   if (skip_without_cuda()) return;
   const int devices = static_cast<int>(torch::cuda::device_count());
   if (devices < 2) {
-    troupe::test::skip_case("one CUDA device: NCCL needs one GPU per rank; skipping the multi-rank NCCL case");
+    troupe::test::skip_case(
+        "one CUDA device: NCCL needs one GPU per rank; skipping the multi-rank NCCL case");
     return;
   }
   const Job job(std::min(devices, 4));
@@ -213,7 +223,8 @@ TEST_CASE("NCCL over thread ranks with one GPU each matches one process") {
   options.bucket_bytes = 4096;
   options.first_bucket_bytes = 1024;
   std::vector<std::string> paths;
-  auto got = train(job, GradientAllReduce{}, options, /*nccl=*/true, [](int r) { return r; }, &paths);
+  auto got = train(
+      job, GradientAllReduce{}, options, /*nccl=*/true, [](int r) { return r; }, &paths);
   for (int r = 0; r < job.world; ++r) {
     CAPTURE(r);
     CHECK(paths[static_cast<size_t>(r)] == "cuda via nccl");
@@ -235,8 +246,9 @@ TEST_CASE("CUDA gradients set to none are averaged through host staging and thro
   for (const auto& options : {staged, copies}) {
     CAPTURE(options.gradient_as_bucket_view);
     std::vector<std::string> paths;
-    auto got = train(job, GradientAllReduce{}, options, /*nccl=*/false, [](int) { return 0; },
-                     &paths, /*set_to_none=*/true);
+    auto got = train(
+        job, GradientAllReduce{}, options, /*nccl=*/false, [](int) { return 0; }, &paths,
+        /*set_to_none=*/true);
     for (int r = 0; r < job.world; ++r) {
       CAPTURE(r);
       CHECK(paths[static_cast<size_t>(r)] == "cuda via host staging");

@@ -3,15 +3,15 @@
 // parameters, stalls) — never a hang.
 #include "tests/support/torch_doctest.h"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <map>
 #include <future>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,12 +25,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using test::run_threads;
 using test::Case;
 using test::copy_params;
 using test::max_difference;
 using test::Mlp;
 using test::Optim;
+using test::run_threads;
 
 }  // namespace
 
@@ -125,7 +125,8 @@ TEST_CASE("the equivalence check fails when the ranks do not reduce") {
   b.step();
   double worst = 0;
   auto p = model->parameters(), q = reference->parameters();
-  for (size_t i = 0; i < p.size(); ++i) worst = std::max(worst, (p[i] - q[i]).abs().max().item<double>());
+  for (size_t i = 0; i < p.size(); ++i)
+    worst = std::max(worst, (p[i] - q[i]).abs().max().item<double>());
   CHECK(worst > 1e-3);
 }
 
@@ -170,7 +171,9 @@ TEST_CASE("a full bucket starts its reduction before backward ends") {
   }
 }
 
-TEST_CASE("on one host CPU buckets reduce through shared memory, each rank writing its share into the other") {
+TEST_CASE(
+    "on one host CPU buckets reduce through shared memory, each rank writing its share into the "
+    "other") {
   torch::set_num_threads(1);
   for (bool shared : {true, false}) {
     CAPTURE(shared);
@@ -206,22 +209,27 @@ TEST_CASE("on one host CPU buckets reduce through shared memory, each rank writi
     }
   }
   // Ranks on different hosts take the transport; ranks that disagree get the model check's error.
-  auto errors = run_threads(2, [](int, Runtime& rt) {
-    auto model = std::make_shared<Mlp>(6, 8, 3);
-    DistributedModule ddp(rt, model);
-    CHECK(ddp.gradient_path() == "cpu");
-  }, {"host-a", "host-b"});
+  auto errors = run_threads(2,
+                            [](int, Runtime& rt) {
+                              auto model = std::make_shared<Mlp>(6, 8, 3);
+                              DistributedModule ddp(rt, model);
+                              CHECK(ddp.gradient_path() == "cpu");
+                            },
+                            {"host-a", "host-b"});
   for (auto& e : errors) CHECK(e == "");
   errors = run_threads(2, [](int r, Runtime& rt) {
     DdpOptions o;
     o.shared_memory = r == 0;
     DistributedModule ddp(rt, std::make_shared<Mlp>(6, 8, 3), GradientAllReduce{}, o);
   });
-  for (auto& e : errors) CHECK(e.find("model mismatch between rank 0 and rank 1") != std::string::npos);
+  for (auto& e : errors)
+    CHECK(e.find("model mismatch between rank 0 and rank 1") != std::string::npos);
   CHECK(errors[0].find("shared_memory on") != std::string::npos);
 }
 
-TEST_CASE("the rebuild after step 1 splits a bucket where backward paused, so it reduces during the pause") {
+TEST_CASE(
+    "the rebuild after step 1 splits a bucket where backward paused, so it reduces during the "
+    "pause") {
   // fc1 (4 MiB) and fc2 (1 MiB) fit one 25 MiB bucket, but fc1's gradients come a whole matrix
   // product (2048 x 512 x 256) after fc2's: with the split, fc2.weight's bucket reduces while
   // backward computes fc1's.
@@ -252,7 +260,8 @@ TEST_CASE("the rebuild after step 1 splits a bucket where backward paused, so it
     CHECK(layouts[0] == layouts[1]);  // rank 0's observation is everyone's layout
     auto bucket_of = [&](const std::string& name) {
       for (size_t b = 0; b < layouts[0].size(); ++b)
-        if (std::count(layouts[0][b].begin(), layouts[0][b].end(), name)) return static_cast<int>(b);
+        if (std::count(layouts[0][b].begin(), layouts[0][b].end(), name))
+          return static_cast<int>(b);
       return -1;
     };
     REQUIRE(bucket_of("fc2.weight") >= 0);
@@ -281,7 +290,8 @@ TEST_CASE("ranks that wrap different models get an error naming the first differ
   }
 }
 
-TEST_CASE("parameters without a gradient are named, or reduced as zeros with find_unused_parameters") {
+TEST_CASE(
+    "parameters without a gradient are named, or reduced as zeros with find_unused_parameters") {
   torch::set_num_threads(1);
   auto errors = run_threads(2, [&](int, Runtime& rt) {
     auto model = std::make_shared<Mlp>(6, 8, 3, /*extra_head=*/true);
@@ -292,7 +302,8 @@ TEST_CASE("parameters without a gradient are named, or reduced as zeros with fin
   });
   for (auto& e : errors) {
     CAPTURE(e);
-    CHECK(e.find("parameter(s) without a gradient: unused.weight, unused.bias") != std::string::npos);
+    CHECK(e.find("parameter(s) without a gradient: unused.weight, unused.bias") !=
+          std::string::npos);
   }
   std::vector<torch::Tensor> unused_after(2);
   errors = run_threads(2, [&](int r, Runtime& rt) {
@@ -304,7 +315,8 @@ TEST_CASE("parameters without a gradient are named, or reduced as zeros with fin
     auto before = model->unused->weight.clone();
     for (int s = 0; s < 2; ++s) {
       opt.zero_grad();
-      torch::mse_loss(model->forward(torch::ones({2, 6}) * (r + 1)), torch::zeros({2, 3})).backward();
+      torch::mse_loss(model->forward(torch::ones({2, 6}) * (r + 1)), torch::zeros({2, 3}))
+          .backward();
       ddp.step(opt);
     }
     CHECK(torch::equal(model->unused->weight, before));  // zero gradient: unchanged by SGD
@@ -341,7 +353,8 @@ TEST_CASE("no_sync accumulates locally and the next backward reduces the sum") {
       torch::mse_loss(model->forward(x.narrow(0, r * 4, 2)), y.narrow(0, r * 4, 2)).backward();
       CHECK_THROWS_WITH(ddp.step(opt), doctest::Contains("inside no_sync()"));
     }
-    torch::mse_loss(model->forward(x.narrow(0, r * 4 + 2, 2)), y.narrow(0, r * 4 + 2, 2)).backward();
+    torch::mse_loss(model->forward(x.narrow(0, r * 4 + 2, 2)), y.narrow(0, r * 4 + 2, 2))
+        .backward();
     ddp.step(opt);
     got[static_cast<size_t>(r)] = model->fc1->weight.clone();
   });
@@ -403,7 +416,8 @@ TEST_CASE("bad options are rejected naming the option and the value") {
   CHECK(errors[0] == "");
 }
 
-TEST_CASE("a Chrome trace of each rank holds forward, backward, the waits and every bucket's reduction") {
+TEST_CASE(
+    "a Chrome trace of each rank holds forward, backward, the waits and every bucket's reduction") {
   torch::set_num_threads(1);
   const std::string dir = "/tmp/troupe_trace_test_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
@@ -520,14 +534,15 @@ TEST_CASE("compressed algorithms run in the bucket flow and leave every rank the
   CHECK(bytes["fp16"] * 2 == bytes["allreduce"]);
   CHECK(bytes["bf16"] * 2 == bytes["allreduce"]);
   CHECK(bytes["bytegrad"] < full / 2.5);  // ~4x against the ring; less against doubling
-  CHECK(bytes["int4"] < full / 5);         // ~8x against the ring; less against doubling
+  CHECK(bytes["int4"] < full / 5);        // ~8x against the ring; less against doubling
   CHECK(bytes["sign"] < full / 8);
   CHECK(bytes["topk"] < full / 4);
   CHECK(bytes["randomk"] < full / 8);
   CHECK(bytes["powersgd"] < full / 4);
 }
 
-TEST_CASE("PowerSGD before start_iter and fp16 on exact values match the full-allreduce reference") {
+TEST_CASE(
+    "PowerSGD before start_iter and fp16 on exact values match the full-allreduce reference") {
   torch::set_num_threads(1);
   Case c;
   c.options.bucket_bytes = 200;
@@ -555,13 +570,16 @@ TEST_CASE("a compressed algorithm with weight averaging, or a bad setting, is re
 TEST_CASE("ranks that choose different algorithms get an error naming both, not a hang") {
   auto errors = run_threads(2, [](int r, Runtime& rt) {
     auto model = std::make_shared<Mlp>(4, 4, 2);
-    if (r == 0) DistributedModule(rt, model, PowerSGD{});
-    else DistributedModule(rt, model, GradientAllReduce{});
+    if (r == 0)
+      DistributedModule(rt, model, PowerSGD{});
+    else
+      DistributedModule(rt, model, GradientAllReduce{});
   });
   for (auto& e : errors)
-    CHECK(e == "model mismatch between rank 0 and rank 1 at entry 0: rank 0 has 'algorithm "
-               "powersgd(rank=2)', rank 1 has 'algorithm allreduce' (every rank must wrap the "
-               "same model)");
+    CHECK(e ==
+          "model mismatch between rank 0 and rank 1 at entry 0: rank 0 has 'algorithm "
+          "powersgd(rank=2)', rank 1 has 'algorithm allreduce' (every rank must wrap the "
+          "same model)");
 }
 
 TEST_CASE("hierarchical reduction over ranks pretending to be on two hosts matches one process") {
@@ -581,16 +599,19 @@ TEST_CASE("hierarchical reduction over ranks pretending to be on two hosts match
   const std::vector<std::string> hosts = {"host-a", "host-a", "host-b", "host-b", "host-b"};
   for (bool hierarchical : {true, false}) {
     auto sent = std::make_shared<std::vector<size_t>>(5);
-    auto errors = run_threads(5, [&, sent](int r, Runtime& rt) {
-      auto model = std::make_shared<Mlp>(6, 8, 3);  // 155 floats: 620 bytes
-      torch::optim::SGD opt(model->parameters(), 0.1);
-      DdpOptions o;
-      o.hierarchical = hierarchical;
-      DistributedModule ddp(rt, model, GradientAllReduce{}, o);
-      torch::mse_loss(model->forward(torch::randn({4, 6})), torch::randn({4, 3})).backward();
-      ddp.step(opt);
-      (*sent)[static_cast<size_t>(r)] = ddp.last_step().bytes_sent;
-    }, hosts);
+    auto errors = run_threads(
+        5,
+        [&, sent](int r, Runtime& rt) {
+          auto model = std::make_shared<Mlp>(6, 8, 3);  // 155 floats: 620 bytes
+          torch::optim::SGD opt(model->parameters(), 0.1);
+          DdpOptions o;
+          o.hierarchical = hierarchical;
+          DistributedModule ddp(rt, model, GradientAllReduce{}, o);
+          torch::mse_loss(model->forward(torch::randn({4, 6})), torch::randn({4, 3})).backward();
+          ddp.step(opt);
+          (*sent)[static_cast<size_t>(r)] = ddp.last_step().bytes_sent;
+        },
+        hosts);
     for (auto& e : errors) CHECK(e == "");
     CAPTURE(hierarchical);
     if (hierarchical) {
@@ -600,9 +621,11 @@ TEST_CASE("hierarchical reduction over ranks pretending to be on two hosts match
       CHECK((*sent)[1] >= 2 * 620);
     }
   }
-  auto errors = run_threads(3, [](int, Runtime& rt) {
-    CHECK(rt.hosts() == std::vector<std::string>{"x", "y", "x"});
-    CHECK(host_indices(rt.hosts()) == std::vector<int>{0, 1, 0});
-  }, {"x", "y", "x"});
+  auto errors = run_threads(3,
+                            [](int, Runtime& rt) {
+                              CHECK(rt.hosts() == std::vector<std::string>{"x", "y", "x"});
+                              CHECK(host_indices(rt.hosts()) == std::vector<int>{0, 1, 0});
+                            },
+                            {"x", "y", "x"});
   for (auto& e : errors) CHECK(e == "");
 }

@@ -91,8 +91,7 @@ inline JobAlgorithm make_algorithm(const std::string& name) {
 
 /// Rank `rank` of `world`'s loss in step `step`, forward and backward on `net`.
 inline torch::Tensor loss_and_backward(torch::nn::Sequential& net, const Data& d,
-                                       ElasticSampler& sampler, int64_t step, int rank,
-                                       int world) {
+                                       ElasticSampler& sampler, int64_t step, int rank, int world) {
   const auto mine = sampler.indices(step, rank, world);
   auto idx = torch::tensor(std::vector<int64_t>(mine.begin(), mine.end()), torch::kLong);
   auto loss =

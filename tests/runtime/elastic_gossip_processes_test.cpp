@@ -19,8 +19,8 @@
 
 #include "comm/gossip/topology.h"
 #include "runtime/launch.h"
-#include "tests/support/elastic_launch.h"
 #include "tests/runtime/elastic_gossip_job.h"
+#include "tests/support/elastic_launch.h"
 
 using namespace troupe;
 using namespace troupe::test::elastic_gossip;
@@ -181,8 +181,7 @@ std::map<int, torch::Tensor> simulate_dpsgd(const Printed& p, const Decentralize
       auto end = ends.find({generation, slot});
       if (end == ends.end()) continue;  // it died in this world
       last = std::max(last, end->second);
-      if (end->second == from[generation])
-        state[slot] = replicas[static_cast<size_t>(rank)].save();
+      if (end->second == from[generation]) state[slot] = replicas[static_cast<size_t>(rank)].save();
     }
     comm::Topology topology(algo.topology, world);
     for (int64_t s = from[generation]; s < last; ++s) {
@@ -244,8 +243,7 @@ void check_dpsgd(const Run& run, const std::string& algorithm, int finishers, in
   REQUIRE(run.result.exit_code == 0);
   const auto printed = parse(run.out);
   REQUIRE(printed.finishes.size() == static_cast<size_t>(finishers));
-  const auto finals =
-      simulate_dpsgd(printed, std::get<Decentralized>(make_algorithm(algorithm)));
+  const auto finals = simulate_dpsgd(printed, std::get<Decentralized>(make_algorithm(algorithm)));
   for (const auto& f : printed.finishes) {
     CAPTURE(f.slot);
     CHECK(f.world == world);
@@ -277,23 +275,26 @@ void check_healed(const Run& run, int slot) {
 
 }  // namespace
 
-TEST_CASE("an elastic D-PSGD job (overlap) goes on over the survivors' ring on the simulated "
-          "trajectory when a rank dies") {
+TEST_CASE(
+    "an elastic D-PSGD job (overlap) goes on over the survivors' ring on the simulated "
+    "trajectory when a rank dies") {
   auto run = run_elastic(3, 0, "kill:rank=1,step=10", 0, "dpsgd-overlap");
   check_dpsgd(run, "dpsgd-overlap", 2, 2);
   CHECK(run.err.find("kills itself at step 10 (backward)") != std::string::npos);
   CHECK(run.count(" completed ") == 2);  // each survivor's world ended once
 }
 
-TEST_CASE("an elastic D-PSGD job (after_step) goes on over the survivors' ring on the simulated "
-          "trajectory when a rank dies") {
+TEST_CASE(
+    "an elastic D-PSGD job (after_step) goes on over the survivors' ring on the simulated "
+    "trajectory when a rank dies") {
   auto run = run_elastic(3, 0, "kill:rank=2,step=10", 0, "dpsgd-after-step");
   check_dpsgd(run, "dpsgd-after-step", 2, 2);
   CHECK(run.count(" completed ") == 2);
 }
 
-TEST_CASE("a killed D-PSGD rank is restarted, takes a live peer's replica, and the job follows "
-          "the simulation of its whole membership") {
+TEST_CASE(
+    "a killed D-PSGD rank is restarted, takes a live peer's replica, and the job follows "
+    "the simulation of its whole membership") {
   auto run = run_elastic(3, 1, "kill:rank=2,step=10", 3, "dpsgd-after-step");
   check_dpsgd(run, "dpsgd-after-step", 3, 3);
   check_healed(run, 2);
@@ -306,8 +307,9 @@ TEST_CASE("a killed D-PSGD rank (overlap) is restarted and the job follows the s
   check_healed(run, 0);
 }
 
-TEST_CASE("a killed Choco-SGD rank is restarted, takes a live peer's replica, and every rank "
-          "trains on") {
+TEST_CASE(
+    "a killed Choco-SGD rank is restarted, takes a live peer's replica, and every rank "
+    "trains on") {
   auto run = run_elastic(3, 1, "kill:rank=1,step=10", 3, "choco");
   INFO("stdout:\n" << run.out << "\nstderr:\n" << run.err << "\nlaunch: " << run.result.message);
   REQUIRE(run.result.exit_code == 0);
@@ -338,12 +340,10 @@ Run run_async(const std::string& algorithm, int killed, int restarts, int rounds
               int skew = 0) {
   // Every rank trains on until the death's generation (2) or the rejoin's (3) is in force: the
   // ranks step at their own pace, and one could finish its steps before the fault happens.
-  return test::launch_elastic_job({TROUPE_ELASTIC_GOSSIP_RANK_BIN, "200",
-                                   std::to_string(restarts ? 3 : 0), algorithm,
-                                   std::to_string(restarts ? 3 : 2),
-                                   std::to_string(rounds_after_end), std::to_string(skew)},
-                                  3, /*min_ranks=*/2, restarts,
-                                  "kill:rank=" + std::to_string(killed) + ",step=60");
+  return test::launch_elastic_job(
+      {TROUPE_ELASTIC_GOSSIP_RANK_BIN, "200", std::to_string(restarts ? 3 : 0), algorithm,
+       std::to_string(restarts ? 3 : 2), std::to_string(rounds_after_end), std::to_string(skew)},
+      3, /*min_ranks=*/2, restarts, "kill:rank=" + std::to_string(killed) + ",step=60");
 }
 
 Printed check_async(const Run& run, const std::string& name, size_t finishers, int world,
@@ -389,32 +389,36 @@ void check_own_replicas(const Printed& printed) {
   CHECK(hashes[0] != hashes[1]);
 }
 
-TEST_CASE("an elastic AsyncModelAverage job ends the old world's rounds when a rank dies and "
-          "its survivors go on from their own replicas") {
+TEST_CASE(
+    "an elastic AsyncModelAverage job ends the old world's rounds when a rank dies and "
+    "its survivors go on from their own replicas") {
   auto run = run_async("async-model-average", 1, 0);
   const auto printed = check_async(run, "async_model_average", 2, 2);
   CHECK(run.count(" completed ") == 2);  // each survivor's world ended once
   check_own_replicas(printed);
 }
 
-TEST_CASE("a killed AsyncModelAverage rank is restarted, takes a live peer's replica bit for "
-          "bit, and trains with the others") {
+TEST_CASE(
+    "a killed AsyncModelAverage rank is restarted, takes a live peer's replica bit for "
+    "bit, and trains with the others") {
   auto run = run_async("async-model-average", 2, 1);
   check_async(run, "async_model_average", 3, 3);
   check_healed(run, 2);
   CHECK(run.err.find("restarting rank slot 2 (restart 1 of 1") != std::string::npos);
 }
 
-TEST_CASE("an elastic AsyncGossip job ends the old world's exchanges when a rank dies and its "
-          "survivors go on from their own replicas") {
+TEST_CASE(
+    "an elastic AsyncGossip job ends the old world's exchanges when a rank dies and its "
+    "survivors go on from their own replicas") {
   auto run = run_async("async-gossip", 0, 0);
   const auto printed = check_async(run, "async_gossip", 2, 2);
   CHECK(run.count(" completed ") == 2);
   check_own_replicas(printed);
 }
 
-TEST_CASE("a killed AsyncGossip rank is restarted, takes a live peer's replica bit for bit, and "
-          "trains with the others") {
+TEST_CASE(
+    "a killed AsyncGossip rank is restarted, takes a live peer's replica bit for bit, and "
+    "trains with the others") {
   auto run = run_async("async-gossip", 1, 1);
   check_async(run, "async_gossip", 3, 3);
   check_healed(run, 1);
@@ -425,8 +429,9 @@ TEST_CASE("a killed AsyncGossip rank is restarted, takes a live peer's replica b
 // rounds, and the first to reach its count ended its module, which ended the rounds for the
 // others (AsyncModelAverage's stop round; AsyncGossip's bye to a rank with no other neighbour in
 // a world of 2). The rank program now waits for every member's count before any ends its module.
-TEST_CASE("the survivors of an elastic AsyncModelAverage job average again in the new world: "
-          "their weights end equal") {
+TEST_CASE(
+    "the survivors of an elastic AsyncModelAverage job average again in the new world: "
+    "their weights end equal") {
   auto run = run_async("async-model-average", 1, 0, 3);
   const auto printed = check_async(run, "async_model_average", 2, 2, 3);
   check_equal_replicas(printed, 1e-6);
@@ -439,13 +444,14 @@ TEST_CASE("the survivors of an elastic AsyncGossip job gossip on in the new worl
 
 // The stall made certain: rank 1 of the new world begins counting 4 rounds after the others, so
 // the others reach their 3 first; they must not end the rounds before rank 1 has its 3.
-TEST_CASE("a survivor that begins counting the new world's rounds late still gets them: "
-          "AsyncModelAverage and AsyncGossip") {
+TEST_CASE(
+    "a survivor that begins counting the new world's rounds late still gets them: "
+    "AsyncModelAverage and AsyncGossip") {
   for (const char* algorithm : {"async-model-average", "async-gossip"}) {
     CAPTURE(algorithm);
     auto run = run_async(algorithm, 0, 0, 3, 4);
-    check_async(run, std::string(algorithm) == "async-gossip" ? "async_gossip"
-                                                              : "async_model_average",
+    check_async(run,
+                std::string(algorithm) == "async-gossip" ? "async_gossip" : "async_model_average",
                 2, 2, 3);
   }
 }

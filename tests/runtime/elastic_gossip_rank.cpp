@@ -112,8 +112,8 @@ int main(int argc, char** argv) {
       double loss = 0;
       const bool done = trainer.step([&] {
         opt.zero_grad();
-        loss = loss_and_backward(net, d, sampler, before, rt.rank(), rt.world_size())
-                   .item<double>();
+        loss =
+            loss_and_backward(net, d, sampler, before, rt.rank(), rt.world_size()).item<double>();
       });
       if (done) {
         losses.push_back(loss);
@@ -168,8 +168,7 @@ int main(int argc, char** argv) {
               << " as rank " << rt.rank() << " of " << rt.world_size() << " in generation "
               << g.number << "; loss " << mean(0, k) << " -> "
               << mean(losses.size() - k, losses.size()) << "; rounds " << rounds
-              << "; params:" << hex_floats(flat(*net))
-              << std::endl;
+              << "; params:" << hex_floats(flat(*net)) << std::endl;
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "elastic gossip rank: " << e.what() << std::endl;

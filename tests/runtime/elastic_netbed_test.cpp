@@ -69,9 +69,9 @@ Job run_job(const std::string& launch_options, const std::string& faults, int un
               TROUPE_BIN + " launch --elastic --nnodes 2 --node-rank " + std::to_string(node) +
               " -n 2 --master-addr " + kSubnet + ".1 --master-port 29561 --min-ranks 2 " +
               "--membership-timeout 20 --timeout 120 " + launch_options + " -- " +
-              TROUPE_ELASTIC_RANK_BIN + " 40 " + std::to_string(until_world) +
-              " allreduce >" + logs + "/node" + std::to_string(node) + " 2>&1; echo $? >" + logs +
-              "/status" + std::to_string(node) + " ) & ";
+              TROUPE_ELASTIC_RANK_BIN + " 40 " + std::to_string(until_world) + " allreduce >" +
+              logs + "/node" + std::to_string(node) + " 2>&1; echo $? >" + logs + "/status" +
+              std::to_string(node) + " ) & ";
   }
   if (cut_link)
     // Watches node 0's log (at most 120 s) for slot 0's hold, cuts, and lets slot 0 go on.
@@ -113,7 +113,9 @@ Job run_job(const std::string& launch_options, const std::string& faults, int un
 
 }  // namespace
 
-TEST_CASE("an elastic job across two netbed hosts goes on without a rank killed on host 1, identical to the reference") {
+TEST_CASE(
+    "an elastic job across two netbed hosts goes on without a rank killed on host 1, identical to "
+    "the reference") {
   if (auto why = netbed_unavailable(); !why.empty()) {
     troupe::test::skip_case("no network test bed: " + why);
     return;
@@ -136,7 +138,9 @@ TEST_CASE("an elastic job across two netbed hosts goes on without a rank killed 
   CHECK(job.host1_sent > 40 * 676 * 4);
 }
 
-TEST_CASE("a rank killed on netbed host 1 of an elastic job is restarted there and heals, and the replicas are identical") {
+TEST_CASE(
+    "a rank killed on netbed host 1 of an elastic job is restarted there and heals, and the "
+    "replicas are identical") {
   if (auto why = netbed_unavailable(); !why.empty()) {
     troupe::test::skip_case("no network test bed: " + why);
     return;
@@ -154,7 +158,9 @@ TEST_CASE("a rank killed on netbed host 1 of an elastic job is restarted there a
   CHECK(job.node[1].find("slot 3 healed, stepping from step") != std::string::npos);
 }
 
-TEST_CASE("host 1's link cut for good mid-run: node 0's ranks form a new generation and finish within twice the membership deadline, identical to the reference") {
+TEST_CASE(
+    "host 1's link cut for good mid-run: node 0's ranks form a new generation and finish within "
+    "twice the membership deadline, identical to the reference") {
   if (auto why = netbed_unavailable(); !why.empty()) {
     troupe::test::skip_case("no network test bed: " + why);
     return;

@@ -7,9 +7,9 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <atomic>
 #include <future>
 #include <sstream>
 #include <string>
@@ -73,7 +73,8 @@ std::pair<Node, Node> run_two_nodes(int max_restarts, const std::string& faults,
   std::vector<std::string> command = {TROUPE_ELASTIC_RANK_BIN, "40", std::to_string(until_world),
                                       "allreduce"};
   std::vector<std::pair<std::string, std::string>> env = {
-      {"TROUPE_FAULT", faults}, {"OMP_NUM_THREADS", "1"},
+      {"TROUPE_FAULT", faults},
+      {"OMP_NUM_THREADS", "1"},
       {"TROUPE_JOB_SECRET", "elastic-nodes-test-secret-0123456789"}};
   LaunchOptions o0 = node_options(0, port, max_restarts), o1 = node_options(1, port, max_restarts);
   o0.spares = o1.spares = spares;
@@ -91,7 +92,9 @@ std::string describe(const Node& n) {
 
 }  // namespace
 
-TEST_CASE("an elastic job of two nodes goes on without a rank killed on node 1, identical to the reference") {
+TEST_CASE(
+    "an elastic job of two nodes goes on without a rank killed on node 1, identical to the "
+    "reference") {
   const auto nodes = run_two_nodes(0, "kill:rank=3,step=10", 0);
   const Node& node0 = nodes.first;
   const Node& node1 = nodes.second;
@@ -113,7 +116,9 @@ TEST_CASE("an elastic job of two nodes goes on without a rank killed on node 1, 
   CHECK(node0.result.message.find("3 of 4 rank slots finished") != std::string::npos);
 }
 
-TEST_CASE("a rank killed on node 1 of an elastic job is restarted there and heals, and the replicas are identical") {
+TEST_CASE(
+    "a rank killed on node 1 of an elastic job is restarted there and heals, and the replicas are "
+    "identical") {
   const auto nodes = run_two_nodes(1, "kill:rank=3,step=10", 4);
   const Node& node0 = nodes.first;
   const Node& node1 = nodes.second;
@@ -129,7 +134,9 @@ TEST_CASE("a rank killed on node 1 of an elastic job is restarted there and heal
   CHECK(out.find("slot 3 healed, stepping from step") != std::string::npos);
 }
 
-TEST_CASE("a rank killed on node 1 is replaced at once by node 1's spare, which heals, and the replicas are identical") {
+TEST_CASE(
+    "a rank killed on node 1 is replaced at once by node 1's spare, which heals, and the replicas "
+    "are identical") {
   // Slots: ranks 0, 1 (node 0) and 2, 3 (node 1); spares 4 (node 0) and 5 (node 1). Slot 3 dies
   // at step 10: generation 2 takes node 1's spare (slot 5), not the lower slot 4 of node 0, and
   // node 1's launcher starts a new spare in slot 3 (its own restart); at the end each launcher
@@ -158,7 +165,9 @@ TEST_CASE("a rank killed on node 1 is replaced at once by node 1's spare, which 
   CHECK(node1.result.message.find("1 waiting spares stopped") != std::string::npos);
 }
 
-TEST_CASE("an elastic node that cannot reach node 0's membership service fails at its deadline naming the address") {
+TEST_CASE(
+    "an elastic node that cannot reach node 0's membership service fails at its deadline naming "
+    "the address") {
   LaunchOptions o = node_options(1, pick_free_port(), 0);  // nothing listens there
   o.membership_timeout_sec = 1;
   o.command = {"/bin/true"};
@@ -209,23 +218,33 @@ TEST_CASE("the elastic membership service refuses a node of another shape, namin
         std::string::npos);
 }
 
-TEST_CASE("an elastic node's launcher and ranks end with an error naming the service when node 0's launcher dies") {
+TEST_CASE(
+    "an elastic node's launcher and ranks end with an error naming the service when node 0's "
+    "launcher dies") {
   const int port = pick_free_port();
   char dir[] = "/tmp/elastic-nodes-test.XXXXXX";
   REQUIRE(mkdtemp(dir) != nullptr);
   const std::string logs = dir;
-  const std::string common = std::string(" --elastic --nnodes 2 -n 2 --min-ranks 2 --master-addr "
-                                         "127.0.0.1 --master-port ") + std::to_string(port) +
-                             " --membership-timeout 20 --timeout 120 -- " +
+  const std::string common = std::string(
+                                 " --elastic --nnodes 2 -n 2 --min-ranks 2 --master-addr "
+                                 "127.0.0.1 --master-port ") +
+                             std::to_string(port) + " --membership-timeout 20 --timeout 120 -- " +
                              TROUPE_ELASTIC_RANK_BIN + " 20000 0 allreduce";
   // Node 0's launcher is SIGKILLed once its first generation is in force (polled with a
   // deadline); node 1's must then end by itself, with the error.
   const std::string script =
       "export OMP_NUM_THREADS=1; "
-      "" TROUPE_BIN " launch --node-rank 0" + common + " >" + logs + "/n0 2>&1 & p0=$!; "
-      "" TROUPE_BIN " launch --node-rank 1" + common + " >" + logs + "/n1 2>&1 & p1=$!; "
-      "for i in $(seq 600); do grep -q \"generation 1 in force\" " + logs + "/n0 && break; "
-      "sleep 0.1; done; kill -9 $p0; wait $p1; echo node1 status $?; cat " + logs + "/n1";
+      "" TROUPE_BIN " launch --node-rank 0" +
+      common + " >" + logs +
+      "/n0 2>&1 & p0=$!; "
+      "" TROUPE_BIN " launch --node-rank 1" +
+      common + " >" + logs +
+      "/n1 2>&1 & p1=$!; "
+      "for i in $(seq 600); do grep -q \"generation 1 in force\" " +
+      logs +
+      "/n0 && break; "
+      "sleep 0.1; done; kill -9 $p0; wait $p1; echo node1 status $?; cat " +
+      logs + "/n1";
   const auto start = std::chrono::steady_clock::now();
   auto out = test::run("timeout 100 bash -c '" + script + "'");
   const double took =

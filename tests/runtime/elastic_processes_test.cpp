@@ -1,8 +1,9 @@
 // Elastic jobs between real processes: `troupe launch --elastic` (troupe::launch) of
 // troupe_elastic_rank with faults injected by TROUPE_FAULT. Each rank trains a small MLP for 40
-// steps (on, in the restart cases, until the restarted rank is back) and checks, at the end, that every member holds bit-identical parameters and that they
-// match one process trained on the same global batches (tests/runtime/elastic_rank.cpp); these
-// tests check which ranks finished, in which world, and what the launcher reported.
+// steps (on, in the restart cases, until the restarted rank is back) and checks, at the end, that
+// every member holds bit-identical parameters and that they match one process trained on the same
+// global batches (tests/runtime/elastic_rank.cpp); these tests check which ranks finished, in which
+// world, and what the launcher reported.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -63,7 +64,9 @@ TEST_CASE("an elastic job goes on without a rank killed during backward") {
   CHECK(run.out.find("stepping again in generation 2") != std::string::npos);
 }
 
-TEST_CASE("a member stopped with SIGSTOP is dropped within twice the membership deadline, and the rest finish") {
+TEST_CASE(
+    "a member stopped with SIGSTOP is dropped within twice the membership deadline, and the rest "
+    "finish") {
   // Slot 2 stops itself before step 10 and never runs again. The survivors' collectives fail at
   // their deadline (20 s, elastic_rank.cpp), they join generation 2, which waits its deadline
   // (--membership-timeout 20) for slot 2 and forms without it. The survivors' wait for their
@@ -265,11 +268,12 @@ void check_streaming_restart(const char* algorithm, const std::string& variant_l
 
 // Streaming DiLoCo (h = 4, 2 fragments, delay 2, alpha 0.5): a re-form goes back to where a
 // fragment last landed (after an even step), each survivor to its own weights and inner
-// optimizer of then; the fragment due there starts again in the new world. The replicas differ (each merges
-// its own), so each survivor compares every member's weights with the reference's replicas, and
-// the members' global weights must agree.
-TEST_CASE("an elastic Streaming DiLoCo job killed in an inner step goes on from its last landed "
-          "fragment") {
+// optimizer of then; the fragment due there starts again in the new world. The replicas differ
+// (each merges its own), so each survivor compares every member's weights with the reference's
+// replicas, and the members' global weights must agree.
+TEST_CASE(
+    "an elastic Streaming DiLoCo job killed in an inner step goes on from its last landed "
+    "fragment") {
   // Slot 2 dies in inner step 8, after it started fragment 0's reduction (after step 6) and
   // before it starts fragment 1's (after step 8), which therefore fails on the others: they go
   // back to where fragment 0 landed, after step 8, and start fragment 1 there again; or, when
@@ -278,8 +282,9 @@ TEST_CASE("an elastic Streaming DiLoCo job killed in an inner step goes on from 
   check_streaming_kill("streaming-diloco", "");
 }
 
-TEST_CASE("a killed Streaming DiLoCo rank is restarted, takes the source's weights, and the job "
-          "matches the reference") {
+TEST_CASE(
+    "a killed Streaming DiLoCo rank is restarted, takes the source's weights, and the job "
+    "matches the reference") {
   check_streaming_restart("streaming-diloco", "");
 }
 
@@ -288,8 +293,9 @@ TEST_CASE("a killed Streaming DiLoCo rank is restarted, takes the source's weigh
 // rank takes the average as the others'); the reference models both
 // (tests/support/elastic_reference.h, itself checked against non-elastic runs by
 // tests/runtime/elastic_reference_test.cpp).
-TEST_CASE("an elastic Streaming DiLoCo job with eager updates killed in an inner step goes on "
-          "from its last landed fragment") {
+TEST_CASE(
+    "an elastic Streaming DiLoCo job with eager updates killed in an inner step goes on "
+    "from its last landed fragment") {
   check_streaming_kill("streaming-diloco-eager", ", allreduce, eager) as rank");
 }
 
@@ -297,16 +303,18 @@ TEST_CASE("an elastic Streaming DiLoCo job with eager updates killed in an inner
 // the other's completed: "rolled back from step N to step N + 1"), which then lands that
 // fragment from its own provisional step (seen in 5 of 6 runs here; the reference holds either
 // way, and land_missed_sync_test checks that landing deterministically).
-TEST_CASE("a killed Streaming DiLoCo rank with eager updates is restarted, takes the source's "
-          "weights and the last averages, and the job matches the reference") {
+TEST_CASE(
+    "a killed Streaming DiLoCo rank with eager updates is restarted, takes the source's "
+    "weights and the last averages, and the job matches the reference") {
   check_streaming_restart("streaming-diloco-eager", ", allreduce, eager) as rank");
 }
 
 // A top-k outer reduction (a quarter of each fragment, exact values, through an allgather) with
 // error feedback: each survivor goes back to its residuals of the landing point, a restarted
 // rank starts with zero ones, and the reference computes the same top-k sums in rank order.
-TEST_CASE("a killed Streaming DiLoCo rank with a top-k outer reduction is restarted with zero "
-          "residuals and the job matches the reference") {
+TEST_CASE(
+    "a killed Streaming DiLoCo rank with a top-k outer reduction is restarted with zero "
+    "residuals and the job matches the reference") {
   check_streaming_restart("streaming-diloco-topk", ", top-k(0.25)+ef) as rank");
 }
 
@@ -321,8 +329,9 @@ TEST_CASE("an elastic SparseLoCo job killed in an inner step goes on from its la
   CHECK(run.count("max |param - reference| = ") == 2);
 }
 
-TEST_CASE("a killed SparseLoCo rank is restarted with zero memory and the job matches the "
-          "reference") {
+TEST_CASE(
+    "a killed SparseLoCo rank is restarted with zero memory and the job matches the "
+    "reference") {
   auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "sparseloco");
   check_finished(run, 3, 3);
   CHECK(run.out.find("slot 2 healed, stepping from step") != std::string::npos);
@@ -332,8 +341,9 @@ TEST_CASE("a killed SparseLoCo rank is restarted with zero memory and the job ma
 
 // DiLoCo with a compressed outer reduction that keeps a residual (top-k 10% with error
 // feedback): the residual is each rank's own, kept by a survivor and zero on a restarted rank.
-TEST_CASE("an elastic DiLoCo job with a top-k outer reduction keeps each survivor's residual and "
-          "starts a restarted rank's at zero") {
+TEST_CASE(
+    "an elastic DiLoCo job with a top-k outer reduction keeps each survivor's residual and "
+    "starts a restarted rank's at zero") {
   auto run = run_elastic(3, 2, 1, "kill:rank=2,step=10", 3, "diloco-topk");
   check_finished(run, 3, 3);
   // Each first life at step 0, and slot 2's second life where it healed: all zero.
@@ -343,5 +353,6 @@ TEST_CASE("an elastic DiLoCo job with a top-k outer reduction keeps each survivo
   // Two re-forms (the kill, the rejoin), each lived by two survivors.
   CHECK(run.count("outer residual after re-form: LOST") == 0);
   CHECK(run.count("outer residual after re-form: kept") +
-            run.count("outer residual after re-form: behind the source") == 4);
+            run.count("outer residual after re-form: behind the source") ==
+        4);
 }

@@ -3,14 +3,14 @@
 // TROUPE_FAULT. It trains a small MLP for argv[1] steps on synthetic data with an
 // ElasticTrainer (and on, while the world is smaller than argv[2], so that a restarted rank
 // rejoins before the end; at most kMaxSteps), then checks that every member holds the same
-// parameters (bit for bit) and that they match one process trained on the same global batches (the global batch divides evenly by
-// every world size the tests reach, so the average of the ranks' means is the batch mean).
-// argv[3] picks the algorithm: allreduce (the default), topk (top-k 10% with error feedback and
-// momentum correction) or powersgd (rank 1 with error feedback, from step 2); the compressed
-// ones are not compared with the reference (they follow their own trajectory), but each rank
-// reports what happened to its algorithm state: after a re-form a survivor's must be what it was
-// after its last completed step ("kept"), a restarted rank's error feedback must be zero, and
-// the shared part (PowerSGD's Qs) is printed as a hash per step for the test to compare.
+// parameters (bit for bit) and that they match one process trained on the same global batches (the
+// global batch divides evenly by every world size the tests reach, so the average of the ranks'
+// means is the batch mean). argv[3] picks the algorithm: allreduce (the default), topk (top-k 10%
+// with error feedback and momentum correction) or powersgd (rank 1 with error feedback, from step
+// 2); the compressed ones are not compared with the reference (they follow their own trajectory),
+// but each rank reports what happened to its algorithm state: after a re-form a survivor's must be
+// what it was after its last completed step ("kept"), a restarted rank's error feedback must be
+// zero, and the shared part (PowerSGD's Qs) is printed as a hash per step for the test to compare.
 // argv[3] = diloco, streaming-diloco (and its -eager, -topk and -eager-topk variants:
 // tests/support/elastic_reference.h) or sparseloco runs that local-update algorithm (h = 4,
 // allreduce outer reduction for DiLoCo, exact top-25% values for SparseLoCo; inner SGD with
@@ -29,10 +29,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <csignal>
-#include <cstring>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -69,7 +69,8 @@ Algorithm make_algorithm(const std::string& name) {
     power.start_iter = 2;
     return power;
   }
-  throw comm::Error("elastic rank: algorithm '" + name + "' (expected allreduce, topk or powersgd)");
+  throw comm::Error("elastic rank: algorithm '" + name +
+                    "' (expected allreduce, topk or powersgd)");
 }
 
 JobAlgorithm make_job_algorithm(const std::string& name) {
@@ -229,7 +230,8 @@ int run_local_update(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential
         const std::string now = outer_residual(trainer.local_update());
         std::cout << "slot " << rt.slot() << " outer residual after re-form: "
                   << (kept == residuals.end() ? "behind the source"
-                                              : kept->second == now ? "kept" : "LOST")
+                      : kept->second == now   ? "kept"
+                                              : "LOST")
                   << std::endl;
       }
     } else {
@@ -297,8 +299,7 @@ int run_local_update(Runtime& rt, ElasticTrainer& trainer, torch::nn::Sequential
   std::cout << std::endl;
   for (auto& r : trainer.recoveries())
     std::cout << "slot " << rt.slot() << " recovery: generation " << r.generation << ", world "
-              << r.world_size << ", from step " << r.step << ", " << r.seconds << " s"
-              << std::endl;
+              << r.world_size << ", from step " << r.step << ", " << r.seconds << " s" << std::endl;
   if (!same) return 2;
   // Worlds of 1 and 2 sum as the reference does, bit for bit; 3 ranks' ring sums each chunk in
   // its own order.
@@ -336,16 +337,15 @@ int main(int argc, char** argv) {
       std::cout << "slot " << rt.slot() << " healed, stepping from step " << trainer.steps()
                 << " at unix ms " << unix_ms() << std::endl;
       if (algorithm != "allreduce" && !diloco) {
-        const bool zero =
-            residuals_zero(module_state(trainer.module(), StatePart::all), algorithm);
-        std::cout << "slot " << rt.slot() << " residual after heal: "
-                  << (zero ? "zero" : "NONZERO") << std::endl;
+        const bool zero = residuals_zero(module_state(trainer.module(), StatePart::all), algorithm);
+        std::cout << "slot " << rt.slot() << " residual after heal: " << (zero ? "zero" : "NONZERO")
+                  << std::endl;
         report_shared();
       }
     }
     if (diloco)
-      return run_local_update(rt, trainer, net, opt, d, algorithm, steps, until_world,
-                              launch_world, restarted);
+      return run_local_update(rt, trainer, net, opt, d, algorithm, steps, until_world, launch_world,
+                              restarted);
     // This rank's algorithm state after its last completed step: what a re-form must keep.
     std::vector<std::string> last = bucket_states(module_state(trainer.module(), StatePart::all));
     int64_t last_step = trainer.steps();
@@ -412,10 +412,9 @@ int main(int argc, char** argv) {
                     << "source (" << last_step << " -> " << trainer.steps() << ")" << std::endl;
           report_shared();
         } else if (algorithm != "allreduce") {
-          const bool kept =
-              bucket_states(module_state(trainer.module(), StatePart::all)) == last;
-          std::cout << "slot " << rt.slot() << " algorithm state after re-form: "
-                    << (kept ? "kept" : "LOST") << std::endl;
+          const bool kept = bucket_states(module_state(trainer.module(), StatePart::all)) == last;
+          std::cout << "slot " << rt.slot()
+                    << " algorithm state after re-form: " << (kept ? "kept" : "LOST") << std::endl;
           report_shared();
         }
       }

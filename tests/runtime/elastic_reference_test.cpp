@@ -74,8 +74,9 @@ TEST_CASE("the elastic reference matches a non-elastic Streaming DiLoCo run with
   }
 }
 
-TEST_CASE("the elastic reference matches a non-elastic Streaming DiLoCo run, with and without a "
-          "top-k outer reduction") {
+TEST_CASE(
+    "the elastic reference matches a non-elastic Streaming DiLoCo run, with and without a "
+    "top-k outer reduction") {
   for (const std::string algorithm :
        {"streaming-diloco", "streaming-diloco-topk", "streaming-diloco-eager-topk"})
     for (int world : {1, 2, 3}) {

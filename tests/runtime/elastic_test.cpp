@@ -187,8 +187,9 @@ TEST_CASE("the membership service forms a world, and re-forms it when a rank die
   ::close(ranks[2].fd);
 }
 
-TEST_CASE_FIXTURE(TwoMembersAndSpare,
-                  "a spare waits at its join without opening a generation, then takes a dead rank's place") {
+TEST_CASE_FIXTURE(
+    TwoMembersAndSpare,
+    "a spare waits at its join without opening a generation, then takes a dead rank's place") {
   attach_spare();
   CHECK(server.standby(2));
   CHECK(!server.standby(0));
@@ -197,7 +198,8 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
   join(server, ranks, 0, -1);
   join(server, ranks, 1, -1);
   expect_first_generation(server, ranks, 2);
-  for (int s = 0; s < 2; ++s) CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
+  for (int s = 0; s < 2; ++s)
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
   CHECK(ranks[2].idle());  // not a member of generation 1, still waiting
   CHECK(server.standby(2));
   CHECK(server.generations() == 1);
@@ -220,8 +222,9 @@ TEST_CASE_FIXTURE(TwoMembersAndSpare,
   CHECK(server.generations() == 2);
 }
 
-TEST_CASE_FIXTURE(TwoMembersAndSpare,
-                  "a spare that is ready while the world is short of its ranks opens a generation") {
+TEST_CASE_FIXTURE(
+    TwoMembersAndSpare,
+    "a spare that is ready while the world is short of its ranks opens a generation") {
   join(server, ranks, 0, -1);
   join(server, ranks, 1, -1);
   expect_first_generation(server, ranks, 2);
@@ -284,7 +287,8 @@ TEST_CASE("a place is filled by a spare of the dead rank's node first, then by a
   for (int s = 0; s < 6; ++s) ranks.push_back({server.attach(s, /*standby=*/s >= 4)});
   for (int s : {4, 5, 0, 1, 2, 3}) join(server, ranks, s, -1);
   expect_first_generation(server, ranks, 4);
-  for (int s = 0; s < 4; ++s) CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
+  for (int s = 0; s < 4; ++s)
+    CHECK(ranks[static_cast<size_t>(s)].receive().first == Message::table);
 
   // Slot 2 of node 1 dies: node 1's spare (slot 5) takes its place, not the lower slot 4.
   ranks[2].close();
@@ -382,12 +386,12 @@ TEST_CASE("an elastic sampler cuts the same global batches among any number of r
     }
     epoch.insert(whole.begin(), whole.end());
   }
-  CHECK(epoch.size() == 96);  // no sample twice in an epoch
+  CHECK(epoch.size() == 96);                                    // no sample twice in an epoch
   CHECK(sampler.indices(8, 0, 1) != sampler.indices(0, 0, 1));  // the next epoch reshuffles
-  CHECK_THROWS_WITH_AS(ElasticSampler(10, 11, 0), doctest::Contains("global_batch 11 (expected 1..10"),
-                       comm::Error);
-  CHECK_THROWS_WITH_AS(sampler.indices(0, 3, 3), doctest::Contains("expected step >= 0 and 0 <= rank < world"),
-                       comm::Error);
+  CHECK_THROWS_WITH_AS(ElasticSampler(10, 11, 0),
+                       doctest::Contains("global_batch 11 (expected 1..10"), comm::Error);
+  CHECK_THROWS_WITH_AS(sampler.indices(0, 3, 3),
+                       doctest::Contains("expected step >= 0 and 0 <= rank < world"), comm::Error);
 }
 
 TEST_CASE("elastic launch options are checked before any rank starts") {
@@ -396,8 +400,9 @@ TEST_CASE("elastic launch options are checked before any rank starts") {
   o.command = {"true"};
   o.elastic = true;
   o.min_ranks = 4;
-  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("min_ranks (--min-ranks) = 4 is out of range (expected 1..3"),
-                       comm::Error);
+  CHECK_THROWS_WITH_AS(
+      rank_env(o, 0, 1),
+      doctest::Contains("min_ranks (--min-ranks) = 4 is out of range (expected 1..3"), comm::Error);
   o.min_ranks = 2;
   o.nnodes = 2;
   o.master_addr = "node0";
@@ -427,6 +432,6 @@ TEST_CASE("elastic launch options are checked before any rank starts") {
   o.spares = 1;
   o.elastic = false;
   o.max_restarts = 0;
-  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1), doctest::Contains("spares (--spares) = 1 without elastic"),
-                       comm::Error);
+  CHECK_THROWS_WITH_AS(rank_env(o, 0, 1),
+                       doctest::Contains("spares (--spares) = 1 without elastic"), comm::Error);
 }

@@ -234,7 +234,8 @@ TEST_CASE("validate rejects a hand-built RankInfo that cannot be a job") {
   CHECK_THROWS_AS(troupe::validate(info), Error);
 }
 
-TEST_CASE("TROUPE_LINK shapes every link and TROUPE_LINK_RANKS the links to and from chosen ranks") {
+TEST_CASE(
+    "TROUPE_LINK shapes every link and TROUPE_LINK_RANKS the links to and from chosen ranks") {
   auto none = troupe::link_emulation_from_env(4, fake({}));
   CHECK_FALSE(none.active());
   auto links = troupe::link_emulation_from_env(
@@ -280,7 +281,8 @@ TEST_CASE("link_emulation_env gives the variables for launched ranks and checks 
                        doctest::Contains("TROUPE_LINK: link shape 'fast'"), Error);
 }
 
-TEST_CASE("the job secret, bind address and TLS files come from the environment under any launcher") {
+TEST_CASE(
+    "the job secret, bind address and TLS files come from the environment under any launcher") {
   auto info = troupe::rank_info_from_env(fake({{"RANK", "1"},
                                                {"WORLD_SIZE", "2"},
                                                {"TROUPE_JOB_SECRET", "0123456789abcdef"},
@@ -293,14 +295,14 @@ TEST_CASE("the job secret, bind address and TLS files come from the environment 
   CHECK(info.tls_cert == "/c.pem");
   CHECK(info.tls_key == "/k.pem");
   CHECK(info.tls_ca == "/ca.pem");
-  info = troupe::rank_info_from_env(
-      fake({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"TROUPE_JOB_SECRET", "0123456789abcdef"}}));
+  info = troupe::rank_info_from_env(fake(
+      {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"TROUPE_JOB_SECRET", "0123456789abcdef"}}));
   CHECK(info.job_secret == "0123456789abcdef");
   CHECK(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TROUPE_TLS_CERT", "/c.pem"}}) ==
         "TROUPE_TLS_KEY is not set, but TROUPE_TLS_CERT is (expected all three of TROUPE_TLS_CERT, "
         "TROUPE_TLS_KEY and TROUPE_TLS_CA, or none)");
-  CHECK(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TROUPE_TLS_CA", "/ca.pem"}}).find(
-            "TROUPE_TLS_CERT is not set, but TROUPE_TLS_CA is") == 0);
+  CHECK(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TROUPE_TLS_CA", "/ca.pem"}})
+            .find("TROUPE_TLS_CERT is not set, but TROUPE_TLS_CA is") == 0);
   CHECK(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TROUPE_JOB_SECRET", "short"}})
             .find("TROUPE_JOB_SECRET has 5 characters (expected at least 16") == 0);
 }

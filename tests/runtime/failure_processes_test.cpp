@@ -51,8 +51,8 @@ class RankZero {
   explicit RankZero(int port) {
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.push_back(*e);
-    for (std::string v : {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2",
-                          "MASTER_ADDR=127.0.0.1"})
+    for (std::string v :
+         {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"})
       env.push_back(v);
     env.push_back("MASTER_PORT=" + std::to_string(port));
     std::vector<char*> envp, argv;
@@ -111,14 +111,15 @@ TEST_CASE("a rank joining a stopped rank 0 fails at its rendezvous deadline nami
   }
   const auto took = Clock::now() - start;
   CAPTURE(error);
-  MESSAGE("rank 1 gave up after "
-          << std::chrono::duration<double>(took).count() << " s: " << error);
+  MESSAGE("rank 1 gave up after " << std::chrono::duration<double>(took).count()
+                                  << " s: " << error);
   CHECK(error.find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
   CHECK(error.find("2000 ms") != std::string::npos);
   CHECK(took < 2000ms + 3s);
 }
 
-TEST_CASE("a rank process that gives up with an exception ends the others' steps at once, naming it") {
+TEST_CASE(
+    "a rank process that gives up with an exception ends the others' steps at once, naming it") {
   for (const char* scenario : {"ddp_fail_one", "ddp_throw_one"}) {
     CAPTURE(scenario);
     LaunchOptions o;
@@ -143,15 +144,18 @@ TEST_CASE("troupe run of a gossip job lets the survivors of a dead rank finish a
   // step 20 with status 3.
   const std::string bin = TROUPE_BIN;
   const std::string trainer = bin.substr(0, bin.rfind('/') + 1) + "fashion_mnist";
-  auto script = write_file("trainer.sh", "#!/bin/sh\nexec " + trainer +
-                                             " \"$@\" --die-rank 2 --die-step 20\n");
+  auto script = write_file("trainer.sh",
+                           "#!/bin/sh\nexec " + trainer + " \"$@\" --die-rank 2 --die-step 20\n");
   REQUIRE(chmod(script.c_str(), 0755) == 0);
-  auto job = write_file("ring.toml", "[job]\nworld_size = 3\nmode = \"processes\"\n"
-                                     "timeout_sec = 240\n"
-                                     "[topology]\nkind = \"ring\"\n"
-                                     "[algorithm]\nname = \"decentralized\"\n"
-                                     "[trainer]\nprogram = \"" + script + "\"\n"
-                                     "model = \"mlp\"\nepochs = 1\nbatch = 128\nlog_every = 50\n");
+  auto job = write_file("ring.toml",
+                        "[job]\nworld_size = 3\nmode = \"processes\"\n"
+                        "timeout_sec = 240\n"
+                        "[topology]\nkind = \"ring\"\n"
+                        "[algorithm]\nname = \"decentralized\"\n"
+                        "[trainer]\nprogram = \"" +
+                            script +
+                            "\"\n"
+                            "model = \"mlp\"\nepochs = 1\nbatch = 128\nlog_every = 50\n");
   std::string text;
   FILE* pipe = popen((bin + " run " + job + " 2>&1").c_str(), "r");
   REQUIRE(pipe);

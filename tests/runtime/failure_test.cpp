@@ -27,8 +27,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr auto kDeadline = 30s;   // every wait of the surviving ranks
-constexpr auto kPromptly = 5s;    // what "at once" must beat on a loaded 2-core machine
+constexpr auto kDeadline = 30s;  // every wait of the surviving ranks
+constexpr auto kPromptly = 5s;   // what "at once" must beat on a loaded 2-core machine
 const std::string kBadData = "bad data in batch 7: label 11 is outside [0, 10)";
 
 /// A TCP socket listening on 127.0.0.1 that never accepts nor writes: the kernel completes the
@@ -59,7 +59,8 @@ std::vector<RuntimeOptions> ranks_with_deadline(int world) {
   auto fabric = std::make_shared<comm::InprocFabric>(world);
   const int port = pick_free_port();
   std::vector<RuntimeOptions> options;
-  for (int r = 0; r < world; ++r) options.push_back(test::thread_rank(r, world, port, fabric, kDeadline));
+  for (int r = 0; r < world; ++r)
+    options.push_back(test::thread_rank(r, world, port, fabric, kDeadline));
   return options;
 }
 
@@ -101,7 +102,8 @@ torch::nn::Sequential small_model() {
 
 }  // namespace
 
-TEST_CASE("a rendezvous port that accepts and never answers fails at the deadline naming host:port") {
+TEST_CASE(
+    "a rendezvous port that accepts and never answers fails at the deadline naming host:port") {
   SilentListener silent;
   auto fabric = std::make_shared<comm::InprocFabric>(2);
   const auto deadline = 1500ms;
@@ -183,7 +185,8 @@ TEST_CASE("a rank whose Runtime an exception unwinds is announced as failed, not
   }
 }
 
-TEST_CASE("a rank that fails mid-training ends every other rank's DistributedModule step, naming it") {
+TEST_CASE(
+    "a rank that fails mid-training ends every other rank's DistributedModule step, naming it") {
   torch::set_num_threads(1);
   FailureClock clock;
   std::vector<double> waited(3, -1);
@@ -194,8 +197,7 @@ TEST_CASE("a rank that fails mid-training ends every other rank's DistributedMod
     d.stall_timeout = kDeadline;
     DistributedModule ddp(rt, model.ptr(), GradientAllReduce{}, d);
     for (int step = 0; step < 50; ++step) {
-      if (rank == 2 && step == 3)
-        or_fail(rt, clock, [] { throw std::runtime_error(kBadData); });
+      if (rank == 2 && step == 3) or_fail(rt, clock, [] { throw std::runtime_error(kBadData); });
       opt.zero_grad();
       model->forward(torch::randn({4, 8})).pow(2).mean().backward();
       try {
@@ -209,7 +211,8 @@ TEST_CASE("a rank that fails mid-training ends every other rank's DistributedMod
   CHECK(errors[2] == kBadData);
   for (int r : {0, 1}) {
     check_names(errors[static_cast<size_t>(r)], 2, kBadData);
-    MESSAGE("rank " << r << "'s step failed " << waited[static_cast<size_t>(r)] << " s after rank 2");
+    MESSAGE("rank " << r << "'s step failed " << waited[static_cast<size_t>(r)]
+                    << " s after rank 2");
     CHECK(waited[static_cast<size_t>(r)] >= 0);
     CHECK(waited[static_cast<size_t>(r)] < std::chrono::duration<double>(kPromptly).count());
   }

@@ -31,8 +31,9 @@ TEST_CASE("a fault plan names the rank, the step and the phase, backward by defa
   CHECK(faults[0].step == 100);
   CHECK(faults[0].phase == FaultPhase::backward);
 
-  faults = parse_faults("kill:step=7,phase=optimizer,rank=0;kill:rank=3,step=0,phase=rendezvous;"
-                        "kill:rank=1,step=12,phase=reduce");
+  faults = parse_faults(
+      "kill:step=7,phase=optimizer,rank=0;kill:rank=3,step=0,phase=rendezvous;"
+      "kill:rank=1,step=12,phase=reduce");
   REQUIRE(faults.size() == 3);
   CHECK(faults[0].rank == 0);
   CHECK(faults[0].step == 7);
@@ -54,20 +55,20 @@ TEST_CASE("a bad fault plan is refused naming the variable, the value and what w
     const char* text;
     const char* says;
   };
-  for (const Bad& bad : {Bad{"die:rank=1,step=2", "does not start with 'kill:'"},
-                         Bad{"kill:rank=1", "lacks step="},
-                         Bad{"kill:step=4", "lacks rank="},
-                         Bad{"kill:rank=one,step=2", "rank='one' is not a non-negative integer"},
-                         Bad{"kill:rank=1,step=-2", "step='-2' is not a non-negative integer"},
-                         Bad{"kill:rank=1,step=", "step='' is not a non-negative integer"},
-                         Bad{"kill:rank=1,step=2,phase=forward", "phase='forward'"},
-                         Bad{"kill:rank=1,step=2,when=now", "unknown key 'when'"},
-                         Bad{"kill:rank=1,rank=2,step=2", "key 'rank' appears twice"},
-                         Bad{"kill:rank=1,step", "'step' in 'kill:rank=1,step' is not key=value"},
-                         Bad{"kill:rank=1,step=2;", "an empty fault"},
-                         Bad{"kill:rank=70000,step=2", "rank=70000 is out of range"},
-                         Bad{"kill:rank=1,step=any", "step=any in 'kill:rank=1,step=any' with phase backward"},
-                         Bad{"kill:rank=1,step=2,life=x", "life='x' is not a non-negative integer"}}) {
+  for (const Bad& bad :
+       {Bad{"die:rank=1,step=2", "does not start with 'kill:'"}, Bad{"kill:rank=1", "lacks step="},
+        Bad{"kill:step=4", "lacks rank="},
+        Bad{"kill:rank=one,step=2", "rank='one' is not a non-negative integer"},
+        Bad{"kill:rank=1,step=-2", "step='-2' is not a non-negative integer"},
+        Bad{"kill:rank=1,step=", "step='' is not a non-negative integer"},
+        Bad{"kill:rank=1,step=2,phase=forward", "phase='forward'"},
+        Bad{"kill:rank=1,step=2,when=now", "unknown key 'when'"},
+        Bad{"kill:rank=1,rank=2,step=2", "key 'rank' appears twice"},
+        Bad{"kill:rank=1,step", "'step' in 'kill:rank=1,step' is not key=value"},
+        Bad{"kill:rank=1,step=2;", "an empty fault"},
+        Bad{"kill:rank=70000,step=2", "rank=70000 is out of range"},
+        Bad{"kill:rank=1,step=any", "step=any in 'kill:rank=1,step=any' with phase backward"},
+        Bad{"kill:rank=1,step=2,life=x", "life='x' is not a non-negative integer"}}) {
     CAPTURE(bad.text);
     const std::string what = error_of(bad.text);
     CHECK(what.find(std::string("TROUPE_FAULT='") + bad.text + "'") != std::string::npos);
@@ -77,8 +78,9 @@ TEST_CASE("a bad fault plan is refused naming the variable, the value and what w
 }
 
 TEST_CASE("arming keeps this rank's earliest fault per phase of the life it is in") {
-  const auto faults = parse_faults("kill:rank=1,step=9;kill:rank=1,step=4;kill:rank=2,step=1;"
-                                   "kill:rank=1,step=6,phase=reduce");
+  const auto faults = parse_faults(
+      "kill:rank=1,step=9;kill:rank=1,step=4;kill:rank=2,step=1;"
+      "kill:rank=1,step=6,phase=reduce");
   fault::arm(faults, 1, 4, 0);
   CHECK(fault::armed_step(FaultPhase::backward) == 4);
   CHECK(fault::armed_step(FaultPhase::reduce) == 6);
@@ -91,9 +93,10 @@ TEST_CASE("arming keeps this rank's earliest fault per phase of the life it is i
   fault::arm(parse_faults("kill:rank=1,step=3;kill:rank=1,step=any,phase=heal,life=1"), 1, 4, 1);
   CHECK(fault::armed_step(FaultPhase::backward) == -1);
   CHECK(fault::armed_step(FaultPhase::heal) == troupe::kAnyStep);
-  CHECK_THROWS_WITH_AS(fault::arm(faults, 0, 2, 0, "RuntimeOptions.faults"),
-                       doctest::Contains("RuntimeOptions.faults: a fault names rank 2 (expected 0..1"),
-                       troupe::comm::Error);
+  CHECK_THROWS_WITH_AS(
+      fault::arm(faults, 0, 2, 0, "RuntimeOptions.faults"),
+      doctest::Contains("RuntimeOptions.faults: a fault names rank 2 (expected 0..1"),
+      troupe::comm::Error);
   fault::disarm();
   CHECK(fault::armed_step(FaultPhase::reduce) == -1);
 }

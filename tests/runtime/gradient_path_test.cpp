@@ -43,7 +43,8 @@ class FakePath : public GradientPath {
 TEST_CASE("the first gradient path that can serve is chosen, and the ones before it say why not") {
   std::vector<int> asked(3, 0);
   std::vector<std::unique_ptr<GradientPath>> candidates;
-  candidates.push_back(std::make_unique<FakePath>("first", "the parameters are on the CPU", &asked[0]));
+  candidates.push_back(
+      std::make_unique<FakePath>("first", "the parameters are on the CPU", &asked[0]));
   candidates.push_back(std::make_unique<FakePath>("second", "", &asked[1]));
   candidates.push_back(std::make_unique<FakePath>("third", "", &asked[2]));
   auto choice = choose_gradient_path(std::move(candidates), GradientPathContext{});
@@ -56,8 +57,10 @@ TEST_CASE("the first gradient path that can serve is chosen, and the ones before
 TEST_CASE("when no gradient path can serve, the error lists every candidate's reason") {
   std::vector<int> asked(2, 0);
   std::vector<std::unique_ptr<GradientPath>> candidates;
-  candidates.push_back(std::make_unique<FakePath>("nccl", "troupe was built without NCCL", &asked[0]));
-  candidates.push_back(std::make_unique<FakePath>("transport", "the parameters are on CUDA", &asked[1]));
+  candidates.push_back(
+      std::make_unique<FakePath>("nccl", "troupe was built without NCCL", &asked[0]));
+  candidates.push_back(
+      std::make_unique<FakePath>("transport", "the parameters are on CUDA", &asked[1]));
   CHECK_THROWS_WITH_AS(choose_gradient_path(std::move(candidates), GradientPathContext{}),
                        "DistributedModule: no gradient path can reduce this module's buckets "
                        "(nccl: troupe was built without NCCL; transport: the parameters are on "
@@ -80,7 +83,9 @@ TEST_CASE("a CPU module is told why the CUDA paths and shared memory declined") 
   };
   const std::vector<Setting> settings = {
       {{}, true, "cpu via shared memory", ""},
-      {{"host-a", "host-b"}, true, "cpu",
+      {{"host-a", "host-b"},
+       true,
+       "cpu",
        "cpu via shared memory: rank 1 is not on rank 0's host (host 'host-b', another kernel or "
        "/dev/shm than rank 0's 'host-a')"},
       {{}, false, "cpu", "cpu via shared memory: DdpOptions::shared_memory is off"},
@@ -90,13 +95,16 @@ TEST_CASE("a CPU module is told why the CUDA paths and shared memory declined") 
     CAPTURE(s.shared_memory_declined);
     std::vector<std::string> path(2);
     std::vector<std::vector<std::string>> declined(2);
-    auto errors = test::run_threads(2, [&](int r, Runtime& rt) {
-      DdpOptions o;
-      o.shared_memory = s.shared_memory;
-      DistributedModule ddp(rt, std::make_shared<test::Mlp>(4, 4, 2), GradientAllReduce{}, o);
-      path[static_cast<size_t>(r)] = ddp.gradient_path();
-      declined[static_cast<size_t>(r)] = ddp.declined_gradient_paths();
-    }, s.hosts);
+    auto errors = test::run_threads(
+        2,
+        [&](int r, Runtime& rt) {
+          DdpOptions o;
+          o.shared_memory = s.shared_memory;
+          DistributedModule ddp(rt, std::make_shared<test::Mlp>(4, 4, 2), GradientAllReduce{}, o);
+          path[static_cast<size_t>(r)] = ddp.gradient_path();
+          declined[static_cast<size_t>(r)] = ddp.declined_gradient_paths();
+        },
+        s.hosts);
     for (auto& e : errors) CHECK(e == "");
     std::vector<std::string> want = {"cuda via nccl: the parameters are on the CPU",
                                      "cuda via host staging: the parameters are on the CPU"};

@@ -36,7 +36,8 @@ DdpOptions several_buckets() {
 
 }  // namespace
 
-TEST_CASE("gradients set to none are averaged on every CPU path like one process on the whole batch") {
+TEST_CASE(
+    "gradients set to none are averaged on every CPU path like one process on the whole batch") {
   torch::set_num_threads(1);
   std::vector<Case> cases;
   for (auto aggregation : {Aggregation::bucket, Aggregation::model})
@@ -90,7 +91,8 @@ TEST_CASE("gradients set to none are averaged on every CPU path like one process
     }
 }
 
-TEST_CASE("a parameter unused on one rank whose gradient is none receives the other ranks' gradient") {
+TEST_CASE(
+    "a parameter unused on one rank whose gradient is none receives the other ranks' gradient") {
   // The extra head is used by rank 1 only. Rank 0's head gradient stays none in backward; the
   // step must reduce it as zeros and point it at its bucket slot, which holds the average.
   torch::set_num_threads(1);
@@ -109,7 +111,8 @@ TEST_CASE("a parameter unused on one rank whose gradient is none receives the ot
   for (int s = 0; s < steps; ++s) {
     ref_opt->zero_grad();
     auto loss = (torch::mse_loss(forward(*reference, job.x(s, 0), false), job.y(s, 0)) +
-                 torch::mse_loss(forward(*reference, job.x(s, 1), true), job.y(s, 1))) / 2;
+                 torch::mse_loss(forward(*reference, job.x(s, 1), true), job.y(s, 1))) /
+                2;
     loss.backward();
     ref_opt->step();
   }
@@ -140,7 +143,8 @@ TEST_CASE("a parameter unused on one rank whose gradient is none receives the ot
   }
 }
 
-TEST_CASE("a parameter no rank uses, whose gradient is none, ends with a zero gradient in its bucket") {
+TEST_CASE(
+    "a parameter no rank uses, whose gradient is none, ends with a zero gradient in its bucket") {
   torch::set_num_threads(1);
   Case c;
   c.options = several_buckets();
@@ -154,7 +158,8 @@ TEST_CASE("a parameter no rank uses, whose gradient is none, ends with a zero gr
     DistributedModule ddp(rt, model, GradientAllReduce{}, c.options);
     for (int s = 0; s < 2; ++s) {
       model->zero_grad(/*set_to_none=*/true);
-      torch::mse_loss(model->forward(torch::ones({2, 6}) * (r + 1)), torch::zeros({2, 3})).backward();
+      torch::mse_loss(model->forward(torch::ones({2, 6}) * (r + 1)), torch::zeros({2, 3}))
+          .backward();
       ddp.step(opt);
       REQUIRE(model->unused->weight.grad().defined());
       CHECK(model->unused->weight.grad().abs().max().item<double>() == 0);
@@ -189,7 +194,8 @@ TEST_CASE("CentralizedSGD averages gradients the user set to none like one proce
   for (double d : diffs) CHECK(d < 2e-5);
 }
 
-TEST_CASE("optim::PowerSGD averages gradients set to none, and its zero_grad keeps them in the buckets") {
+TEST_CASE(
+    "optim::PowerSGD averages gradients set to none, and its zero_grad keeps them in the buckets") {
   torch::set_num_threads(1);
   const int world = 2, steps = 3;
   Case c;
@@ -233,8 +239,10 @@ TEST_CASE("FP16Optimizer with gradients set to none steps as with gradients zero
       optim::FP16Optimizer opt(rt, model, torch::optim::SGDOptions(0.1).momentum(0.9),
                                optim::Fp16OptimizerOptions().dtype(torch::kBFloat16));
       for (int s = 0; s < steps; ++s) {
-        if (to_none) model->zero_grad(/*set_to_none=*/true);
-        else opt.zero_grad();
+        if (to_none)
+          model->zero_grad(/*set_to_none=*/true);
+        else
+          opt.zero_grad();
         auto out = model->forward(job.x(s, r).to(torch::kBFloat16)).to(torch::kFloat);
         opt.backward(torch::mse_loss(out, job.y(s, r)));  // 1.13 had no bfloat16 mse_loss
         opt.step();

@@ -35,7 +35,8 @@ std::string write_file(const std::string& dir, const std::string& name, const st
 
 }  // namespace
 
-TEST_CASE("a machine identity is the boot id and the device and inode of the shared-memory directory") {
+TEST_CASE(
+    "a machine identity is the boot id and the device and inode of the shared-memory directory") {
   const std::string dir = make_dir("host-identity");
   const std::string boot = write_file(dir, "boot_id", "0f1e2d3c-aaaa-bbbb-cccc-000011112222");
   const std::string shm_a = dir + "/shm-a", shm_b = dir + "/shm-b";
@@ -49,7 +50,8 @@ TEST_CASE("a machine identity is the boot id and the device and inode of the sha
                  std::to_string(st.st_ino));
   CHECK(machine_identity(shm_a, boot) == a);  // the same directory on the same kernel
   CHECK(machine_identity(shm_b, boot) != a);  // another directory is another /dev/shm
-  const std::string other_boot = write_file(dir, "boot_id_2", "99999999-aaaa-bbbb-cccc-000011112222");
+  const std::string other_boot =
+      write_file(dir, "boot_id_2", "99999999-aaaa-bbbb-cccc-000011112222");
   CHECK(machine_identity(shm_a, other_boot) != a);  // another kernel
 
   // Without a boot id the host name stands in for it; without the directory nothing is shared.
@@ -80,12 +82,15 @@ TEST_CASE("the peer paths say which ranks share this rank's host and which trans
         std::vector<std::string>{"same host", "self", "other host (h1)"});
   CHECK(describe_peer_paths(0, names, hosts,
                             {"self/memory", "posix/memory sysv/memory cma/memory", "tcp/eth0"}) ==
-        std::vector<std::string>{"self", "same host, shared memory: posix/memory sysv/memory "
+        std::vector<std::string>{"self",
+                                 "same host, shared memory: posix/memory sysv/memory "
                                  "cma/memory",
                                  "other host (h1), network: tcp/eth0"});
 }
 
-TEST_CASE("thread ranks under one host name on two machines form two hosts and keep gradients off shared memory") {
+TEST_CASE(
+    "thread ranks under one host name on two machines form two hosts and keep gradients off shared "
+    "memory") {
   torch::set_num_threads(1);
   for (bool one_machine : {true, false}) {
     CAPTURE(one_machine);
@@ -111,8 +116,8 @@ TEST_CASE("thread ranks under one host name on two machines form two hosts and k
       grads[r] = model->weight.grad().clone();
     });
     for (auto& e : errors) CHECK(e == "");
-    const std::vector<int> want = one_machine ? std::vector<int>{0, 0, 0, 0}
-                                              : std::vector<int>{0, 0, 1, 1};
+    const std::vector<int> want =
+        one_machine ? std::vector<int>{0, 0, 0, 0} : std::vector<int>{0, 0, 1, 1};
     for (int r = 0; r < world; ++r) {
       CAPTURE(r);
       CHECK(hosts[r] == want);

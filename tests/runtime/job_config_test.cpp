@@ -14,9 +14,7 @@ using namespace troupe;
 namespace {
 
 /// A job of 8 ranks with the given [algorithm] (and any other tables after it).
-std::string job_with(const std::string& tables) {
-  return "[job]\nworld_size = 8\n\n" + tables;
-}
+std::string job_with(const std::string& tables) { return "[job]\nworld_size = 8\n\n" + tables; }
 
 /// The message of the comm::Error that parsing `text` throws, or "" when it parses.
 std::string error_of(const std::string& text) {
@@ -144,8 +142,8 @@ TEST_CASE("what a job file leaves out keeps the defaults of JobConfig and Traine
 TEST_CASE("each compression algorithm reads its settings by their field names") {
   SUBCASE("allreduce, fp16 and bf16") {
     algorithm_of<comm::Compression>(job_with("[algorithm]\nname = \"allreduce\"\n"));
-    CHECK_FALSE(compression_of<comm::HalfPrecision>(job_with("[algorithm]\nname = \"fp16\"\n"))
-                    .bfloat16);
+    CHECK_FALSE(
+        compression_of<comm::HalfPrecision>(job_with("[algorithm]\nname = \"fp16\"\n")).bfloat16);
     CHECK(compression_of<comm::HalfPrecision>(job_with("[algorithm]\nname = \"bf16\"\n")).bfloat16);
   }
   SUBCASE("bytegrad") {
@@ -262,16 +260,15 @@ min_interval_ms = 0
 }
 
 TEST_CASE("job_algorithm_name gives back the name the job file used") {
-  for (const char* name : {"allreduce", "fp16", "bf16", "bytegrad", "int4", "sign", "sign-vote", "topk",
-                           "randomk", "blockk", "powersgd", "decentralized",
+  for (const char* name : {"allreduce", "fp16", "bf16", "bytegrad", "int4", "sign", "sign-vote",
+                           "topk", "randomk", "blockk", "powersgd", "decentralized",
                            "low_precision_decentralized", "async_model_average", "async_gossip"}) {
     CAPTURE(name);
     const std::string n = name;
-    const bool gossip = n == "decentralized" || n == "low_precision_decentralized" ||
-                        n == "async_gossip";
-    const std::string text =
-        job_with(std::string(gossip ? "[topology]\nkind = \"ring\"\n" : "") +
-                 "[algorithm]\nname = \"" + n + "\"\n");
+    const bool gossip =
+        n == "decentralized" || n == "low_precision_decentralized" || n == "async_gossip";
+    const std::string text = job_with(std::string(gossip ? "[topology]\nkind = \"ring\"\n" : "") +
+                                      "[algorithm]\nname = \"" + n + "\"\n");
     CHECK(job_algorithm_name(parse_job_config(text).algorithm) == n);
   }
 }
@@ -378,8 +375,9 @@ TEST_CASE("a missing table or required key says what it should hold") {
 
 TEST_CASE("a topology that does not fit the world size or the algorithm is refused") {
   const std::string decentralized = "[algorithm]\nname = \"decentralized\"\n";
-  const std::string path3 = "[job]\nworld_size = 3\n[topology]\nkind = \"edge_list\"\n"
-                            "edges = [[0, 1], [1, 2]]\n";
+  const std::string path3 =
+      "[job]\nworld_size = 3\n[topology]\nkind = \"edge_list\"\n"
+      "edges = [[0, 1], [1, 2]]\n";
   check_error(job_with("[topology]\nkind = \"ring\"\n[algorithm]\nname = \"powersgd\"\n"),
               {"[topology] is only used by", "decentralized", "\"powersgd\""});
   check_error(job_with("[topology]\nkind = \"rng\"\n[algorithm]\nname = \"decentralized\"\n"),

@@ -49,12 +49,16 @@ TEST_CASE("each local rank of node 2 of 4 gets its global rank and torchrun's ot
   const LaunchOptions options = nodes(4, 2, 3);
   for (int local = 0; local < 3; ++local) {
     CAPTURE(local);
-    const std::map<std::string, std::string> want = {
-        {"RANK", std::to_string(6 + local)}, {"WORLD_SIZE", "12"},
-        {"LOCAL_RANK", std::to_string(local)}, {"LOCAL_WORLD_SIZE", "3"},
-        {"GROUP_RANK", "2"}, {"GROUP_WORLD_SIZE", "4"},
-        {"ROLE_RANK", std::to_string(6 + local)}, {"ROLE_WORLD_SIZE", "12"},
-        {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29501"}};
+    const std::map<std::string, std::string> want = {{"RANK", std::to_string(6 + local)},
+                                                     {"WORLD_SIZE", "12"},
+                                                     {"LOCAL_RANK", std::to_string(local)},
+                                                     {"LOCAL_WORLD_SIZE", "3"},
+                                                     {"GROUP_RANK", "2"},
+                                                     {"GROUP_WORLD_SIZE", "4"},
+                                                     {"ROLE_RANK", std::to_string(6 + local)},
+                                                     {"ROLE_WORLD_SIZE", "12"},
+                                                     {"MASTER_ADDR", "10.0.0.1"},
+                                                     {"MASTER_PORT", "29501"}};
     CHECK(env_of(options, local) == want);
   }
 }
@@ -108,7 +112,8 @@ TEST_CASE("the ranks of node 1 are named by their global rank in the output and 
   CHECK(out.str().find("[rank 3] rank=3 local=1\n") != std::string::npos);
 }
 
-TEST_CASE("a node rank past the nodes, no nodes, too many ranks and no master address are refused") {
+TEST_CASE(
+    "a node rank past the nodes, no nodes, too many ranks and no master address are refused") {
   CHECK(error_of(nodes(4, 4, 2)) ==
         "LaunchOptions.node_rank (--node-rank) = 4 is out of range (expected 0..3 for nnodes "
         "(--nnodes) = 4)");

@@ -313,7 +313,9 @@ TEST_CASE("every rank of a launch gets the same fresh job secret unless the laun
   CHECK(secrets(options) == std::set<std::string>{"one-secret-for-many-nodes"});
 }
 
-TEST_CASE("every rank of a launch gets the same fresh job id unless one is given, and a bad one is refused") {
+TEST_CASE(
+    "every rank of a launch gets the same fresh job id unless one is given, and a bad one is "
+    "refused") {
   const auto ids = printed_lines;
   auto options = shell(3, "echo \"$TROUPE_JOB_ID\"");
   const auto first = ids(options);

@@ -99,6 +99,7 @@ TEST_CASE("the ranks of a launcher killed with SIGKILL die within seconds instea
       if (alive(pid)) still.push_back(pid);
     survivors = still;
   }
-  CHECK_MESSAGE(survivors.empty(), survivors.size(), " rank(s) still running 10 s after the launcher died");
+  CHECK_MESSAGE(survivors.empty(), survivors.size(),
+                " rank(s) still running 10 s after the launcher died");
   for (int pid : survivors) kill(pid, SIGKILL);  // leave no orphan behind when it fails
 }

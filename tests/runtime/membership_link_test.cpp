@@ -68,8 +68,8 @@ std::future<std::string> relay_of(int port, const std::string& secret, const std
                                   std::unique_ptr<MembershipRelay>& out) {
   return std::async(std::launch::async, [port, secret, job, &out]() -> std::string {
     try {
-      out = std::make_unique<MembershipRelay>(NodeShape{2, 2, 1}, "127.0.0.1", port, secret, 5s,
-                                              job);
+      out =
+          std::make_unique<MembershipRelay>(NodeShape{2, 2, 1}, "127.0.0.1", port, secret, 5s, job);
     } catch (const comm::Error& e) {
       return e.what();
     }
@@ -202,7 +202,8 @@ TEST_CASE("the hub logs the real reason a node's launcher was lost") {
   CHECK(node0.log.str().find(lost + "the connection was closed\n") != std::string::npos);
 }
 
-TEST_CASE("a hello recorded from one connection is refused on another, and the refusal says nothing") {
+TEST_CASE(
+    "a hello recorded from one connection is refused on another, and the refusal says nothing") {
   // Job one: node 1's launcher joins through a recorder, as a passive listener on the wire would.
   std::string recorded;
   {
@@ -222,10 +223,12 @@ TEST_CASE("a hello recorded from one connection is refused on another, and the r
   REQUIRE(::send(fd, recorded.data(), recorded.size(), MSG_NOSIGNAL) ==
           static_cast<ssize_t>(recorded.size()));
   Seen seen;
-  second.pump([&] {
-    take(fd, seen);
-    return seen.ended;
-  }, 10s);
+  second.pump(
+      [&] {
+        take(fd, seen);
+        return seen.ended;
+      },
+      10s);
   ::close(fd);
   INFO(second.log.str());
   bool welcomed = false, refused = false;
@@ -244,7 +247,9 @@ TEST_CASE("a hello recorded from one connection is refused on another, and the r
   CHECK(!second.hub.connected());
 }
 
-TEST_CASE("a node of another job that shares the secret is refused by name; a wrong secret learns nothing") {
+TEST_CASE(
+    "a node of another job that shares the secret is refused by name; a wrong secret learns "
+    "nothing") {
   Hub node0(kSecret, "job-a");
   std::unique_ptr<MembershipRelay> other_job, other_secret;
   auto a = relay_of(node0.port, kSecret, "job-b", other_job);
@@ -253,9 +258,10 @@ TEST_CASE("a node of another job that shares the secret is refused by name; a wr
   auto b = relay_of(node0.port, "another-secret-0123456789abcdef", "job-a", other_secret);
   REQUIRE(node0.pump([&] { return ready(b); }, 10s));
   const std::string secret_error = b.get();
-  CHECK(job_error.find("node 1: the elastic membership service at 127.0.0.1:" +
-                       std::to_string(node0.port) + " refused this node: node 1 is of job "
-                       "'job-b' (--job-id, TROUPE_JOB_ID), and this service serves another") !=
+  CHECK(job_error.find(
+            "node 1: the elastic membership service at 127.0.0.1:" + std::to_string(node0.port) +
+            " refused this node: node 1 is of job "
+            "'job-b' (--job-id, TROUPE_JOB_ID), and this service serves another") !=
         std::string::npos);
   CHECK(secret_error.find("refused this node (node 0's launcher logs why") != std::string::npos);
   // Nothing about the job (its shape, its nodes, its id) reaches a peer without the secret.
@@ -272,14 +278,16 @@ TEST_CASE("a connection that never sends is closed at the hello deadline") {
   for (int i = 0; i < 5; ++i) idle.push_back(connect_raw(node0.port));
   std::vector<Seen> seen(idle.size());
   const auto start = std::chrono::steady_clock::now();
-  const bool all_closed = node0.pump([&] {
-    bool all = true;
-    for (size_t i = 0; i < idle.size(); ++i) {
-      take(idle[i], seen[i]);
-      all = all && seen[i].ended;
-    }
-    return all;
-  }, 5s);
+  const bool all_closed = node0.pump(
+      [&] {
+        bool all = true;
+        for (size_t i = 0; i < idle.size(); ++i) {
+          take(idle[i], seen[i]);
+          all = all && seen[i].ended;
+        }
+        return all;
+      },
+      5s);
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (int fd : idle) ::close(fd);
@@ -288,7 +296,8 @@ TEST_CASE("a connection that never sends is closed at the hello deadline") {
   CHECK(node0.hub.in_handshake() == 0);
 }
 
-TEST_CASE("connections in handshake are capped per address, and a relay still gets in once they go") {
+TEST_CASE(
+    "connections in handshake are capped per address, and a relay still gets in once they go") {
   HandshakeLimits limits;
   limits.per_address = 3;
   limits.hello_within = 500ms;
@@ -307,7 +316,8 @@ TEST_CASE("connections in handshake are capped per address, and a relay still ge
   CHECK(node0.hub.connected());
 }
 
-TEST_CASE("a frame header beyond the handshake's cap ends the connection before its body grows the hub") {
+TEST_CASE(
+    "a frame header beyond the handshake's cap ends the connection before its body grows the hub") {
   Hub node0(kSecret, "job-a");
   const long before = rss_kib();
   // 16 connections each claim a 4 MiB frame and send most of it.
@@ -326,14 +336,16 @@ TEST_CASE("a frame header beyond the handshake's cap ends the connection before 
     node0.pump([&] { return false; }, 1ms);
     for (size_t i = 0; i < fds.size(); ++i) take(fds[i], seen[i]);
   }
-  node0.pump([&] {
-    bool all = true;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      take(fds[i], seen[i]);
-      all = all && seen[i].ended;
-    }
-    return all;
-  }, 3s);
+  node0.pump(
+      [&] {
+        bool all = true;
+        for (size_t i = 0; i < fds.size(); ++i) {
+          take(fds[i], seen[i]);
+          all = all && seen[i].ended;
+        }
+        return all;
+      },
+      3s);
   const long grown = rss_kib() - before;
   for (int fd : fds) ::close(fd);
   for (const Seen& s : seen) CHECK(s.ended);
@@ -411,8 +423,9 @@ TEST_CASE("a hub out of descriptors refuses new connections instead of spinning"
   for (int fd : fds) ::close(fd);
   CHECK(fds.size() >= 10);
   REQUIRE(WIFEXITED(status));
-  INFO("10: the hub spun (500 ms of CPU or more in 2 s); 11: it did not say it is out of "
-       "descriptors");
+  INFO(
+      "10: the hub spun (500 ms of CPU or more in 2 s); 11: it did not say it is out of "
+      "descriptors");
   CHECK(WEXITSTATUS(status) == 0);
 }
 
@@ -453,7 +466,8 @@ std::string exchange_with(const std::string& peer_address, std::ostringstream& l
     return client.join(-1, "host-0", std::chrono::steady_clock::now() + 10s);
   });
   send_message(peer, Message::join, {"-1", "host-1"});
-  REQUIRE(serve(server, [&] { return ready_assignment(joined); }, 10s));
+  REQUIRE(serve(
+      server, [&] { return ready_assignment(joined); }, 10s));
   const Assignment a = joined.get();
   REQUIRE(a.world_size == 2);
   const std::string own = std::string(1, '\x11') + std::string(40, 'u');
@@ -467,7 +481,8 @@ std::string exchange_with(const std::string& peer_address, std::ostringstream& l
     return "";
   });
   send_message(peer, Message::address, {std::to_string(a.generation), peer_address});
-  serve(server, [&] { return ready(table); }, 10s);
+  serve(
+      server, [&] { return ready(table); }, 10s);
   const std::string out = table.wait_for(10s) == std::future_status::ready ? table.get() : "hung";
   ::close(peer);
   return out;
@@ -475,7 +490,9 @@ std::string exchange_with(const std::string& peer_address, std::ostringstream& l
 
 }  // namespace
 
-TEST_CASE("a peer's transport address that is not a UCX worker address of this build is refused before UCX sees it") {
+TEST_CASE(
+    "a peer's transport address that is not a UCX worker address of this build is refused before "
+    "UCX sees it") {
   std::ostringstream log;
   // 300 bytes of garbage, as the impostor of issue 35 registered.
   const std::string garbage = exchange_with(std::string(300, '\x7f'), log);
@@ -487,7 +504,8 @@ TEST_CASE("a peer's transport address that is not a UCX worker address of this b
   CHECK(exchange_with(std::string(1, '\x11') + std::string(100, 'p'), log) == "");
 }
 
-TEST_CASE("the membership service drops a rank that registers an address larger than any UCX address") {
+TEST_CASE(
+    "the membership service drops a rank that registers an address larger than any UCX address") {
   std::ostringstream log;
   const std::string huge = exchange_with(std::string(1, '\x11') + std::string(70 * 1024, 'p'), log);
   CHECK(log.str().find("rank slot 1 died (it sent a transport address of 71681 bytes (expected "
@@ -495,7 +513,8 @@ TEST_CASE("the membership service drops a rank that registers an address larger 
   CHECK(huge == "a newer generation opened");  // it never gets a table with that address
 }
 
-TEST_CASE("a node whose launcher falls silent is lost within the silence allowed; heartbeats keep one") {
+TEST_CASE(
+    "a node whose launcher falls silent is lost within the silence allowed; heartbeats keep one") {
   Hub node0(kSecret, "job-a", {}, 1500ms);
   std::unique_ptr<MembershipRelay> relay;
   auto joined = std::async(std::launch::async, [&]() -> std::string {
@@ -538,6 +557,5 @@ TEST_CASE("a node whose launcher falls silent is lost within the silence allowed
   CHECK(lost);
   CHECK(took < 3.0);  // the 1.5 s allowed after its last heartbeat
   CHECK(node0.log.str().find("lost the launcher of node 1 (from 127.0.0.1): nothing heard for "
-                             "1500 ms") !=
-        std::string::npos);
+                             "1500 ms") != std::string::npos);
 }

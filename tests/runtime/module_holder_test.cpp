@@ -1,6 +1,7 @@
-// Models held the way LibTorch programs hold them — a TORCH_MODULE holder, torch::nn::Linear — wrapped
-// on thread ranks and trained against one process on the whole batch; the empty holder refused; the
-// shard samplers the umbrella header documents. Includes only runtime/troupe.h of troupe's API.
+// Models held the way LibTorch programs hold them — a TORCH_MODULE holder, torch::nn::Linear —
+// wrapped on thread ranks and trained against one process on the whole batch; the empty holder
+// refused; the shard samplers the umbrella header documents. Includes only runtime/troupe.h of
+// troupe's API.
 #include "tests/support/torch_doctest.h"
 
 #include <algorithm>
@@ -91,7 +92,10 @@ double holder_difference(Wrapper wrapper, Make make) {
       opt.zero_grad();
       auto x = xs[s].narrow(0, r * kBatch, kBatch), y = ys[s].narrow(0, r * kBatch, kBatch);
       torch::mse_loss(model->forward(x), y).backward();
-      if (ddp) ddp->step(opt); else dp->step(opt);
+      if (ddp)
+        ddp->step(opt);
+      else
+        dp->step(opt);
     }
     if (dp) dp->finish();
     diffs[static_cast<size_t>(r)] = max_difference(*model, *reference);
@@ -146,8 +150,9 @@ TEST_CASE("a Module subclass by value is told apart from holders and shared_ptrs
   CHECK(true);  // the checks above are the test; a failing one does not compile
 }
 
-TEST_CASE("DistributedRandomSampler with the Runtime's rank and world size gives equal shards that "
-          "cover the dataset, reshuffled by set_epoch") {
+TEST_CASE(
+    "DistributedRandomSampler with the Runtime's rank and world size gives equal shards that "
+    "cover the dataset, reshuffled by set_epoch") {
   const int64_t n = 9;  // not a multiple of the world size: the shards are padded to 5 and 5
   auto dataset = torch::data::datasets::TensorDataset(torch::arange(n).unsqueeze(1))
                      .map(torch::data::transforms::Stack<torch::data::TensorExample>());

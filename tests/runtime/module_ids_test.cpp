@@ -20,7 +20,8 @@ TEST_CASE("a runtime creates and destroys 100 modules and the last one still red
   std::vector<std::vector<float>> grads(2);
   std::vector<std::string> paths(2);
   auto errors = test::run_threads(2, [&](int r, Runtime& rt) {
-    auto model = std::make_shared<torch::nn::LinearImpl>(torch::nn::LinearOptions(4, 1).bias(false));
+    auto model =
+        std::make_shared<torch::nn::LinearImpl>(torch::nn::LinearOptions(4, 1).bias(false));
     DdpOptions options;
     options.shared_memory = false;  // the transport path, whose messages carry the module id
     for (int i = 0; i < kModules; ++i) {
@@ -51,9 +52,12 @@ TEST_CASE("a runtime creates and destroys 100 modules and the last one still red
 TEST_CASE("module ids are the lowest free, and one more than the limit alive is refused by name") {
   auto errors = test::run_threads(1, [&](int, Runtime& rt) {
     std::vector<std::unique_ptr<ModuleId>> live;
-    for (int i = 0; i < comm::tags::kMaxModules; ++i) live.push_back(std::make_unique<ModuleId>(rt));
-    for (int i = 0; i < comm::tags::kMaxModules; ++i) CHECK(live[static_cast<size_t>(i)]->value() == i + 1);
-    CHECK_THROWS_WITH_AS(ModuleId{rt}, doctest::Contains("at most 15 modules at once"), comm::Error);
+    for (int i = 0; i < comm::tags::kMaxModules; ++i)
+      live.push_back(std::make_unique<ModuleId>(rt));
+    for (int i = 0; i < comm::tags::kMaxModules; ++i)
+      CHECK(live[static_cast<size_t>(i)]->value() == i + 1);
+    CHECK_THROWS_WITH_AS(ModuleId{rt}, doctest::Contains("at most 15 modules at once"),
+                         comm::Error);
     live[6].reset();  // id 7
     live[2].reset();  // id 3
     ModuleId a(rt);

@@ -66,8 +66,8 @@ TEST_CASE("two troupe launches, one per node, of 1 and then 2 ranks each check e
     const int world = 2 * nprocs;
     for (int rank = 0; rank < world; ++rank) {
       const Output& node = rank < nprocs ? node0 : other;
-      CHECK(count_of(node.text, "[rank " + std::to_string(rank) + "] rank " +
-                                    std::to_string(rank) + " of " + std::to_string(world) +
+      CHECK(count_of(node.text, "[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) +
+                                    " of " + std::to_string(world) +
                                     ": every collective correct") == 1);
     }
   }
@@ -128,8 +128,9 @@ TEST_CASE("troupe launch gives each rank one compute thread unless the user chos
   INFO(unset.text);
   CHECK(unset.status == 0);
   CHECK(count_of(unset.text, "] omp=1 blas=1\n") == 2);
-  CHECK(count_of(unset.text, "troupe: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 for "
-                             "each of the 2 ranks") == 1);
+  CHECK(count_of(unset.text,
+                 "troupe: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 for "
+                 "each of the 2 ranks") == 1);
   auto chosen = run("env -u OPENBLAS_NUM_THREADS OMP_NUM_THREADS=3 " + launch);
   INFO(chosen.text);
   CHECK(chosen.status == 0);
@@ -154,7 +155,9 @@ TEST_CASE("troupe launch warns once when its ranks' threads exceed the cores, an
   CHECK(count_of(fits.text, "warning") == 0);
 }
 
-TEST_CASE("two staggered two-node jobs that share a secret and a port never cross-wire: the other job's node is refused by its job id") {
+TEST_CASE(
+    "two staggered two-node jobs that share a secret and a port never cross-wire: the other job's "
+    "node is refused by its job id") {
   // Job a's node 0 listens and waits for its node 1. Job b's node 1, given the same secret and
   // port (job b's own node 0 could not listen on this host's port: it is job a's), reaches job
   // a's node 0 and must be refused, naming its job; then job a's own node 1 arrives, and job a

@@ -36,8 +36,9 @@ int check_paths(const Runtime& rt) {
     if (r == rt.rank()) continue;
     const std::string& path = paths[static_cast<size_t>(r)];
     const bool same = hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rt.rank())];
-    const bool ok = same ? path.find("same host, shared memory") == 0
-                         : path.find("other host") == 0 && path.find(", network:") != std::string::npos;
+    const bool ok =
+        same ? path.find("same host, shared memory") == 0
+             : path.find("other host") == 0 && path.find(", network:") != std::string::npos;
     std::cout << "rank " << rt.rank() << " to rank " << r << ": " << path << (ok ? "" : " (WRONG)")
               << std::endl;
     failures += ok ? 0 : 1;
@@ -108,8 +109,8 @@ int hosts(int per_host) {
             << ": host " << rt.real_hosts()[static_cast<size_t>(rt.rank())] << std::endl;
   failures += check_paths(rt);
   std::vector<float> v(300000, static_cast<float>(rt.rank() + 1));
-  rt.comm().hierarchical_allreduce(v.data(), v.size(), comm::DataType::float32,
-                                   comm::ReduceOp::sum, rt.real_hosts());
+  rt.comm().hierarchical_allreduce(v.data(), v.size(), comm::DataType::float32, comm::ReduceOp::sum,
+                                   rt.real_hosts());
   const int world = rt.world_size();
   for (float x : v)
     if (x != static_cast<float>(world * (world + 1) / 2)) {

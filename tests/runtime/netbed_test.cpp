@@ -39,10 +39,10 @@ std::string netbed_unavailable() {
 
 struct Job {
   int status = -1;
-  std::string output;                // the netbed's own output
-  std::vector<std::string> logs;     // each rank's log, by rank
-  std::vector<long long> sent;       // bytes out of each host over its link, by host
-  std::vector<long long> received;   // bytes into each host
+  std::string output;               // the netbed's own output
+  std::vector<std::string> logs;    // each rank's log, by rank
+  std::vector<long long> sent;      // bytes out of each host over its link, by host
+  std::vector<long long> received;  // bytes into each host
 };
 
 // `netbed job`: a bed of `hosts` hosts for one run of troupe_netbed_rank ARGS, torn down after.
@@ -83,7 +83,8 @@ std::string all_logs(const Job& job) {
 
 }  // namespace
 
-TEST_CASE("an allreduce and a data-parallel job across 3 emulated hosts are right and cross the links") {
+TEST_CASE(
+    "an allreduce and a data-parallel job across 3 emulated hosts are right and cross the links") {
   if (auto why = netbed_unavailable(); !why.empty()) {
     troupe::test::skip_case("no network test bed: " + why);
     return;
@@ -128,7 +129,9 @@ TEST_CASE("ranks under one host name on two emulated hosts are grouped by their 
   CHECK(job.sent[1] > 0);
 }
 
-TEST_CASE("a link taken down mid-run ends every rank's allreduce at its deadline with an error naming the rank across it") {
+TEST_CASE(
+    "a link taken down mid-run ends every rank's allreduce at its deadline with an error naming "
+    "the rank across it") {
   if (auto why = netbed_unavailable(); !why.empty()) {
     troupe::test::skip_case("no network test bed: " + why);
     return;
@@ -141,7 +144,9 @@ TEST_CASE("a link taken down mid-run ends every rank's allreduce at its deadline
   for (int r = 0; r < 2; ++r) CHECK(job.logs[r].find("failed after") != std::string::npos);
 }
 
-TEST_CASE("a host of four cut off for good: every rank's error blames the rank behind the cut link, never a healthy neighbour") {
+TEST_CASE(
+    "a host of four cut off for good: every rank's error blames the rank behind the cut link, "
+    "never a healthy neighbour") {
   if (auto why = netbed_unavailable(); !why.empty()) {
     troupe::test::skip_case("no network test bed: " + why);
     return;
@@ -150,9 +155,9 @@ TEST_CASE("a host of four cut off for good: every rank's error blames the rank b
   // waits for rank 0 and rank 2 for rank 1, both healthy and blocked behind the cut. Each rank
   // must blame rank 3, and rank 3 every other rank (its own link is the one down).
   const int hosts = 4;
-  auto job = run_job(hosts,
-                     "--rate 1gbit --timeout 60 --when 'allreduce 3 done' --do 'link-down 3'",
-                     "link_fault 8", hosts);
+  auto job =
+      run_job(hosts, "--rate 1gbit --timeout 60 --when 'allreduce 3 done' --do 'link-down 3'",
+              "link_fault 8", hosts);
   INFO(all_logs(job));
   CHECK(job.status == 0);
   CHECK(job.output.find("link of host 3 down") != std::string::npos);

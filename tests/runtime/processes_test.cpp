@@ -45,7 +45,8 @@ TEST_CASE("every collective over UCX between 4 processes matches the reference")
   CHECK(log.find("allreduce through shared memory: yes") != std::string::npos);
 }
 
-TEST_CASE("killing one rank in a large allreduce ends every other rank's call with an error naming it") {
+TEST_CASE(
+    "killing one rank in a large allreduce ends every other rank's call with an error naming it") {
   // Through shared memory (one host's default) and over the transport.
   for (const char* scenario : {"kill_one", "kill_one_transport"}) {
     CAPTURE(scenario);
@@ -67,8 +68,9 @@ TEST_CASE("a rank that dies mid-training ends every survivor's step with an erro
   for (int rank = 0; rank < 2; ++rank) CHECK(r.rank_exit_codes[rank] == 0);
 }
 
-TEST_CASE("a step whose peer never enters the reduction fails at the collective timeout, on the "
-          "shared-memory path and the transport's") {
+TEST_CASE(
+    "a step whose peer never enters the reduction fails at the collective timeout, on the "
+    "shared-memory path and the transport's") {
   // The scenario's rank 0 checks its error and when it came (tests/runtime/rank_main.cpp).
   for (const std::string scenario : {"ddp_late_rank_shm", "ddp_late_rank_transport"}) {
     INFO(scenario);

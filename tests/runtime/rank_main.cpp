@@ -72,8 +72,7 @@ int kill_one(bool shared_memory) {
       start = std::chrono::steady_clock::now();
     }
   } catch (const comm::Error& e) {
-    double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::string what = e.what();
     std::cout << "rank " << rt.rank() << " got after " << waited << " s: " << what << std::endl;
     bool named = what.find("rank " + std::to_string(victim)) != std::string::npos;
@@ -111,8 +110,7 @@ int ddp_kill_one() {
       ddp.step(opt);
     }
   } catch (const comm::Error& e) {
-    double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::string what = e.what();
     std::cout << "rank " << rt.rank() << " got after " << waited << " s: " << what << std::endl;
     if (what.find("rank " + std::to_string(victim)) != std::string::npos && waited < 20) return 0;
@@ -158,8 +156,7 @@ int ddp_fail_one(bool named) {
       ddp.step(opt);
     }
   } catch (const comm::Error& e) {
-    double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::string what = e.what();
     std::cout << "rank " << rt.rank() << " got after " << waited << " s: " << what << std::endl;
     const std::string expected = named ? "failed: " + bad : "failed: an exception unwound";
@@ -246,8 +243,8 @@ int gossip_kill_one(bool asynchronous) {
   o.scheduler_threads = 1;
   Runtime rt(o);
   const int victim = rt.world_size() - 1, steps = 30;
-  auto model = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(),
-                                     torch::nn::Linear(32, 4));
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
   torch::optim::SGD opt(model->parameters(), 0.01);
   comm::TopologySpec ring;
   ring.kind = comm::TopologyKind::ring;
@@ -334,8 +331,8 @@ int cuda_staging() {
   d.bucket_bytes = 4096;  // several buckets
   d.first_bucket_bytes = 1024;
   d.stage_through_host = true;
-  const auto run = test::train_against_whole_batch(rt, d, 16, 64, 4, 5, 11,
-                                                   torch::Device(torch::kCUDA, 0));
+  const auto run =
+      test::train_against_whole_batch(rt, d, 16, 64, 4, 5, 11, torch::Device(torch::kCUDA, 0));
   std::cout << "rank " << rt.rank() << " (" << run.gradient_path << "): largest difference "
             << "from one process " << run.largest_difference << std::endl;
   if (run.gradient_path != "cuda via host staging") return 2;

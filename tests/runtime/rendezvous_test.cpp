@@ -94,7 +94,8 @@ TEST_CASE("a duplicate rank fails the rendezvous at once, naming the rank") {
   auto errors = start_all({{0, 3}, {1, 3}, {1, 3}}, 3, 20s);
   CHECK(std::chrono::steady_clock::now() - start < 10s);  // well before the 20 s deadline
   int named = 0;
-  for (auto& e : errors) named += e.find("duplicate rank: rank 1 registered twice") != std::string::npos;
+  for (auto& e : errors)
+    named += e.find("duplicate rank: rank 1 registered twice") != std::string::npos;
   CHECK(named == 3);
 }
 
@@ -120,7 +121,8 @@ TEST_CASE("bad runtime options name the option and the value") {
   auto fabric = std::make_shared<comm::InprocFabric>(1);
   auto o = options_for(0, 1, pick_free_port(), fabric);
   o.transport = "carrier-pigeon";
-  CHECK_THROWS_WITH(Runtime{o}, doctest::Contains("\"carrier-pigeon\" (expected \"ucx\" or \"inproc\")"));
+  CHECK_THROWS_WITH(Runtime{o},
+                    doctest::Contains("\"carrier-pigeon\" (expected \"ucx\" or \"inproc\")"));
   o = options_for(0, 1, pick_free_port(), nullptr);
   CHECK_THROWS_WITH(Runtime{o}, doctest::Contains("needs RuntimeOptions.fabric"));
   o = options_for(0, 1, pick_free_port(), fabric);
@@ -133,9 +135,7 @@ TEST_CASE("a rank that leaves is reported to the others, and a wait for it ends 
   const int port = pick_free_port();
   std::promise<void> rank1_left;
   auto rank1 = std::async(std::launch::async, [&] {
-    {
-      Runtime rt(options_for(1, 2, port, fabric));
-    }
+    { Runtime rt(options_for(1, 2, port, fabric)); }
     rank1_left.set_value();
   });
   Runtime rt0(options_for(0, 2, port, fabric));
@@ -153,7 +153,8 @@ TEST_CASE("a rank that leaves is reported to the others, and a wait for it ends 
   CHECK(rt0.dead_ranks() == std::vector<int>{1});
 }
 
-TEST_CASE("every rank receives every rank's opaque bytes through the rendezvous, zero bytes included") {
+TEST_CASE(
+    "every rank receives every rank's opaque bytes through the rendezvous, zero bytes included") {
   // Each rank its own actor system, as in separate processes: the bytes cross the front door.
   const int world = 3;
   const int port = pick_free_port();
@@ -225,7 +226,9 @@ TEST_CASE("without an NCCL unique id from rank 0, Runtime::nccl says why on ever
   for (auto& e : errors) CHECK(e == "");
 }
 
-TEST_CASE("two jobs that share a secret and a port never meet: the other job's rank is refused by its job id") {
+TEST_CASE(
+    "two jobs that share a secret and a port never meet: the other job's rank is refused by its "
+    "job id") {
   const int port = pick_free_port();
   auto ours = std::make_shared<comm::InprocFabric>(2);
   auto theirs = std::make_shared<comm::InprocFabric>(2);

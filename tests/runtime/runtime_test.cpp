@@ -15,7 +15,8 @@ using namespace troupe;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-TEST_CASE("a Runtime with link emulation sends through emulated links and still reduces correctly") {
+TEST_CASE(
+    "a Runtime with link emulation sends through emulated links and still reduces correctly") {
   const int world = 3;
   auto fabric = std::make_shared<comm::InprocFabric>(world);
   const int port = pick_free_port();
@@ -41,7 +42,8 @@ TEST_CASE("a Runtime with link emulation sends through emulated links and still 
       const int other = r == 0 ? peer : 0;
       std::promise<comm::Status> got, sent;
       auto send = [&] {
-        t.send(other, comm::kTagMask, nullptr, 0, [&](const comm::Status& s) { sent.set_value(s); });
+        t.send(other, comm::kTagMask, nullptr, 0,
+               [&](const comm::Status& s) { sent.set_value(s); });
       };
       auto start = Clock::now();
       if (r == 0) send();

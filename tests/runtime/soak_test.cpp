@@ -60,8 +60,7 @@ TEST_CASE("the heap in use stays flat over a thousand data-parallel steps") {
     }
   });
   CHECK(errors == std::vector<std::string>{"", ""});
-  const double per_step =
-      (static_cast<double>(heap[1]) - static_cast<double>(heap[0])) / kSteps;
+  const double per_step = (static_cast<double>(heap[1]) - static_cast<double>(heap[0])) / kSteps;
   INFO("heap in use: " << heap[0] << " bytes after " << kWarmup << " steps, " << heap[1]
                        << " bytes after " << kSteps << " more (" << per_step << " per step)");
   // Per step and rank, the old per-step trace kept over 200 bytes, and CAF's clock a request

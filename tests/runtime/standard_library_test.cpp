@@ -21,11 +21,12 @@ std::string library_of(const char* symbol, void* handle = RTLD_DEFAULT) {
 
 }  // namespace
 
-TEST_CASE("std::filesystem in a program that links LibTorch is libstdc++'s own, not LibTorch's copy") {
+TEST_CASE(
+    "std::filesystem in a program that links LibTorch is libstdc++'s own, not LibTorch's copy") {
   void* torch_cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
   REQUIRE(torch_cpu != nullptr);  // this program links LibTorch
   const char* symbols[] = {
-      "_ZNSt10filesystem7__cxx114path14_M_split_cmptsEv",                      // path(...)
+      "_ZNSt10filesystem7__cxx114path14_M_split_cmptsEv",  // path(...)
       "_ZNSt10filesystem18create_directoriesERKNS_7__cxx114pathERSt10error_code",
       "_ZNSt10filesystem19temp_directory_pathB5cxx11Ev",
       "_ZNKSt10filesystem7__cxx1116filesystem_error4whatEv",
@@ -33,7 +34,8 @@ TEST_CASE("std::filesystem in a program that links LibTorch is libstdc++'s own, 
   int exported_by_torch = 0;
   for (const char* symbol : symbols) {
     CAPTURE(symbol);
-    if (library_of(symbol, torch_cpu).find("libtorch_cpu") != std::string::npos) ++exported_by_torch;
+    if (library_of(symbol, torch_cpu).find("libtorch_cpu") != std::string::npos)
+      ++exported_by_torch;
     const std::string library = library_of(symbol);
     CHECK(library.find("libstdc++") != std::string::npos);
   }

@@ -32,7 +32,9 @@ std::unique_ptr<c10d::TCPStore> store_server() {
   return std::make_unique<c10d::TCPStore>("127.0.0.1", o);
 }
 
-std::string text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::string text(const std::vector<uint8_t>& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
 
 template <typename Call>
 std::string error_of(Call&& call) {
@@ -82,11 +84,13 @@ TEST_CASE("a TcpStore with nobody listening fails at its deadline, naming host a
 }
 
 TEST_CASE("bad TcpStore arguments are refused, naming them") {
-  CHECK(error_of([] { TcpStore("localhost", 0, 1s); }).find("port 0 of host 'localhost' (expected 1..65535)") !=
-        std::string::npos);
+  CHECK(error_of([] {
+          TcpStore("localhost", 0, 1s);
+        }).find("port 0 of host 'localhost' (expected 1..65535)") != std::string::npos);
   CHECK(error_of([] { TcpStore("localhost", 70000, 1s); }).find("port 70000") != std::string::npos);
-  CHECK(error_of([] { TcpStore("localhost", 29500, 0ms); })
-            .find("timeout 0 ms for localhost:29500 (expected > 0)") != std::string::npos);
+  CHECK(error_of([] {
+          TcpStore("localhost", 29500, 0ms);
+        }).find("timeout 0 ms for localhost:29500 (expected > 0)") != std::string::npos);
   auto server = store_server();
   TcpStore client("127.0.0.1", server->getPort(), 20s);
   CHECK(error_of([&] { client.get("k", 0ms); }).find("of key 'k'") != std::string::npos);
@@ -95,7 +99,8 @@ TEST_CASE("bad TcpStore arguments are refused, naming them") {
 TEST_CASE("a TcpStore talks to PyTorch's own TCPStore server in Python") {
   const std::string python = test::torch_python();
   if (python.empty()) {
-    test::skip_case("no torchrun (scripts/setup installs the torch wheel in .venv): no Python TCPStore");
+    test::skip_case(
+        "no torchrun (scripts/setup installs the torch wheel in .venv): no Python TCPStore");
     return;
   }
   // The server prints its port, sets a key, waits (30 s at most) for ours and prints it.
@@ -130,7 +135,8 @@ TEST_CASE("a TcpStore talks to PyTorch's own TCPStore server in Python") {
 }
 
 TEST_CASE("torchrun's agent-store variables give the directory's key in the store, per attempt") {
-  std::map<std::string, std::string> env = {{"RANK", "1"}, {"WORLD_SIZE", "2"},
+  std::map<std::string, std::string> env = {{"RANK", "1"},
+                                            {"WORLD_SIZE", "2"},
                                             {"MASTER_PORT", "29400"},
                                             {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                                             {"TORCHELASTIC_RUN_ID", "job7"},
@@ -140,7 +146,8 @@ TEST_CASE("torchrun's agent-store variables give the directory's key in the stor
     return it == env.end() ? nullptr : it->second.c_str();
   };
   CHECK(rank_info_from_env(getenv).agent_store_key == "troupe/directory/job7/2");
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // --standalone, c10d rendezvous: MASTER_PORT is free
+  env["TORCHELASTIC_USE_AGENT_STORE"] =
+      "False";  // --standalone, c10d rendezvous: MASTER_PORT is free
   CHECK(rank_info_from_env(getenv).agent_store_key == "");
   env.erase("TORCHELASTIC_USE_AGENT_STORE");
   CHECK(rank_info_from_env(getenv).agent_store_key == "");
@@ -165,8 +172,7 @@ TEST_CASE("ranks behind torchrun's agent store meet at the port rank 0 writes in
     });
     for (auto& e : errors) CHECK(e == "");
     for (float s : sums) CHECK(s == 6.0f);
-    const std::string port =
-        text(server->get("troupe/directory/test/0/" + std::to_string(round)));
+    const std::string port = text(server->get("troupe/directory/test/0/" + std::to_string(round)));
     CAPTURE(port);
     CHECK(std::atoi(port.c_str()) > 0);
     CHECK(std::atoi(port.c_str()) != server->getPort());

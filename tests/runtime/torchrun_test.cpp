@@ -1,6 +1,7 @@
 // PyTorch's own launcher in its default mode: `torchrun --nproc_per_node 2 --no_python prog`
 // starts troupe ranks while its agent's TCPStore holds MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE);
-// they meet through that store. Skipped where torchrun is not installed (scripts/setup puts the torch wheel in .venv).
+// they meet through that store. Skipped where torchrun is not installed (scripts/setup puts the
+// torch wheel in .venv).
 #include <doctest/doctest.h>
 
 #include <sstream>
@@ -20,8 +21,13 @@ TEST_CASE("torchrun in its default mode starts 2 troupe ranks that check every c
   }
   LaunchOptions o;
   o.nprocs = 1;  // torchrun itself, which starts the 2 ranks
-  o.command = {torchrun, "--nproc_per_node", "2", "--master_port",
-               std::to_string(pick_free_port()), "--no_python", TROUPE_TEST_RANK_BIN,
+  o.command = {torchrun,
+               "--nproc_per_node",
+               "2",
+               "--master_port",
+               std::to_string(pick_free_port()),
+               "--no_python",
+               TROUPE_TEST_RANK_BIN,
                "collectives"};
   o.timeout_sec = 240;
   o.prefix_output = false;

@@ -30,7 +30,9 @@ void train_step(DistributedModule& ddp, Mlp& model, torch::optim::Optimizer& opt
 
 }  // namespace
 
-TEST_CASE("a second DistributedModule over a live one's module is refused, naming the module and a parameter") {
+TEST_CASE(
+    "a second DistributedModule over a live one's module is refused, naming the module and a "
+    "parameter") {
   torch::set_num_threads(1);
   std::vector<torch::Tensor> after(2);
   // Two thread ranks, each with its own model object: those never collide.
@@ -65,16 +67,18 @@ TEST_CASE("gossip wrappers and DistributedModule refuse a module another of them
     auto model = std::make_shared<Mlp>(6, 8, 3);
     {
       DistributedModule ddp(rt, model);
-      CHECK_THROWS_WITH_AS(DecentralizedModule(rt, model, Decentralized{}),
-                           doctest::Contains("DecentralizedModule: module troupe::test::Mlp (parameter "
-                                             "'fc1.weight') is already wrapped by a live "
-                                             "DistributedModule"),
-                           comm::Error);
-      CHECK_THROWS_WITH_AS(AsynchronousModule(rt, model, AsyncModelAverage{}),
-                           doctest::Contains("AsynchronousModule: module troupe::test::Mlp (parameter "
-                                             "'fc1.weight') is already wrapped by a live "
-                                             "DistributedModule"),
-                           comm::Error);
+      CHECK_THROWS_WITH_AS(
+          DecentralizedModule(rt, model, Decentralized{}),
+          doctest::Contains("DecentralizedModule: module troupe::test::Mlp (parameter "
+                            "'fc1.weight') is already wrapped by a live "
+                            "DistributedModule"),
+          comm::Error);
+      CHECK_THROWS_WITH_AS(
+          AsynchronousModule(rt, model, AsyncModelAverage{}),
+          doctest::Contains("AsynchronousModule: module troupe::test::Mlp (parameter "
+                            "'fc1.weight') is already wrapped by a live "
+                            "DistributedModule"),
+          comm::Error);
     }
     {
       DecentralizedModule gossip(rt, model, Decentralized{});
@@ -92,7 +96,9 @@ TEST_CASE("gossip wrappers and DistributedModule refuse a module another of them
   for (auto& e : errors) CHECK(e == "");
 }
 
-TEST_CASE("with join, two backward passes before a step throw from backward naming the parameter and the remedy") {
+TEST_CASE(
+    "with join, two backward passes before a step throw from backward naming the parameter and the "
+    "remedy") {
   // Without join each backward pass is reduced when it ends
   // (tests/runtime/several_backward_test.cpp); with join the ranks meet in step(), which a joined
   // rank shadows once per step.
@@ -121,7 +127,8 @@ TEST_CASE("with join, two backward passes before a step throw from backward nami
   for (auto& e : errors) CHECK(e == "");
 }
 
-TEST_CASE("backward passes inside no_sync, or before a local step with agg_grad off, are not refused") {
+TEST_CASE(
+    "backward passes inside no_sync, or before a local step with agg_grad off, are not refused") {
   torch::set_num_threads(1);
   auto errors = run_threads(2, [&](int r, Runtime& rt) {
     auto x = torch::ones({2, 6}) * (r + 1);

@@ -14,15 +14,24 @@ using comm::DataType;
 using comm::ReduceOp;
 
 double input_value(int rank, size_t i, int salt) {
-  return static_cast<double>(static_cast<int>((rank * 7 + i * 3 + static_cast<size_t>(salt)) % 9) - 4);
+  return static_cast<double>(static_cast<int>((rank * 7 + i * 3 + static_cast<size_t>(salt)) % 9) -
+                             4);
 }
 
 void store(DataType t, void* buf, size_t i, double v) {
   switch (t) {
-    case DataType::float32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DataType::float64: static_cast<double*>(buf)[i] = v; break;
-    case DataType::int32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); break;
-    case DataType::int64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
+    case DataType::float32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DataType::float64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case DataType::int32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::int64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
     case DataType::float16:
       static_cast<uint16_t*>(buf)[i] = comm::float_to_half(static_cast<float>(v));
       break;
@@ -34,12 +43,18 @@ void store(DataType t, void* buf, size_t i, double v) {
 
 double load(DataType t, const void* buf, size_t i) {
   switch (t) {
-    case DataType::float32: return static_cast<const float*>(buf)[i];
-    case DataType::float64: return static_cast<const double*>(buf)[i];
-    case DataType::int32: return static_cast<const int32_t*>(buf)[i];
-    case DataType::int64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-    case DataType::float16: return comm::half_to_float(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::bfloat16: return comm::bfloat16_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::float32:
+      return static_cast<const float*>(buf)[i];
+    case DataType::float64:
+      return static_cast<const double*>(buf)[i];
+    case DataType::int32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DataType::int64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case DataType::float16:
+      return comm::half_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::bfloat16:
+      return comm::bfloat16_to_float(static_cast<const uint16_t*>(buf)[i]);
   }
   return 0;
 }
@@ -52,9 +67,12 @@ double reduce_ref(DataType t, ReduceOp op, int world, size_t i, int salt) {
   double acc = input_value(0, i, salt);
   for (int r = 1; r < world; ++r) {
     double v = input_value(r, i, salt);
-    if (op == ReduceOp::min) acc = std::min(acc, v);
-    else if (op == ReduceOp::max) acc = std::max(acc, v);
-    else acc += v;
+    if (op == ReduceOp::min)
+      acc = std::min(acc, v);
+    else if (op == ReduceOp::max)
+      acc = std::max(acc, v);
+    else
+      acc += v;
   }
   if (op == ReduceOp::avg) acc = is_integer(t) ? std::trunc(acc / world) : acc / world;
   return acc;
@@ -93,7 +111,7 @@ void check_allreduce(comm::Communicator& comm, DataType t, ReduceOp op, size_t c
   }
 }
 
-const DataType kTypes[] = {DataType::float32, DataType::float64, DataType::float16,
+const DataType kTypes[] = {DataType::float32,  DataType::float64, DataType::float16,
                            DataType::bfloat16, DataType::int32,   DataType::int64};
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
 

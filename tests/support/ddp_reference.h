@@ -111,30 +111,36 @@ inline double parameter_difference(Mlp& a, Mlp& b) {
 inline double max_difference(const Case& c, int world, int steps = 3) {
   const Job job = make_job(c, world, steps);
   std::vector<double> diffs(static_cast<size_t>(world), 1e9);
-  auto errors = run_threads(world, [&](int r, Runtime& rt) {
-    auto model = job.replicas[static_cast<size_t>(r)];
-    auto opt = make_optimizer(c.optim, model);
-    DistributedModule ddp(rt, model, c.algorithm, c.options);
-    if (!c.path.empty()) CHECK(ddp.gradient_path() == c.path);
-    const int64_t micro = job.batch / c.micro_batches;
-    for (int s = 0; s < steps; ++s) {
-      if (c.set_to_none) model->zero_grad(/*set_to_none=*/true);
-      else opt->zero_grad();
-      if (c.denominator > 0) ddp.set_denominator(c.denominator);
-      for (int k = 0; k < c.micro_batches; ++k) {
-        auto x = job.x(s, r).narrow(0, k * micro, micro), y = job.y(s, r).narrow(0, k * micro, micro);
-        auto loss = torch::mse_loss(model->forward(x), y) / c.micro_batches;
-        if (k + 1 < c.micro_batches) {
-          auto guard = ddp.no_sync();
-          loss.backward();
-        } else {
-          loss.backward();
+  auto errors = run_threads(
+      world,
+      [&](int r, Runtime& rt) {
+        auto model = job.replicas[static_cast<size_t>(r)];
+        auto opt = make_optimizer(c.optim, model);
+        DistributedModule ddp(rt, model, c.algorithm, c.options);
+        if (!c.path.empty()) CHECK(ddp.gradient_path() == c.path);
+        const int64_t micro = job.batch / c.micro_batches;
+        for (int s = 0; s < steps; ++s) {
+          if (c.set_to_none)
+            model->zero_grad(/*set_to_none=*/true);
+          else
+            opt->zero_grad();
+          if (c.denominator > 0) ddp.set_denominator(c.denominator);
+          for (int k = 0; k < c.micro_batches; ++k) {
+            auto x = job.x(s, r).narrow(0, k * micro, micro),
+                 y = job.y(s, r).narrow(0, k * micro, micro);
+            auto loss = torch::mse_loss(model->forward(x), y) / c.micro_batches;
+            if (k + 1 < c.micro_batches) {
+              auto guard = ddp.no_sync();
+              loss.backward();
+            } else {
+              loss.backward();
+            }
+          }
+          ddp.step(*opt);
         }
-      }
-      ddp.step(*opt);
-    }
-    diffs[static_cast<size_t>(r)] = parameter_difference(*model, *job.reference);
-  }, c.hosts);
+        diffs[static_cast<size_t>(r)] = parameter_difference(*model, *job.reference);
+      },
+      c.hosts);
   for (auto& e : errors) CHECK(e == "");
   return *std::max_element(diffs.begin(), diffs.end());
 }

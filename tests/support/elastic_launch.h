@@ -23,8 +23,8 @@ struct ElasticRun {
 };
 
 /// Launches `command` as an elastic job of `ranks` ranks (and `spares` spares) with
-/// TROUPE_FAULT=`faults`, `extra_env`, and one BLAS thread per rank: a 20 s membership timeout, 120 s for the
-/// whole job. TROUPE_TEST_SHOW_OUTPUT=1 prints what the job said (timings for
+/// TROUPE_FAULT=`faults`, `extra_env`, and one BLAS thread per rank: a 20 s membership timeout, 120
+/// s for the whole job. TROUPE_TEST_SHOW_OUTPUT=1 prints what the job said (timings for
 /// docs/benchmarks.md).
 inline ElasticRun launch_elastic_job(
     std::vector<std::string> command, int ranks, int min_ranks, int max_restarts,

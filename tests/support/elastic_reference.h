@@ -62,8 +62,7 @@ inline void train_step(torch::nn::Sequential& net, torch::optim::Optimizer& opt,
                        int64_t step, int rank, int world, ElasticSampler& sampler) {
   auto idx = as_index(sampler.indices(step, rank, world));
   opt.zero_grad();
-  torch::nn::functional::cross_entropy(net->forward(d.x.index({idx})), d.y.index({idx}))
-      .backward();
+  torch::nn::functional::cross_entropy(net->forward(d.x.index({idx})), d.y.index({idx})).backward();
 }
 
 // One process on the whole global batches: the reference trajectory.
@@ -176,8 +175,12 @@ inline std::vector<torch::Tensor> reference_local_update(const Data& d,
   };
   torch::Tensor global = flat(*make_model()).clone();
   auto make_replica = [&] {
-    Replica r{make_model(), nullptr, torch::zeros_like(global), torch::zeros_like(global),
-              torch::zeros_like(global), torch::zeros_like(global)};
+    Replica r{make_model(),
+              nullptr,
+              torch::zeros_like(global),
+              torch::zeros_like(global),
+              torch::zeros_like(global),
+              torch::zeros_like(global)};
     r.opt = std::make_unique<torch::optim::SGD>(make_sgd(*r.net));
     return r;
   };

@@ -2,7 +2,8 @@
 // Test support for the local-update algorithms' tests (tests/runtime/local_update/): a small net
 // (flat_params.h gives its parameters as one flat tensor), the inner optimizers and each rank's
 // batches, so a test can run a module on thread ranks and a simulation of W replicas from the same
-// start; the checkpoint harness (straight, resumed, state lost) and the catchers of the errors a test expects.
+// start; the checkpoint harness (straight, resumed, state lost) and the catchers of the errors a
+// test expects.
 #include <torch/torch.h>
 
 #include <doctest/doctest.h>
@@ -240,8 +241,9 @@ inline std::string job_error(const std::string& name, const std::string& setting
 /// make_data_parallel(config) on 2 thread ranks, each taking two steps of SGD(0.1) on
 /// rank_gradients; then check(runtime, net, module) asserts what the test expects.
 template <class Config>
-void run_two_steps(const Config& c,
-                   const std::function<void(Runtime&, torch::nn::Sequential&, DataParallel&)>& check) {
+void run_two_steps(
+    const Config& c,
+    const std::function<void(Runtime&, torch::nn::Sequential&, DataParallel&)>& check) {
   auto errors = run_threads(2, [&](int, Runtime& rt) {
     auto net = make_net();
     auto dp = make_data_parallel(rt, net.ptr(), c);

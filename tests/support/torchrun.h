@@ -1,6 +1,7 @@
 #pragma once
-// Test support: torchrun (of the torch troupe is built against) and the Python it runs (its #! line), for the tests that
-// talk to PyTorch's own launcher and TCPStore; both "" where PyTorch is not installed.
+// Test support: torchrun (of the torch troupe is built against) and the Python it runs (its #!
+// line), for the tests that talk to PyTorch's own launcher and TCPStore; both "" where PyTorch is
+// not installed.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -42,7 +43,8 @@ inline std::string torch_python() {
   std::stringstream words(line.substr(2));
   std::string interpreter;
   words >> interpreter;
-  if (interpreter.size() >= 8 && interpreter.substr(interpreter.size() - 8) == "/bin/env") words >> interpreter;
+  if (interpreter.size() >= 8 && interpreter.substr(interpreter.size() - 8) == "/bin/env")
+    words >> interpreter;
   return interpreter;
 }
 

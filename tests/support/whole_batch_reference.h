@@ -22,10 +22,9 @@ struct WholeBatchRun {
 /// Linear(in, hidden), Tanh, Linear(hidden, out), SGD(0.1, momentum 0.9), MSE on random batches
 /// of 8 rows per rank, `steps` steps; `seed` gives every rank the same weights and batches. The
 /// distributed model lives on `device`; the reference on the CPU.
-inline WholeBatchRun train_against_whole_batch(Runtime& rt, const DdpOptions& options,
-                                               int64_t in, int64_t hidden, int64_t out,
-                                               int steps, uint64_t seed,
-                                               torch::Device device = torch::kCPU) {
+inline WholeBatchRun train_against_whole_batch(Runtime& rt, const DdpOptions& options, int64_t in,
+                                               int64_t hidden, int64_t out, int steps,
+                                               uint64_t seed, torch::Device device = torch::kCPU) {
   const int64_t world = rt.world_size(), rank = rt.rank(), batch = 8;
   torch::manual_seed(seed);
   auto make = [&] {

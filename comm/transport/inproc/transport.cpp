@@ -39,12 +39,12 @@ struct InprocFabric::State {
   }
   struct Mailbox {
     std::mutex mutex;
-    std::vector<Channel> channels;           // indexed by source rank
+    std::vector<Channel> channels;  // indexed by source rank
   };
   int world_size;
-  std::vector<Mailbox> mailboxes;            // indexed by destination rank
+  std::vector<Mailbox> mailboxes;  // indexed by destination rank
   std::mutex dead_mutex;
-  std::vector<std::string> dead_reason;      // per rank pair (a * world + b), set by fail_peer
+  std::vector<std::string> dead_reason;  // per rank pair (a * world + b), set by fail_peer
 
   std::string dead_between(int a, int b) {
     std::lock_guard<std::mutex> lock(dead_mutex);

@@ -54,16 +54,14 @@ std::string NcclCommunicator::unique_id() {
   check_version();
   ncclUniqueId id;
   const ncclResult_t result = nccl_library().GetUniqueId(&id);
-  if (result != ncclSuccess)
-    throw Error("ncclGetUniqueId failed: " + nccl_error(result));
+  if (result != ncclSuccess) throw Error("ncclGetUniqueId failed: " + nccl_error(result));
   return std::string(id.internal, sizeof(id.internal));
 }
 
 NcclCommunicator::NcclCommunicator(int rank, int world_size, const std::string& unique_id,
                                    int device, std::chrono::milliseconds timeout) {
   if (world_size < 1)
-    throw Error("NcclCommunicator: world size " + std::to_string(world_size) +
-                " (expected >= 1)");
+    throw Error("NcclCommunicator: world size " + std::to_string(world_size) + " (expected >= 1)");
   if (rank < 0 || rank >= world_size)
     throw Error("NcclCommunicator: rank " + std::to_string(rank) + " (expected 0 <= rank < " +
                 std::to_string(world_size) + ")");
@@ -89,8 +87,10 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size, const std::string& 
   const ncclResult_t result =
       nccl_library().CommInitRankConfig(&comm, world_size, id, rank, &config);
   std::string error;
-  if (result != ncclSuccess && result != ncclInProgress) error = nccl_error(result, comm);
-  else error = nccl_wait_ready(comm, deadline);
+  if (result != ncclSuccess && result != ncclInProgress)
+    error = nccl_error(result, comm);
+  else
+    error = nccl_wait_ready(comm, deadline);
   const std::string where = "rank " + std::to_string(rank) + " of " + std::to_string(world_size) +
                             " on device " + std::to_string(device);
   if (!error.empty()) {
@@ -162,8 +162,10 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(std::chrono::milliseco
        (child = std::atomic_ref<ncclComm_t>(result->child).load()) == nullptr;
        pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(10))) {
     if (std::chrono::steady_clock::now() >= deadline)
-      throw Error("NCCL split on " + impl_->who() + ": the parent completed the split but no new "
-                  "communicator appeared within " + ms(timeout));
+      throw Error("NCCL split on " + impl_->who() +
+                  ": the parent completed the split but no new "
+                  "communicator appeared within " +
+                  ms(timeout));
     std::this_thread::sleep_for(pause);
   }
   cuda::DeviceGuard guard(impl_->device);
@@ -173,8 +175,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(std::chrono::milliseco
     throw Error("NCCL split on " + impl_->who() + ": the new communicator " +
                 (error == "timeout" ? "was not ready within " + ms(timeout) : "failed: " + error));
   }
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::make_unique<Impl>(
-      impl_->rank, impl_->world, impl_->device, this->timeout(), child)));
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
+      std::make_unique<Impl>(impl_->rank, impl_->world, impl_->device, this->timeout(), child)));
 }
 
 }  // namespace troupe::comm

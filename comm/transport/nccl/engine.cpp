@@ -125,7 +125,8 @@ void NcclCommunicator::Impl::loop() {
       teardown();
       return;
     }
-    pause = progressed ? kFirstPause : std::min<std::chrono::microseconds>(pause * 2, kLongestPause);
+    pause =
+        progressed ? kFirstPause : std::min<std::chrono::microseconds>(pause * 2, kLongestPause);
     lock.lock();
     if (!idle())
       wake_.wait_for(lock, pause, [&] { return !queue_.empty() || !abort_request_.empty(); });
@@ -159,8 +160,10 @@ bool NcclCommunicator::Impl::advance() {
     if (state == ncclInProgress) {
       if (now >= enqueuing_->deadline)
         fail_all("NCCL " + enqueuing_->name + " on " + who() + " was not enqueued within " +
-                 ms(enqueuing_->timeout) + " (did every rank issue it?); the communicator was "
-                 "aborted" + kTimeoutSetting);
+                 ms(enqueuing_->timeout) +
+                 " (did every rank issue it?); the communicator was "
+                 "aborted" +
+                 kTimeoutSetting);
       return false;
     }
     NcclOperation op = std::move(*enqueuing_);
@@ -177,8 +180,8 @@ bool NcclCommunicator::Impl::advance() {
     const cudaError_t query = cudaEventQuery(op.event);
     if (query == cudaErrorNotReady) {
       if (now >= op.deadline) {
-        fail_all("NCCL " + op.name + " on " + who() + " did not complete within " +
-                 ms(op.timeout) + "; the communicator was aborted" + kTimeoutSetting);
+        fail_all("NCCL " + op.name + " on " + who() + " did not complete within " + ms(op.timeout) +
+                 "; the communicator was aborted" + kTimeoutSetting);
         return true;
       }
       ++i;
@@ -186,8 +189,8 @@ bool NcclCommunicator::Impl::advance() {
     }
     if (query != cudaSuccess) {
       cudaGetLastError();
-      fail_all("NCCL " + op.name + " on " + who() + ": CUDA reports " +
-               cudaGetErrorName(query) + ": " + cudaGetErrorString(query));
+      fail_all("NCCL " + op.name + " on " + who() + ": CUDA reports " + cudaGetErrorName(query) +
+               ": " + cudaGetErrorString(query));
       return true;
     }
     NcclOperation done = std::move(op);
@@ -202,8 +205,8 @@ bool NcclCommunicator::Impl::advance() {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t call = nccl_library().CommGetAsyncError(comm_, &state);
     if (call != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
-      fail_all("NCCL " + in_flight_.front().name + " on " + who() + " failed: " +
-               nccl_error(call != ncclSuccess ? call : state, comm_));
+      fail_all("NCCL " + in_flight_.front().name + " on " + who() +
+               " failed: " + nccl_error(call != ncclSuccess ? call : state, comm_));
   }
   return progressed;
 }
@@ -219,9 +222,9 @@ void NcclCommunicator::Impl::issue_next() {
     const cudaError_t status = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event), 0);
     if (status != cudaSuccess) {
       cudaGetLastError();
-      const std::string why = "NCCL " + op.name + " on " + who() +
-                              ": cudaStreamWaitEvent on a ready event failed: " +
-                              cudaGetErrorString(status);
+      const std::string why =
+          "NCCL " + op.name + " on " + who() +
+          ": cudaStreamWaitEvent on a ready event failed: " + cudaGetErrorString(status);
       complete(op, Status::failure(why));
       fail_all(why);
       return;
@@ -233,8 +236,8 @@ void NcclCommunicator::Impl::issue_next() {
   } else if (result == ncclInProgress) {
     enqueuing_ = std::move(op);
   } else {
-    const std::string why = "NCCL " + op.name + " failed on " + who() + ": " +
-                            nccl_error(result, comm_);
+    const std::string why =
+        "NCCL " + op.name + " failed on " + who() + ": " + nccl_error(result, comm_);
     complete(op, Status::failure(why));
     fail_all(why);
   }

@@ -10,13 +10,27 @@
 namespace troupe::comm {
 
 // The NCCL functions troupe calls, without their "nccl" prefix.
-#define TROUPE_NCCL_FUNCTIONS(X)                                                               \
-  X(GetVersion)                                                                                \
-  X(GetUniqueId)                                                                               \
-  X(GetErrorString) X(GetLastError) X(CommInitRankConfig) X(CommSplit) X(CommGetAsyncError)    \
-      X(CommFinalize) X(CommDestroy) X(CommAbort) X(AllReduce) X(RedOpCreatePreMulSum)         \
-          X(RedOpDestroy) X(Broadcast) X(AllGather) X(ReduceScatter) X(GroupStart) X(GroupEnd) \
-              X(Send) X(Recv)
+#define TROUPE_NCCL_FUNCTIONS(X) \
+  X(GetVersion)                  \
+  X(GetUniqueId)                 \
+  X(GetErrorString)              \
+  X(GetLastError)                \
+  X(CommInitRankConfig)          \
+  X(CommSplit)                   \
+  X(CommGetAsyncError)           \
+  X(CommFinalize)                \
+  X(CommDestroy)                 \
+  X(CommAbort)                   \
+  X(AllReduce)                   \
+  X(RedOpCreatePreMulSum)        \
+  X(RedOpDestroy)                \
+  X(Broadcast)                   \
+  X(AllGather)                   \
+  X(ReduceScatter)               \
+  X(GroupStart)                  \
+  X(GroupEnd)                    \
+  X(Send)                        \
+  X(Recv)
 
 /// One loaded libnccl: a pointer for each function troupe calls (`library.AllReduce(...)` is
 /// ncclAllReduce of that library).

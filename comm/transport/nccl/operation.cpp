@@ -16,12 +16,18 @@ namespace {
 
 ncclDataType_t nccl_type(DataType type, const std::string& op) {
   switch (type) {
-    case DataType::float32: return ncclFloat32;
-    case DataType::float64: return ncclFloat64;
-    case DataType::float16: return ncclFloat16;
-    case DataType::bfloat16: return ncclBfloat16;
-    case DataType::int32: return ncclInt32;
-    case DataType::int64: return ncclInt64;
+    case DataType::float32:
+      return ncclFloat32;
+    case DataType::float64:
+      return ncclFloat64;
+    case DataType::float16:
+      return ncclFloat16;
+    case DataType::bfloat16:
+      return ncclBfloat16;
+    case DataType::int32:
+      return ncclInt32;
+    case DataType::int64:
+      return ncclInt64;
   }
   throw Error("NCCL " + op + ": data type " + std::to_string(static_cast<int>(type)) +
               " (expected float32, float64, float16, bfloat16, int32 or int64)");
@@ -34,22 +40,32 @@ bool is_float(DataType type) {
 
 cuda::DType cuda_type(DataType type) {
   switch (type) {
-    case DataType::float32: return cuda::DType::float32;
-    case DataType::float64: return cuda::DType::float64;
-    case DataType::float16: return cuda::DType::float16;
-    case DataType::bfloat16: return cuda::DType::bfloat16;
-    case DataType::int32: return cuda::DType::int32;
-    case DataType::int64: return cuda::DType::int64;
+    case DataType::float32:
+      return cuda::DType::float32;
+    case DataType::float64:
+      return cuda::DType::float64;
+    case DataType::float16:
+      return cuda::DType::float16;
+    case DataType::bfloat16:
+      return cuda::DType::bfloat16;
+    case DataType::int32:
+      return cuda::DType::int32;
+    case DataType::int64:
+      return cuda::DType::int64;
   }
   return cuda::DType::float32;  // checked by nccl_type before
 }
 
 ncclRedOp_t nccl_op(ReduceOp op, const std::string& name) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::min: return ncclMin;
-    case ReduceOp::max: return ncclMax;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::min:
+      return ncclMin;
+    case ReduceOp::max:
+      return ncclMax;
   }
   throw Error("NCCL " + name + ": reduce op " + std::to_string(static_cast<int>(op)) +
               " (expected sum, avg, min or max)");
@@ -75,15 +91,16 @@ class Check {
                   ")");
     const int device = cuda::device_of(p);
     if (device != impl_.device)
-      throw Error("NCCL " + op_ + ": " + name + " at " + address(p) + " is " +
-                  (device < 0 ? std::string("host memory") : "on device " + std::to_string(device)) +
-                  " (expected device memory of device " + std::to_string(impl_.device) +
-                  ", the communicator's)");
+      throw Error(
+          "NCCL " + op_ + ": " + name + " at " + address(p) + " is " +
+          (device < 0 ? std::string("host memory") : "on device " + std::to_string(device)) +
+          " (expected device memory of device " + std::to_string(impl_.device) +
+          ", the communicator's)");
   }
   void peer(int p, const std::string& name) const {
     if (p < 0 || p >= impl_.world)
-      throw Error("NCCL " + op_ + ": " + name + " " + std::to_string(p) + " (expected 0 <= " +
-                  name + " < " + std::to_string(impl_.world) + ")");
+      throw Error("NCCL " + op_ + ": " + name + " " + std::to_string(p) +
+                  " (expected 0 <= " + name + " < " + std::to_string(impl_.world) + ")");
   }
   void ready(const ReadyEvents& events) const {
     for (size_t i = 0; i < events.size(); ++i)
@@ -112,8 +129,8 @@ NcclOperation named(const std::string& name, const ReadyEvents& ready, Callback 
 
 // Integer averages sum, then divide truncating toward zero, as the CPU's avg does: returns the
 // operator NCCL runs and, for an integer avg, makes `operation` divide `out` afterwards.
-ncclRedOp_t with_integer_average(ReduceOp op, ncclRedOp_t o, DataType type, void* out,
-                                 size_t count, int world, NcclOperation& operation) {
+ncclRedOp_t with_integer_average(ReduceOp op, ncclRedOp_t o, DataType type, void* out, size_t count,
+                                 int world, NcclOperation& operation) {
   if (op != ReduceOp::avg || is_float(type)) return o;
   const cuda::DType ct = cuda_type(type);
   operation.after = [=](ncclComm_t, cudaStream_t stream) {
@@ -146,12 +163,11 @@ void NcclCommunicator::allreduce(const void* in, void* out, size_t count, DataTy
 
 void NcclCommunicator::allreduce_scaled(const void* in, void* out, size_t count, DataType type,
                                         double scale, const ReadyEvents& ready, Callback done) {
-  const std::string name = describe("allreduce", count, type) + " (sum of " +
-                           number_text(scale) + " x)";
+  const std::string name =
+      describe("allreduce", count, type) + " (sum of " + number_text(scale) + " x)";
   const ncclDataType_t t = nccl_type(type, name);
   if (!is_float(type))
-    throw Error("NCCL " + name + ": a scaled sum needs a float type (got " + to_string(type) +
-                ")");
+    throw Error("NCCL " + name + ": a scaled sum needs a float type (got " + to_string(type) + ")");
   if (!(scale == scale) || scale == 1.0 / 0.0 || scale == -1.0 / 0.0)
     throw Error("NCCL " + name + ": scale " + number_text(scale) + " (expected a finite number)");
   Check check(*impl_, name);
@@ -166,7 +182,7 @@ void NcclCommunicator::allreduce_scaled(const void* in, void* out, size_t count,
       // The scalar, in the buffer's type, is read before ncclRedOpCreatePreMulSum returns.
       float f = static_cast<float>(scale);
       uint16_t h = type == DataType::float16 ? float_to_half(f) : float_to_bfloat16(f);
-      void* scalar = type == DataType::float64 ? static_cast<void*>(const_cast<double*>(&scale))
+      void* scalar = type == DataType::float64   ? static_cast<void*>(const_cast<double*>(&scale))
                      : type == DataType::float32 ? static_cast<void*>(&f)
                                                  : static_cast<void*>(&h);
       ncclResult_t r =
@@ -184,8 +200,8 @@ void NcclCommunicator::allreduce_scaled(const void* in, void* out, size_t count,
 
 void NcclCommunicator::broadcast(void* data, size_t count, DataType type, int root,
                                  const ReadyEvents& ready, Callback done) {
-  const std::string name = describe("broadcast", count, type) + " from rank " +
-                           std::to_string(root);
+  const std::string name =
+      describe("broadcast", count, type) + " from rank " + std::to_string(root);
   const ncclDataType_t t = nccl_type(type, name);
   Check check(*impl_, name);
   check.peer(root, "root");

@@ -146,7 +146,8 @@ struct UcxWorker::Handles {
   }
 };
 
-UcxWorker::UcxWorker(bool single_host, int estimated_peers) : handles_(std::make_unique<Handles>()) {
+UcxWorker::UcxWorker(bool single_host, int estimated_peers)
+    : handles_(std::make_unique<Handles>()) {
   Handles& h = *handles_;
   h.single_host = single_host;
   ucp_config_t* config = nullptr;
@@ -159,7 +160,8 @@ UcxWorker::UcxWorker(bool single_host, int estimated_peers) : handles_(std::make
     h.single_host_tls = true;
   }
   if (!single_host && std::getenv("UCX_RNDV_THRESH") == nullptr)
-    check_ucx("ucp_config_modify", ucp_config_modify(config, "RNDV_THRESH", kAcrossHostsRndvThresh));
+    check_ucx("ucp_config_modify",
+              ucp_config_modify(config, "RNDV_THRESH", kAcrossHostsRndvThresh));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -168,8 +170,8 @@ UcxWorker::UcxWorker(bool single_host, int estimated_peers) : handles_(std::make
   ucp_config_release(config);
   if (status != UCS_OK) {
     const char* tls = std::getenv("UCX_TLS");
-    throw Error("ucp_init failed: " + std::string(ucs_status_string(status)) + " (UCX_TLS=" +
-                (tls != nullptr ? "\"" + std::string(tls) + "\"" : "unset") +
+    throw Error("ucp_init failed: " + std::string(ucs_status_string(status)) +
+                " (UCX_TLS=" + (tls != nullptr ? "\"" + std::string(tls) + "\"" : "unset") +
                 "; `ucx_info -d` lists the transports this machine has)");
   }
 
@@ -215,10 +217,10 @@ struct UcxTransport::Impl {
 
   // Owned by the progress thread (or by the destructor once the thread has joined).
   std::vector<ucp_ep_h> eps_;
-  std::vector<std::string> paths_;  // per peer: the UCX transports of its endpoint's lanes
+  std::vector<std::string> paths_;      // per peer: the UCX transports of its endpoint's lanes
   std::vector<std::string> protocols_;  // per peer: the endpoint's tag-send protocols by size
-  bool single_host_tls_ = false;    // UCX limited to kSingleHostTls
-  std::vector<std::string> dead_;  // non-empty: the reason the peer was failed
+  bool single_host_tls_ = false;        // UCX limited to kSingleHostTls
+  std::vector<std::string> dead_;       // non-empty: the reason the peer was failed
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;  // every operation UCX may still call back
   std::vector<std::unordered_set<Op*>> pending_;      // per peer: posted, not yet finished
   std::vector<Op*> completed_;                        // called back by UCX, not yet processed
@@ -233,7 +235,7 @@ struct UcxTransport::Impl {
   std::string robust_gap_;  // why some peer has no such endpoint; empty when none lacks one
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> broken_;  // endpoints UCX reported failed
   uint64_t probes_sent_ = 0;
-  size_t in_flight_ = 0;  // operations posted to UCX whose callback has not run
+  size_t in_flight_ = 0;         // operations posted to UCX whose callback has not run
   size_t polled_in_flight_ = 0;  // those of them that are `polled`
   std::vector<char> fifo_;       // per peer: its endpoint shares a FIFO (shares_fifo)
   bool shutting_down_ = false;
@@ -278,7 +280,8 @@ struct UcxTransport::Impl {
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (wake_fd_ < 0 || epoll_fd_ < 0) {
-      throw Error(std::string("UcxTransport: eventfd/epoll_create1 failed: ") + std::strerror(errno));
+      throw Error(std::string("UcxTransport: eventfd/epoll_create1 failed: ") +
+                  std::strerror(errno));
     }
     for (int fd : {worker_fd_, wake_fd_}) {
       epoll_event event{};
@@ -438,8 +441,8 @@ struct UcxTransport::Impl {
                              std::to_string(world_size_) + ")");
     }
     if ((op.tag & ~kTagMask) != 0) {
-      return Status::failure(op.describe() + ": tag must fit in " + std::to_string(kTagBits) +
-                             " bits", op.peer);
+      return Status::failure(
+          op.describe() + ": tag must fit in " + std::to_string(kTagBits) + " bits", op.peer);
     }
     if (shutting_down_) return Status::failure(kShutDown, op.peer);
     if (!dead_[op.peer].empty()) return Status::failure(dead_[op.peer], op.peer);
@@ -551,12 +554,14 @@ struct UcxTransport::Impl {
                              ? std::to_string(op.info.length) + "-byte message"
                              : "message larger than " + std::to_string(op.bytes) + " bytes";
       return Status::failure(op.describe() + ": received a " + sent +
-                             " but the receive was posted for " + std::to_string(op.bytes) +
-                             " bytes", op.peer);
+                                 " but the receive was posted for " + std::to_string(op.bytes) +
+                                 " bytes",
+                             op.peer);
     }
     return Status::failure(op.describe() + ": " +
-                               (is_recv ? "ucp_tag_recv_nbx" : "ucp_tag_send_nbx") + " failed: " +
-                               ucs_status_string(op.ucx_status), op.peer);
+                               (is_recv ? "ucp_tag_recv_nbx" : "ucp_tag_send_nbx") +
+                               " failed: " + ucs_status_string(op.ucx_status),
+                           op.peer);
   }
 
   void finish(Op* op, const Status& status) {
@@ -571,10 +576,10 @@ struct UcxTransport::Impl {
 
   void connect_all(const std::vector<std::string>& addresses) {
     for (int r = 0; r < world_size_; ++r) {
-      if (eps_[r] != nullptr) throw Error("UcxTransport::connect: already connected to rank " +
-                                          std::to_string(r), r);
-      if (addresses[r].empty()) throw Error("UcxTransport::connect: address of rank " +
-                                            std::to_string(r) + " is empty", r);
+      if (eps_[r] != nullptr)
+        throw Error("UcxTransport::connect: already connected to rank " + std::to_string(r), r);
+      if (addresses[r].empty())
+        throw Error("UcxTransport::connect: address of rank " + std::to_string(r) + " is empty", r);
     }
     addresses_ = addresses;
     fifo_.assign(world_size_, 1);  // until each endpoint's lanes are known
@@ -586,15 +591,16 @@ struct UcxTransport::Impl {
       ucs_status_t status = ucp_ep_create(worker_, &params, &eps_[r]);
       if (status != UCS_OK) {
         eps_[r] = nullptr;
-        throw Error("UcxTransport::connect: ucp_ep_create for rank " + std::to_string(r) +
-                    " failed (" + std::to_string(addresses[r].size()) + "-byte address): " +
-                    ucs_status_string(status) +
-                    (single_host_tls_ ? std::string(" (UCX was limited to ") + kSingleHostTls +
-                                            " because LOCAL_WORLD_SIZE equals WORLD_SIZE, i.e. "
-                                            "every rank on this host; on several hosts set "
-                                            "LOCAL_WORLD_SIZE to the ranks per host, or UCX_TLS)"
-                                      : std::string()),
-                    r);
+        throw Error(
+            "UcxTransport::connect: ucp_ep_create for rank " + std::to_string(r) + " failed (" +
+                std::to_string(addresses[r].size()) +
+                "-byte address): " + ucs_status_string(status) +
+                (single_host_tls_ ? std::string(" (UCX was limited to ") + kSingleHostTls +
+                                        " because LOCAL_WORLD_SIZE equals WORLD_SIZE, i.e. "
+                                        "every rank on this host; on several hosts set "
+                                        "LOCAL_WORLD_SIZE to the ranks per host, or UCX_TLS)"
+                                  : std::string()),
+            r);
       }
       const std::string info = print_info(eps_[r]);
       paths_[r] = lanes_of(info);
@@ -702,13 +708,14 @@ struct UcxTransport::Impl {
     if (shutting_down_) return done(Status::failure(kShutDown, peer));
     if (eps_[peer] == nullptr)
       return done(Status::failure("UcxTransport::probe: rank " + std::to_string(peer) +
-                                  " is not connected (call connect() first)", peer));
+                                      " is not connected (call connect() first)",
+                                  peer));
     auto bytes = std::make_shared<std::array<uint64_t, 2>>();
     (*bytes)[1] = ++probes_sent_;
     start_op(make_op(Op::Kind::recv, peer, tags::kProbeAnswerTag, &(*bytes)[0],
                      [bytes, done = std::move(done)](const Status& status) { done(status); }));
-    start_op(make_op(Op::Kind::send, peer, tags::kProbeTag, &(*bytes)[1],
-                     [bytes](const Status&) {}));
+    start_op(
+        make_op(Op::Kind::send, peer, tags::kProbeTag, &(*bytes)[1], [bytes](const Status&) {}));
   }
 
   std::unique_ptr<Op> make_op(Op::Kind kind, int peer, Tag tag, void* data, Callback done) {
@@ -835,7 +842,8 @@ UcxTransport::UcxTransport(int rank, int world_size, bool single_host)
     : UcxTransport(rank, world_size, std::make_unique<UcxWorker>(single_host, world_size)) {}
 
 UcxTransport::UcxTransport(int rank, int world_size, std::unique_ptr<UcxWorker> worker) {
-  if (!worker) throw Error("UcxTransport: no UcxWorker (expected one made by UcxWorker's constructor)");
+  if (!worker)
+    throw Error("UcxTransport: no UcxWorker (expected one made by UcxWorker's constructor)");
   if (world_size < 1 || world_size > kMaxWorldSize) {
     throw Error("UcxTransport: world_size " + std::to_string(world_size) + " must be in [1, " +
                 std::to_string(kMaxWorldSize) + "]");

@@ -102,16 +102,19 @@ TEST_CASE("fp16 encoding agrees with the scalar float_to_half on random floats o
     decode_half(halves.data(), n, 0.5f, dec.data());
     for (size_t i = 0; i < n; ++i) {
       float want = half_to_float(halves[i]) * 0.5f;
-      if (std::isnan(want)) REQUIRE(std::isnan(dec[i]));
-      else REQUIRE(bits_of(dec[i]) == bits_of(want));
+      if (std::isnan(want))
+        REQUIRE(std::isnan(dec[i]));
+      else
+        REQUIRE(bits_of(dec[i]) == bits_of(want));
     }
     CHECK(dec[n] == 7.0f);
   }
 }
 
 TEST_CASE("fp16 encoding turns values beyond half's range into infinity, like a cast") {
-  const float src[] = {65504.0f, 65519.0f, 65520.0f, 70000.0f, -1e10f,
-                       std::numeric_limits<float>::infinity(), 1e-10f, -3e38f, 20000.0f};
+  const float src[] = {65504.0f, 65519.0f, 65520.0f,
+                       70000.0f, -1e10f,   std::numeric_limits<float>::infinity(),
+                       1e-10f,   -3e38f,   20000.0f};
   const size_t n = sizeof(src) / sizeof(src[0]);
   uint16_t got[n];
   encode_half(src, n, 1.0f, got);
@@ -159,8 +162,10 @@ TEST_CASE("bf16 encoding agrees with the scalar float_to_bfloat16 on random floa
       for (size_t i = 0; i < n; ++i) {
         CAPTURE(src[i]);
         uint16_t want = float_to_bfloat16(src[i] * scale);
-        if (std::isnan(src[i])) REQUIRE(std::isnan(bfloat16_to_float(got[i])));
-        else REQUIRE(got[i] == want);
+        if (std::isnan(src[i]))
+          REQUIRE(std::isnan(bfloat16_to_float(got[i])));
+        else
+          REQUIRE(got[i] == want);
       }
       CHECK(got[n] == 0xabcd);
     }
@@ -175,8 +180,10 @@ TEST_CASE("bf16 encoding agrees with the scalar float_to_bfloat16 on random floa
     decode_bfloat16(b16.data(), n, 2.0f, dec.data());
     for (size_t i = 0; i < n; ++i) {
       float want = bfloat16_to_float(b16[i]) * 2.0f;
-      if (std::isnan(want)) REQUIRE(std::isnan(dec[i]));
-      else REQUIRE(bits_of(dec[i]) == bits_of(want));
+      if (std::isnan(want))
+        REQUIRE(std::isnan(dec[i]));
+      else
+        REQUIRE(bits_of(dec[i]) == bits_of(want));
     }
   }
 }
@@ -493,9 +500,9 @@ double random_k_chi_square(size_t n, size_t k, size_t buckets, size_t rounds) {
 }  // namespace
 
 TEST_CASE("random_k draws k distinct sorted indices in range, the same for the same seed") {
-  check_random_k(1000000, 100, 1);     // k small against n: hash-set path
+  check_random_k(1000000, 100, 1);  // k small against n: hash-set path
   check_random_k(3000000, 1, 2);
-  check_random_k(1000, 500, 3);        // k large against n: bitmap path
+  check_random_k(1000, 500, 3);  // k large against n: bitmap path
   check_random_k(100000, 99000, 4);
   check_random_k(65, 33, 5);
   check_random_k(10, 0, 6);

@@ -23,9 +23,8 @@ std::vector<std::vector<std::string>> run_ranks(
     int world, comm::CollectiveOptions options,
     const std::function<std::vector<std::string>(comm::Communicator&)>& fn) {
   std::vector<std::vector<std::string>> out(static_cast<size_t>(world));
-  auto threw = test::run_communicators(world, options, [&](comm::Communicator& c) {
-    out[static_cast<size_t>(c.rank())] = fn(c);
-  });
+  auto threw = test::run_communicators(
+      world, options, [&](comm::Communicator& c) { out[static_cast<size_t>(c.rank())] = fn(c); });
   for (size_t r = 0; r < threw.size(); ++r)
     if (!threw[r].empty()) out[r] = {"threw: " + threw[r]};
   return out;
@@ -43,9 +42,8 @@ TEST_CASE("every collective, op and dtype matches a single-process reference, wo
     CAPTURE(world);
     const std::vector<size_t> counts = {0, 1, 3, static_cast<size_t>(world) + 1, 1000, 20011};
     // Default tuning: small messages by recursive doubling, large by the pipelined ring.
-    expect_no_failures(run_ranks(world, {}, [&](comm::Communicator& c) {
-      return test::check_collectives(c, counts);
-    }));
+    expect_no_failures(run_ranks(
+        world, {}, [&](comm::Communicator& c) { return test::check_collectives(c, counts); }));
     // Tiny thresholds force the ring and several lanes even for small counts.
     comm::CollectiveOptions ring;
     ring.small_bytes = 0;
@@ -132,8 +130,8 @@ TEST_CASE("bad collective arguments are rejected with the value and what was exp
 }
 
 TEST_CASE("hierarchical allreduce matches a single-process reference for every host layout") {
-  const std::vector<std::vector<int>> layouts = {
-      {0, 0, 1, 1, 1}, {0, 1, 0, 1}, {5, 5, 5}, {0, 1, 2}, {7}, {0, 0, 1, 2, 2, 2}};
+  const std::vector<std::vector<int>> layouts = {{0, 0, 1, 1, 1}, {0, 1, 0, 1}, {5, 5, 5},
+                                                 {0, 1, 2},       {7},          {0, 0, 1, 2, 2, 2}};
   for (const auto& hosts : layouts) {
     const int world = static_cast<int>(hosts.size());
     CAPTURE(world);
@@ -146,7 +144,9 @@ TEST_CASE("hierarchical allreduce matches a single-process reference for every h
       expect_no_failures(run_ranks(world, ring, [&](comm::Communicator& c) {
         std::vector<std::string> failures;
         for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{3001}}) {
-          auto value = [](int rank, size_t i) { return static_cast<double>((rank + 1) * 3 + i % 11); };
+          auto value = [](int rank, size_t i) {
+            return static_cast<double>((rank + 1) * 3 + i % 11);
+          };
           std::vector<double> data(count);
           for (size_t i = 0; i < count; ++i) data[i] = value(c.rank(), i);
           c.hierarchical_allreduce(data.data(), count, comm::DataType::float64, op, hosts);

@@ -34,7 +34,8 @@ struct SharedMemoryPair {
 
 }  // namespace
 
-TEST_CASE("allreduce through shared memory matches a single-process reference for every op and dtype") {
+TEST_CASE(
+    "allreduce through shared memory matches a single-process reference for every op and dtype") {
   for (int world : {2, 3, 5}) {
     CAPTURE(world);
     // 20011 float32 is above small_bytes; 65536 float32 is one chunk of 256 KiB exactly, 262147
@@ -64,7 +65,8 @@ TEST_CASE(
   auto threw = test::run_communicators(world, {}, [&](comm::Communicator& c) {
     REQUIRE(c.use_shared_memory(true));
     std::vector<float> v(count);
-    for (size_t i = 0; i < count; ++i) v[i] = 1.0f / static_cast<float>(1 + i % 9973 + 7 * c.rank());
+    for (size_t i = 0; i < count; ++i)
+      v[i] = 1.0f / static_cast<float>(1 + i % 9973 + 7 * c.rank());
     c.allreduce(v.data(), count, comm::DataType::float32, comm::ReduceOp::avg);
     results[static_cast<size_t>(c.rank())] = std::move(v);
   });
@@ -77,7 +79,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("a rank that never joins an allreduce through shared memory fails it at the deadline, naming the rank") {
+TEST_CASE(
+    "a rank that never joins an allreduce through shared memory fails it at the deadline, naming "
+    "the rank") {
   SharedMemoryPair pair(300ms);
   auto& c0 = pair.c0;
   std::vector<float> a(1 << 20, 1.0f);
@@ -125,7 +129,8 @@ TEST_CASE(
                     doctest::Contains("did not stage chunk 17 of 32"));
 }
 
-TEST_CASE("abort ends an allreduce through shared memory at once with the reason, and every later one") {
+TEST_CASE(
+    "abort ends an allreduce through shared memory at once with the reason, and every later one") {
   SharedMemoryPair pair(30s);
   auto& c0 = pair.c0;
   std::vector<float> a(3 << 20, 1.0f);

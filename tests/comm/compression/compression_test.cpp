@@ -88,7 +88,8 @@ double max_error(const Vec& a, const Vec& b) {
   double worst = 0;
   for (size_t i = 0; i < kCount; ++i)
     if (in_tensor(i))
-      worst = std::max(worst, std::abs(double(a[i]) - b[i]) / std::max(1.0, std::abs(double(b[i]))));
+      worst =
+          std::max(worst, std::abs(double(a[i]) - b[i]) / std::max(1.0, std::abs(double(b[i]))));
   return worst;
 }
 
@@ -164,15 +165,15 @@ std::vector<uint32_t> chosen(const comm::Sparsification& c, const Vec& x, size_t
   if (c.mode == comm::SparseMode::top_k) {
     std::vector<uint32_t> all(kCount);
     std::iota(all.begin(), all.end(), 0u);
-    std::stable_sort(all.begin(), all.end(), [&](uint32_t a, uint32_t b) {
-      return std::abs(x[a]) > std::abs(x[b]);
-    });
+    std::stable_sort(all.begin(), all.end(),
+                     [&](uint32_t a, uint32_t b) { return std::abs(x[a]) > std::abs(x[b]); });
     idx.assign(all.begin(), all.begin() + static_cast<long>(k));
   } else if (c.mode == comm::SparseMode::random_k) {
     idx.resize(k);
     comm::random_k(seed, kCount, k, idx.data());  // its own tests check it draws uniformly
   } else {
-    for (size_t j = 0; j < k; ++j) idx.push_back(static_cast<uint32_t>((seed % kCount + j) % kCount));
+    for (size_t j = 0; j < k; ++j)
+      idx.push_back(static_cast<uint32_t>((seed % kCount + j) % kCount));
   }
   return idx;
 }
@@ -244,10 +245,12 @@ std::vector<Vec> reference_power_sgd(const comm::PowerSGD& c, int world, uint32_
       for (int r = 0; r < world; ++r) {
         auto& mr = m[static_cast<size_t>(r)];
         for (size_t k = 0; k < slot.count; ++k)
-          mr.push_back(g[static_cast<size_t>(r)][slot.offset + k] + error[static_cast<size_t>(r)][slot.offset + k]);
+          mr.push_back(g[static_cast<size_t>(r)][slot.offset + k] +
+                       error[static_cast<size_t>(r)][slot.offset + k]);
         for (size_t i = 0; i < rows; ++i)
           for (size_t j = 0; j < rk; ++j)
-            for (size_t l = 0; l < cols; ++l) p[i * rk + j] += mr[i * cols + l] * q[t][j * cols + l];
+            for (size_t l = 0; l < cols; ++l)
+              p[i * rk + j] += mr[i * cols + l] * q[t][j * cols + l];
       }
       for (size_t j = 0; j < rk; ++j) {  // classical Gram-Schmidt, column by column
         for (size_t prev = 0; prev < j; ++prev) {
@@ -296,9 +299,11 @@ TEST_CASE("fp16 and bf16 compression sum exactly when every partial sum is repre
       for (int r = 0; r < world; ++r)
         futures.push_back(std::async(std::launch::async, [&, r] {
           Vec data(kCount);
-          for (size_t i = 0; i < kCount; ++i) data[i] = static_cast<float>(int(i * 7 + r * 3) % 29 - 14) / 4;
+          for (size_t i = 0; i < kCount; ++i)
+            data[i] = static_cast<float>(int(i * 7 + r * 3) % 29 - 14) / 4;
           auto reduction = comm::make_reduction(
-              comm::HalfPrecision{bf16}, comm::BucketBuffer{0, data.data(), kCount, comm::DataType::float32, kTensors});
+              comm::HalfPrecision{bf16},
+              comm::BucketBuffer{0, data.data(), kCount, comm::DataType::float32, kTensors});
           comm::ReduceStep step;
           step.group = {r, world};
           step.scale = 0.5;
@@ -313,7 +318,8 @@ TEST_CASE("fp16 and bf16 compression sum exactly when every partial sum is repre
         auto got = futures[static_cast<size_t>(r)].get();
         for (size_t i = 0; i < kCount; ++i) {
           float sum = 0;
-          for (int k = 0; k < world; ++k) sum += static_cast<float>(int(i * 7 + k * 3) % 29 - 14) / 4;
+          for (int k = 0; k < world; ++k)
+            sum += static_cast<float>(int(i * 7 + k * 3) % 29 - 14) / 4;
           if (got[i] != sum * 0.5f) {
             FAIL_CHECK("rank " << r << " element " << i << ": " << got[i] << " != " << sum * 0.5f);
             break;
@@ -333,7 +339,8 @@ TEST_CASE("fp16 compression of random gradients stays within half precision of t
   }
 }
 
-TEST_CASE("ByteGrad leaves every rank the same values, within two quantisation steps of the average") {
+TEST_CASE(
+    "ByteGrad leaves every rank the same values, within two quantisation steps of the average") {
   for (int world : {1, 2, 3, 4}) {
     CAPTURE(world);
     auto out = run(comm::ByteGrad{64}, world, 2, 1.0 / world);
@@ -401,7 +408,8 @@ TEST_CASE("sparsification with momentum correction matches a single-process DGC"
       c.momentum = 0;
       auto without = reference_sparse(c, k, world, 5, 1.0 / world);
       double differ = 0;
-      for (size_t i = 0; i < kCount; ++i) differ = std::max(differ, double(std::abs(with[4][i] - without[4][i])));
+      for (size_t i = 0; i < kCount; ++i)
+        differ = std::max(differ, double(std::abs(with[4][i] - without[4][i])));
       CHECK(differ > 1e-3);
     }
 }
@@ -445,7 +453,8 @@ TEST_CASE("PowerSGD without warm start agrees on every rank and is still a rank-
     if (std::abs(m[j]) > std::abs(m[pivot])) pivot = j;
   for (size_t i = 1; i < 16; ++i) {
     const double ratio = m[i * 24 + pivot] / m[pivot];
-    for (size_t j = 0; j < 24; ++j) CHECK(m[i * 24 + j] == doctest::Approx(ratio * m[j]).epsilon(1e-3).scale(1e-3));
+    for (size_t j = 0; j < 24; ++j)
+      CHECK(m[i * 24 + j] == doctest::Approx(ratio * m[j]).epsilon(1e-3).scale(1e-3));
   }
 }
 
@@ -472,7 +481,8 @@ TEST_CASE("bad algorithm settings are rejected with the setting, its value and w
                     "Sparsification.ratio=1.5 (expected 0 < ratio <= 1, or a count > 0)");
   comm::Sparsification fast;
   fast.momentum = 1.0;
-  CHECK_THROWS_WITH(comm::make_reduction(fast, bucket), "Sparsification.momentum=1 (expected 0 <= momentum < 1)");
+  CHECK_THROWS_WITH(comm::make_reduction(fast, bucket),
+                    "Sparsification.momentum=1 (expected 0 <= momentum < 1)");
   comm::Sparsification no_memory;
   no_memory.momentum = 0.9;
   no_memory.error_feedback = false;
@@ -491,11 +501,13 @@ TEST_CASE("bad algorithm settings are rejected with the setting, its value and w
 }
 
 TEST_CASE("algorithm specs from the command line parse, and mistakes name the key and value") {
-  auto p = std::get<comm::PowerSGD>(comm::parse_compression("powersgd:rank=4,start_iter=0,warm_start=false"));
+  auto p = std::get<comm::PowerSGD>(
+      comm::parse_compression("powersgd:rank=4,start_iter=0,warm_start=false"));
   CHECK(p.rank == 4);
   CHECK(p.start_iter == 0);
   CHECK_FALSE(p.warm_start);
-  auto t = std::get<comm::Sparsification>(comm::parse_compression("randomk:ratio=0.02,seed=9,ef=0"));
+  auto t =
+      std::get<comm::Sparsification>(comm::parse_compression("randomk:ratio=0.02,seed=9,ef=0"));
   CHECK(t.mode == comm::SparseMode::random_k);
   CHECK(t.ratio == 0.02);
   CHECK(t.seed == 9);

@@ -36,8 +36,10 @@ Vec reference_round_trip(const Vec& x, size_t block) {
   Vec out(x.size());
   for (size_t begin = 0; begin < x.size(); begin += block) {
     const size_t end = std::min(x.size(), begin + block);
-    const float lo = *std::min_element(x.begin() + static_cast<long>(begin), x.begin() + static_cast<long>(end));
-    const float hi = *std::max_element(x.begin() + static_cast<long>(begin), x.begin() + static_cast<long>(end));
+    const float lo =
+        *std::min_element(x.begin() + static_cast<long>(begin), x.begin() + static_cast<long>(end));
+    const float hi =
+        *std::max_element(x.begin() + static_cast<long>(begin), x.begin() + static_cast<long>(end));
     const float inv = hi > lo ? static_cast<float>(15.0 / (static_cast<double>(hi) - lo)) : 0.0f;
     const float step = static_cast<float>((static_cast<double>(hi) - lo) / 15.0);
     for (size_t i = begin; i < end; ++i) {
@@ -110,7 +112,7 @@ TEST_CASE("4-bit codes decode within half a step, (max - min) / 30, of each bloc
       CHECK(comm::minmax_bytes(comm::MinMaxBits::four, n, block) ==
             (n + block - 1) / block * 8 + (n + 1) / 2);
       comm::minmax_encode(comm::MinMaxBits::four, x.data(), n, block, code.data());
-      CHECK(code.back() == 0xab);  // nothing written past the encoding
+      CHECK(code.back() == 0xab);                           // nothing written past the encoding
       if (n % 2) CHECK((code[code.size() - 2] >> 4) == 0);  // the unused nibble
       Vec y(n);
       comm::minmax_decode(comm::MinMaxBits::four, code.data(), n, block, y.data());
@@ -118,8 +120,10 @@ TEST_CASE("4-bit codes decode within half a step, (max - min) / 30, of each bloc
       double worst_ratio = 0;  // the largest error over the bound, to see how close it comes
       for (size_t begin = 0; begin < n; begin += block) {
         const size_t end = std::min(n, begin + block);
-        const float lo = *std::min_element(x.begin() + static_cast<long>(begin), x.begin() + static_cast<long>(end));
-        const float hi = *std::max_element(x.begin() + static_cast<long>(begin), x.begin() + static_cast<long>(end));
+        const float lo = *std::min_element(x.begin() + static_cast<long>(begin),
+                                           x.begin() + static_cast<long>(end));
+        const float hi = *std::max_element(x.begin() + static_cast<long>(begin),
+                                           x.begin() + static_cast<long>(end));
         const double bound = (double(hi) - lo) / 30;
         const double slack = 1e-6 * std::max(std::abs(double(lo)), std::abs(double(hi)));
         for (size_t i = begin; i < end; ++i) {
@@ -164,7 +168,8 @@ TEST_CASE("int4 leaves every rank the same values, those of a single-process 4-b
           Vec g = gradient(r, s);
           for (size_t i = 0; i < kCount; ++i)
             if (!in_tensor(i)) g[i] = 0.0f;
-          const Vec part(g.begin() + static_cast<long>(chunk.begin), g.begin() + static_cast<long>(chunk.end));
+          const Vec part(g.begin() + static_cast<long>(chunk.begin),
+                         g.begin() + static_cast<long>(chunk.end));
           const Vec decoded = reference_round_trip(part, block);
           for (size_t i = 0; i < chunk.size(); ++i) sum[i] += decoded[i];
         }
@@ -176,7 +181,8 @@ TEST_CASE("int4 leaves every rank the same values, those of a single-process 4-b
         for (size_t i = 0; i < kCount; ++i) {
           if (!in_tensor(i)) continue;
           const float got = out[static_cast<size_t>(r)].buckets[s][i];
-          if (got != out[0].buckets[s][i] || std::abs(got - want[i]) > 1e-6f * std::max(1.0f, std::abs(want[i]))) {
+          if (got != out[0].buckets[s][i] ||
+              std::abs(got - want[i]) > 1e-6f * std::max(1.0f, std::abs(want[i]))) {
             FAIL_CHECK("rank " << r << " element " << i << ": " << got << ", rank 0 "
                                << out[0].buckets[s][i] << ", reference " << want[i]);
             break;
@@ -196,7 +202,9 @@ TEST_CASE("int4 sends about 8x fewer bytes than a float32 allreduce, as its clos
   const int world = 4;
   const size_t count = 4 * 8192, block = 512;
   const std::vector<comm::TensorSlot> one = {{0, count, 1}};
-  auto input = [&](int r, uint32_t) { return random_values(count, static_cast<unsigned>(r + 1), 1.0f); };
+  auto input = [&](int r, uint32_t) {
+    return random_values(count, static_cast<unsigned>(r + 1), 1.0f);
+  };
   auto int4 = run(comm::Int4Quantization{block}, world, 1, count, one, input);
   auto full = run(comm::GradientAllReduce{}, world, 1, count, one, input);
   // Alltoall then allgather, each sending the W - 1 other chunks' slots: a slot is one chunk of
@@ -222,13 +230,15 @@ TEST_CASE("int4 is named on the command line and refuses bad settings and non-fl
   CHECK(comm::compression_entry(c).name == "int4");
   CHECK_THROWS_WITH(comm::parse_compression("int4:block=1"),
                     "--algorithm int4: block=1: expected an integer >= 2");
-  CHECK_THROWS_WITH(comm::parse_compression("int4:block=7"),
-                    "Int4Quantization.block=7 (expected an even number of elements >= 2 per block)");
+  CHECK_THROWS_WITH(
+      comm::parse_compression("int4:block=7"),
+      "Int4Quantization.block=7 (expected an even number of elements >= 2 per block)");
   CHECK_THROWS_WITH(comm::parse_compression("int4:bits=2"),
                     "--algorithm int4: unknown key 'bits' (allowed for int4: block)");
   comm::BucketBuffer bucket{3, nullptr, 10, comm::DataType::float32, {{0, 10, 1}}};
-  CHECK_THROWS_WITH(comm::make_reduction(comm::Int4Quantization{0}, bucket),
-                    "Int4Quantization.block=0 (expected an even number of elements >= 2 per block)");
+  CHECK_THROWS_WITH(
+      comm::make_reduction(comm::Int4Quantization{0}, bucket),
+      "Int4Quantization.block=0 (expected an even number of elements >= 2 per block)");
   comm::BucketBuffer doubles{3, nullptr, 10, comm::DataType::float64, {{0, 10, 1}}};
   CHECK_THROWS_WITH(comm::make_reduction(comm::Int4Quantization{}, doubles),
                     "int4 compresses float32 gradients; bucket 3 holds float64 (use "

@@ -111,9 +111,9 @@ double ring_gap_closed_form(int n) {
 // Names
 
 TEST_CASE("topology kinds and mixings parse back from their names, and others are refused") {
-  for (TopologyKind kind : {TopologyKind::ring, TopologyKind::torus, TopologyKind::complete,
-                            TopologyKind::exponential, TopologyKind::random_matching,
-                            TopologyKind::edge_list})
+  for (TopologyKind kind :
+       {TopologyKind::ring, TopologyKind::torus, TopologyKind::complete, TopologyKind::exponential,
+        TopologyKind::random_matching, TopologyKind::edge_list})
     CHECK(parse_topology_kind(topology_kind_name(kind)) == kind);
   CHECK(std::string(topology_kind_name(TopologyKind::random_matching)) == "random_matching");
   CHECK(parse_mixing("uniform") == Mixing::uniform);
@@ -146,9 +146,8 @@ TEST_CASE("describe names the kind, the size and the mixing") {
   CHECK(Topology(spec_of(TopologyKind::exponential, Mixing::metropolis), 8).describe() ==
         "exponential(8)");
   CHECK(Topology(matching_spec(1), 8).describe() == "random_matching(8, seed 1)");
-  CHECK(Topology(edge_list_spec({{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 0}, {0, 2}},
-                                Mixing::metropolis),
-                 5)
+  CHECK(Topology(
+            edge_list_spec({{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 0}, {0, 2}}, Mixing::metropolis), 5)
             .describe() == "edge_list(5 ranks, 6 edges, metropolis)");
   CHECK(Topology(spec_of(TopologyKind::complete), 4).describe() == "complete(4, uniform)");
 }
@@ -201,8 +200,9 @@ TEST_CASE("a world of one rank has no neighbours and keeps its own vector") {
 TEST_CASE("torus 2x4 merges the wrap-around neighbour with the direct one") {
   // Rank r * 4 + c sits at row r, column c; with 2 rows, up and down are the same rank.
   const Topology torus(torus_spec(2, 4), 8);
-  check_neighbours(torus, {{1, 3, 4}, {0, 2, 5}, {1, 3, 6}, {0, 2, 7},
-                           {0, 5, 7}, {1, 4, 6}, {2, 5, 7}, {3, 4, 6}});
+  check_neighbours(
+      torus,
+      {{1, 3, 4}, {0, 2, 5}, {1, 3, 6}, {0, 2, 7}, {0, 5, 7}, {1, 4, 6}, {2, 5, 7}, {3, 4, 6}});
   CHECK(torus.round(5, 0).self_weight == 0.25);
   CHECK(torus.round(5, 0).recv_weights == std::vector<double>{0.25, 0.25, 0.25});
 }
@@ -269,12 +269,18 @@ TEST_CASE("every static kind is doubly stochastic with metropolis, regular ones 
     int world_size;
   };
   const std::vector<Case> cases = {
-      {spec_of(TopologyKind::ring), 2},     {spec_of(TopologyKind::ring), 3},
-      {spec_of(TopologyKind::ring), 8},     {spec_of(TopologyKind::ring), 13},
-      {torus_spec(2, 4), 8},                {torus_spec(3, 3), 9},
-      {torus_spec(4, 4), 16},               {torus_spec(3, 5), 15},
-      {torus_spec(1, 6), 6},                {spec_of(TopologyKind::complete), 2},
-      {spec_of(TopologyKind::complete), 7}, {edge_list_spec({{0, 1}, {1, 2}, {2, 0}}), 3},
+      {spec_of(TopologyKind::ring), 2},
+      {spec_of(TopologyKind::ring), 3},
+      {spec_of(TopologyKind::ring), 8},
+      {spec_of(TopologyKind::ring), 13},
+      {torus_spec(2, 4), 8},
+      {torus_spec(3, 3), 9},
+      {torus_spec(4, 4), 16},
+      {torus_spec(3, 5), 15},
+      {torus_spec(1, 6), 6},
+      {spec_of(TopologyKind::complete), 2},
+      {spec_of(TopologyKind::complete), 7},
+      {edge_list_spec({{0, 1}, {1, 2}, {2, 0}}), 3},
   };
   for (Case c : cases) {
     c.spec.mixing = Mixing::uniform;
@@ -472,8 +478,8 @@ TEST_CASE("topology validation names the thing, the value and what was expected"
     const Topology ring(spec_of(TopologyKind::ring), 8);
     CHECK_THROWS_WITH_AS(ring.round(8, 0), "ring(8, uniform): rank 8 is outside [0, 8)", Error);
     CHECK_THROWS_AS(ring.round(-1, 0), Error);
-    CHECK_THROWS_WITH_AS(ring.round(0, 0, {12}),
-                         "ring(8, uniform): dead rank 12 is outside [0, 8)", Error);
+    CHECK_THROWS_WITH_AS(ring.round(0, 0, {12}), "ring(8, uniform): dead rank 12 is outside [0, 8)",
+                         Error);
   }
   SUBCASE("mixing is ignored by time-varying kinds") {
     CHECK(error_of(spec_of(TopologyKind::exponential, Mixing::metropolis), 8).empty());
@@ -552,10 +558,8 @@ TEST_CASE("spectral gap of small matrices with known eigenvalues") {
   // A single rank: nothing but lambda_1.
   CHECK(spectral_gap({{1.0}}) == 1.0);
   // Two disconnected halves: lambda = 1 twice, so no gap.
-  CHECK(std::abs(spectral_gap({{0.5, 0.5, 0, 0},
-                               {0.5, 0.5, 0, 0},
-                               {0, 0, 0.5, 0.5},
-                               {0, 0, 0.5, 0.5}})) < 1e-12);
+  CHECK(std::abs(spectral_gap(
+            {{0.5, 0.5, 0, 0}, {0.5, 0.5, 0, 0}, {0, 0, 0.5, 0.5}, {0, 0, 0.5, 0.5}})) < 1e-12);
 }
 
 TEST_CASE("spectral gap of the complete graph with W = J/n is 1") {

@@ -57,7 +57,8 @@ T expected(const Case& c, int world, int generation, size_t i) {
   const auto op = c.how.op;
   if (op == comm::ReduceOp::min || op == comm::ReduceOp::max) {
     T m = x(0);
-    for (int k = 1; k < world; ++k) m = op == comm::ReduceOp::min ? std::min(m, x(k)) : std::max(m, x(k));
+    for (int k = 1; k < world; ++k)
+      m = op == comm::ReduceOp::min ? std::min(m, x(k)) : std::max(m, x(k));
     return m;
   }
   using Factor = std::conditional_t<std::is_same<T, float>::value, float, double>;
@@ -85,19 +86,27 @@ size_t mismatches(const char* at, const Case& c, int world, int generation) {
 
 void fill_case(char* at, const Case& c, int rank, int generation) {
   switch (c.type) {
-    case comm::DataType::float32: return fill<float>(at, c, rank, generation);
-    case comm::DataType::float64: return fill<double>(at, c, rank, generation);
-    case comm::DataType::int32: return fill<int32_t>(at, c, rank, generation);
-    default: return fill<int64_t>(at, c, rank, generation);
+    case comm::DataType::float32:
+      return fill<float>(at, c, rank, generation);
+    case comm::DataType::float64:
+      return fill<double>(at, c, rank, generation);
+    case comm::DataType::int32:
+      return fill<int32_t>(at, c, rank, generation);
+    default:
+      return fill<int64_t>(at, c, rank, generation);
   }
 }
 
 size_t check_case(const char* at, const Case& c, int world, int generation) {
   switch (c.type) {
-    case comm::DataType::float32: return mismatches<float>(at, c, world, generation);
-    case comm::DataType::float64: return mismatches<double>(at, c, world, generation);
-    case comm::DataType::int32: return mismatches<int32_t>(at, c, world, generation);
-    default: return mismatches<int64_t>(at, c, world, generation);
+    case comm::DataType::float32:
+      return mismatches<float>(at, c, world, generation);
+    case comm::DataType::float64:
+      return mismatches<double>(at, c, world, generation);
+    case comm::DataType::int32:
+      return mismatches<int32_t>(at, c, world, generation);
+    default:
+      return mismatches<int64_t>(at, c, world, generation);
   }
 }
 
@@ -148,7 +157,8 @@ TEST_CASE("LocalAllreduce matches a single-process reference, slots in any order
         for (size_t k = 0; k < all.size(); ++k) {
           auto f = done[k].get_future();
           if (f.wait_for(10s) != std::future_status::ready) {
-            failures[static_cast<size_t>(rank)].push_back("slot " + std::to_string(all[k].slot) + " never ended");
+            failures[static_cast<size_t>(rank)].push_back("slot " + std::to_string(all[k].slot) +
+                                                          " never ended");
             return;
           }
           const auto s = f.get();
@@ -236,7 +246,8 @@ TEST_CASE("LocalAllreduce: abort fails what is pending with the reason given") {
 
 TEST_CASE("LocalAllreduce and SharedSegment refuse bad arguments with named errors") {
   auto errors = run_ranks(1, [](comm::Communicator& c) {
-    CHECK_THROWS_WITH(comm::LocalAllreduce::connect(c, 0, 1s), "LocalAllreduce: data_bytes 0 (expected > 0)");
+    CHECK_THROWS_WITH(comm::LocalAllreduce::connect(c, 0, 1s),
+                      "LocalAllreduce: data_bytes 0 (expected > 0)");
     auto local = comm::LocalAllreduce::connect(c, 1000, 1s);
     CHECK(local->data_bytes() == 4096);
     auto none = [](const comm::Status&) {};
@@ -245,12 +256,14 @@ TEST_CASE("LocalAllreduce and SharedSegment refuse bad arguments with named erro
                       "LocalAllreduce::allreduce(slot -1): slot outside 0..4095");
     CHECK_THROWS_WITH(local->allreduce(4096, 0, 1, comm::DataType::float32, sum, none),
                       "LocalAllreduce::allreduce(slot 4096): slot outside 0..4095");
-    CHECK_THROWS_WITH(local->allreduce(0, 2, 1, comm::DataType::float32, sum, none),
-                      "LocalAllreduce::allreduce(slot 0): offset 2 is not a multiple of the float32 "
-                      "element size 4");
-    CHECK_THROWS_WITH(local->allreduce(0, 4000, 25, comm::DataType::float32, sum, none),
-                      "LocalAllreduce::allreduce(slot 0): 25 float32 elements at byte 4000 end past "
-                      "the data region of 4096 bytes");
+    CHECK_THROWS_WITH(
+        local->allreduce(0, 2, 1, comm::DataType::float32, sum, none),
+        "LocalAllreduce::allreduce(slot 0): offset 2 is not a multiple of the float32 "
+        "element size 4");
+    CHECK_THROWS_WITH(
+        local->allreduce(0, 4000, 25, comm::DataType::float32, sum, none),
+        "LocalAllreduce::allreduce(slot 0): 25 float32 elements at byte 4000 end past "
+        "the data region of 4096 bytes");
     CHECK_THROWS_WITH(
         local->allreduce(0, 0, 1, comm::DataType::float32, {comm::ReduceOp::avg, 0.5, false}, none),
         "LocalAllreduce::allreduce(slot 0): scale 0.5 with op avg (expected op sum)");
@@ -284,12 +297,14 @@ TEST_CASE("LocalAllreduce and SharedSegment refuse bad arguments with named erro
   CHECK_THROWS_WITH(comm::SharedSegment::create("/a/b", 10),
                     doctest::Contains("shared segment name '/a/b'"));
   const std::string name = "/troupe-test-" + std::to_string(::getpid());
-  CHECK_THROWS_WITH(comm::SharedSegment::open(name, 10),
-                    ("shared segment '" + name + "': shm_open failed: No such file or directory").c_str());
+  CHECK_THROWS_WITH(
+      comm::SharedSegment::open(name, 10),
+      ("shared segment '" + name + "': shm_open failed: No such file or directory").c_str());
   auto made = comm::SharedSegment::create(name, 8192);
   CHECK(made->size() == 8192);
-  CHECK_THROWS_WITH(comm::SharedSegment::create(name, 8192),
-                    ("shared segment '" + name + "': shm_open(O_CREAT|O_EXCL) failed: File exists").c_str());
+  CHECK_THROWS_WITH(
+      comm::SharedSegment::create(name, 8192),
+      ("shared segment '" + name + "': shm_open(O_CREAT|O_EXCL) failed: File exists").c_str());
   CHECK_THROWS_WITH(comm::SharedSegment::open(name, 4096),
                     ("shared segment '" + name + "' is 8192 bytes (expected 4096)").c_str());
   auto mapped = comm::SharedSegment::open(name, 8192);

@@ -75,11 +75,11 @@ TEST_CASE("a link shape is read from a rate, a latency or both, in decimal units
 
 TEST_CASE("a malformed link shape is an error naming the text and the expected form") {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"1gbt,5ms", "unit 'gbt'"},     {"fast", "does not start with a number"},
-      {"1gbit,", "an empty part"},    {"1gbit,2gbit", "two rates"},
-      {"5ms,1ms", "two latencies"},   {"0gbit", "not positive"},
-      {"100", "has no unit"},         {"1gb", "unit 'gb'"},
-      {"-1ms", "does not start"},     {"2min", "unit 'min'"},
+      {"1gbt,5ms", "unit 'gbt'"},   {"fast", "does not start with a number"},
+      {"1gbit,", "an empty part"},  {"1gbit,2gbit", "two rates"},
+      {"5ms,1ms", "two latencies"}, {"0gbit", "not positive"},
+      {"100", "has no unit"},       {"1gb", "unit 'gb'"},
+      {"-1ms", "does not start"},   {"2min", "unit 'min'"},
       {"61s", "over a minute"}};
   for (const auto& entry : bad) {
     const std::string& text = entry.first;
@@ -109,7 +109,8 @@ TEST_CASE("rank links are read as RANK=SHAPE entries separated by semicolons") {
   CHECK_THROWS_WITH(comm::parse_rank_links("3=bogus"), doctest::Contains("'bogus'"));
 }
 
-TEST_CASE("a rank's own shape applies to the links to it and from it, the rest take the common one") {
+TEST_CASE(
+    "a rank's own shape applies to the links to it and from it, the rest take the common one") {
   comm::LinkEmulation e;
   e.all = comm::parse_link_shape("1gbit,1ms");
   e.ranks = {{2, comm::parse_link_shape("100mbit,20ms")}};
@@ -135,7 +136,9 @@ TEST_CASE("a rank's own shape applies to the links to it and from it, the rest t
   CHECK_FALSE(comm::LinkEmulation{}.active());
 }
 
-TEST_CASE("a message on a shaped link arrives no earlier than its bytes over the bandwidth plus the latency") {
+TEST_CASE(
+    "a message on a shaped link arrives no earlier than its bytes over the bandwidth plus the "
+    "latency") {
   const auto shape = comm::parse_link_shape("1gbit,5ms");
   const size_t bytes = 1 << 20;
   Pair p(shape);
@@ -270,8 +273,8 @@ TEST_CASE("collectives through emulated links with one slow rank still match the
   const auto start = Clock::now();
   for (int r = 0; r < world; ++r)
     ranks.push_back(std::async(std::launch::async, [&, r] {
-      auto t = std::make_shared<comm::EmulatedTransport>(fabric.transport(r),
-                                                         links.outgoing(r, world));
+      auto t =
+          std::make_shared<comm::EmulatedTransport>(fabric.transport(r), links.outgoing(r, world));
       comm::Communicator c(t, ring, 60s);
       try {
         std::vector<std::string> failures;

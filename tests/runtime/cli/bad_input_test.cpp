@@ -44,8 +44,10 @@ struct DataFolder {
   /// A job file in the folder: `job` and `trainer` are the bodies of [job] and [trainer].
   std::string job(const std::string& job_table, const std::string& trainer) const {
     const std::string file = path + "/job.toml";
-    std::ofstream(file) << "[job]\n" << job_table << "\n[algorithm]\nname = \"allreduce\"\n"
-                        << "[trainer]\nmodel = \"mlp\"\ndata = \"" << path << "\"\n" << trainer;
+    std::ofstream(file) << "[job]\n"
+                        << job_table << "\n[algorithm]\nname = \"allreduce\"\n"
+                        << "[trainer]\nmodel = \"mlp\"\ndata = \"" << path << "\"\n"
+                        << trainer;
     return file;
   }
   std::string path;
@@ -95,8 +97,8 @@ TEST_CASE("floating and integer flags name the flag, the value and the range") {
 TEST_CASE("troupe run refuses a job of more ranks than one host starts, starting none") {
   DataFolder data(10, 10);
   // A program that does not exist: were the size not checked, the launch would stop at rank 0.
-  const std::string job = data.job("world_size = 100000\nmode = \"processes\"",
-                                   "program = \"/nonexistent/trainer\"\n");
+  const std::string job =
+      data.job("world_size = 100000\nmode = \"processes\"", "program = \"/nonexistent/trainer\"\n");
   auto out = run(kTroupe + " run " + job);
   INFO(out.text);
   CHECK(out.status != 0);
@@ -107,7 +109,8 @@ TEST_CASE("troupe run refuses a job of more ranks than one host starts, starting
 TEST_CASE("a batch larger than a rank's shard, or an empty test set, is refused before training") {
   SUBCASE("three training images and a batch of 64") {
     DataFolder data(3, 10);
-    auto out = run(kTroupe + " run " + data.job("world_size = 1\nmode = \"threads\"", "batch = 64\n"));
+    auto out =
+        run(kTroupe + " run " + data.job("world_size = 1\nmode = \"threads\"", "batch = 64\n"));
     INFO(out.text);
     CHECK(out.status != 0);
     CHECK(has(out, "batch 64 per rank is larger than each rank's shard of 3 training image(s)"));
@@ -115,7 +118,8 @@ TEST_CASE("a batch larger than a rank's shard, or an empty test set, is refused 
   }
   SUBCASE("a shard of 5 images per rank and a batch of 6") {
     DataFolder data(10, 10);
-    auto out = run(kTroupe + " run " + data.job("world_size = 2\nmode = \"threads\"", "batch = 6\n"));
+    auto out =
+        run(kTroupe + " run " + data.job("world_size = 2\nmode = \"threads\"", "batch = 6\n"));
     INFO(out.text);
     CHECK(out.status != 0);
     CHECK(has(out, "batch 6 per rank is larger than each rank's shard of 5 training image(s)"));
@@ -123,7 +127,8 @@ TEST_CASE("a batch larger than a rank's shard, or an empty test set, is refused 
   }
   SUBCASE("no test images") {
     DataFolder data(64, 0);
-    auto out = run(kTroupe + " run " + data.job("world_size = 1\nmode = \"threads\"", "batch = 8\n"));
+    auto out =
+        run(kTroupe + " run " + data.job("world_size = 1\nmode = \"threads\"", "batch = 8\n"));
     INFO(out.text);
     CHECK(out.status != 0);
     CHECK(has(out, "the test set holds no images"));

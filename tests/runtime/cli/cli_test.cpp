@@ -70,7 +70,8 @@ TEST_CASE("troupe rejects a bad size and a bad transport naming the value") {
   CHECK(bad_transport.text.find("pigeon") != std::string::npos);
 }
 
-TEST_CASE("troupe launch --link and --link-rank set TROUPE_LINK and TROUPE_LINK_RANKS for every rank") {
+TEST_CASE(
+    "troupe launch --link and --link-rank set TROUPE_LINK and TROUPE_LINK_RANKS for every rank") {
   auto out = run(std::string(TROUPE_BIN) +
                  " launch --link 1gbit,5ms --link-rank 1=100mbit,20ms --link-rank 0=1ms -n 2 --"
                  " sh -c 'echo \"link=$TROUPE_LINK ranks=$TROUPE_LINK_RANKS\"'");
@@ -119,9 +120,11 @@ std::string job_file(const std::string& name, const std::string& text) {
 TEST_CASE("troupe run trains Fashion-MNIST from a job file, as threads and as processes") {
   const std::string trainer = "[trainer]\nmodel = \"mlp\"\nepochs = 1\nlog_every = 200\n";
   SUBCASE("decentralized SGD on a ring, ranks as threads") {
-    auto path = job_file("threads", "[job]\nworld_size = 3\nmode = \"threads\"\n"
-                                    "[topology]\nkind = \"ring\"\n"
-                                    "[algorithm]\nname = \"decentralized\"\n" + trainer);
+    auto path = job_file("threads",
+                         "[job]\nworld_size = 3\nmode = \"threads\"\n"
+                         "[topology]\nkind = \"ring\"\n"
+                         "[algorithm]\nname = \"decentralized\"\n" +
+                             trainer);
     auto out = run(std::string(TROUPE_BIN) + " run " + path);
     INFO(out.text);
     CHECK(out.status == 0);
@@ -133,10 +136,11 @@ TEST_CASE("troupe run trains Fashion-MNIST from a job file, as threads and as pr
     std::remove(path.c_str());
   }
   SUBCASE("asynchronous gossip as processes over emulated links") {
-    auto path = job_file("processes", "[job]\nworld_size = 2\nmode = \"processes\"\n"
-                                      "[topology]\nkind = \"ring\"\n"
-                                      "[algorithm]\nname = \"async_gossip\"\n" + trainer +
-                                      "[links]\nall = \"10gbit,1ms\"\n");
+    auto path = job_file("processes",
+                         "[job]\nworld_size = 2\nmode = \"processes\"\n"
+                         "[topology]\nkind = \"ring\"\n"
+                         "[algorithm]\nname = \"async_gossip\"\n" +
+                             trainer + "[links]\nall = \"10gbit,1ms\"\n");
     auto out = run(std::string(TROUPE_BIN) + " run " + path);
     INFO(out.text);
     CHECK(out.status == 0);
@@ -157,9 +161,10 @@ TEST_CASE("troupe run names the key, the value and what is allowed in a bad job 
 }
 
 TEST_CASE("troupe run refuses SGD momentum on top of a compressor's momentum correction") {
-  auto path = job_file("momentum", "[job]\nworld_size = 2\nmode = \"threads\"\n"
-                                   "[algorithm]\nname = \"topk\"\nmomentum = 0.9\n"
-                                   "[trainer]\nmodel = \"mlp\"\nepochs = 1\nmomentum = 0.5\n");
+  auto path = job_file("momentum",
+                       "[job]\nworld_size = 2\nmode = \"threads\"\n"
+                       "[algorithm]\nname = \"topk\"\nmomentum = 0.9\n"
+                       "[trainer]\nmodel = \"mlp\"\nepochs = 1\nmomentum = 0.5\n");
   auto out = run(std::string(TROUPE_BIN) + " run " + path);
   INFO(out.text);
   CHECK(out.status != 0);
@@ -180,8 +185,8 @@ TEST_CASE("troupe bench ddp --interleave runs the three kinds of step in one job
   CHECK(row["interleave"] == true);
   CHECK(row["world"] == 2);
   CHECK(row["steps"] == 2);
-  for (const char* key : {"step_sec", "compute_step_sec", "alone_step_sec", "backward_sec",
-                          "compute_backward_sec"})
+  for (const char* key :
+       {"step_sec", "compute_step_sec", "alone_step_sec", "backward_sec", "compute_backward_sec"})
     CHECK_MESSAGE(row[key].get<double>() > 0, key);
   // Through shared memory each rank writes its half of every bucket into the other's memory:
   // half of the MLP's 7,912,458 float32 gradients, padded per bucket by at most 64 bytes.
@@ -192,8 +197,8 @@ TEST_CASE("troupe bench ddp --interleave runs the three kinds of step in one job
   // while the compute and alone steps run under no_sync() and leave no wait in the trace.
   for (int rank : {0, 1}) {
     CAPTURE(rank);
-    const std::string path = "/tmp/troupe_cli_test_" + std::to_string(getpid()) + "_" +
-                             std::to_string(rank) + ".json";
+    const std::string path =
+        "/tmp/troupe_cli_test_" + std::to_string(getpid()) + "_" + std::to_string(rank) + ".json";
     std::ifstream in(path);
     REQUIRE(in.good());
     auto events = nlohmann::json::parse(in)["traceEvents"];

@@ -41,7 +41,9 @@ std::string size_error(const std::string& list, std::optional<uint64_t> availabl
 }  // namespace
 
 TEST_CASE("a floating option names the flag, the value and the range for nan, infinity and 0") {
-  auto lr = [](const std::string& v) { return parse_error<double>("--lr", cli::number_above(0), v); };
+  auto lr = [](const std::string& v) {
+    return parse_error<double>("--lr", cli::number_above(0), v);
+  };
   CHECK(lr("nan") == "--lr: nan is not a finite number (expected a number > 0)");
   CHECK(lr("inf") == "--lr: inf is not a finite number (expected a number > 0)");
   CHECK(lr("0") == "--lr: 0 is out of range (expected a number > 0)");
@@ -58,7 +60,8 @@ TEST_CASE("a floating option names the flag, the value and the range for nan, in
   auto timeout = [](const std::string& v) {
     return parse_error<double>("--collective-timeout", cli::number_above(0, 1e9), v);
   };
-  CHECK(timeout("0") == "--collective-timeout: 0 is out of range (expected a number in (0, 1e+09])");
+  CHECK(timeout("0") ==
+        "--collective-timeout: 0 is out of range (expected a number in (0, 1e+09])");
   CHECK(timeout("1e10") ==
         "--collective-timeout: 1e10 is out of range (expected a number in (0, 1e+09])");
   CHECK(timeout("nan") ==
@@ -90,8 +93,9 @@ TEST_CASE("byte sizes are positive whole numbers of elements with a known unit")
         "--bytes: size '3' is not a whole number of 4-byte elements (expected a multiple of 4 "
         "bytes, e.g. 4)");
   CHECK(size_error("0KiB").find("--bytes: size '0KiB' is zero") == 0);
-  CHECK(size_error("1.5KiB") == "--bytes: size '1.5KiB' has unit '.5KiB' (expected B, KiB, MiB "
-                                "or GiB)");
+  CHECK(size_error("1.5KiB") ==
+        "--bytes: size '1.5KiB' has unit '.5KiB' (expected B, KiB, MiB "
+        "or GiB)");
   CHECK(size_error("99999999999999999999GiB").find("is too large") != std::string::npos);
   CHECK(size_error("17179869184GiB").find("is too large") != std::string::npos);  // 2^64 bytes
   CHECK(size_error(",").find("names no size") != std::string::npos);

@@ -83,8 +83,9 @@ TEST_CASE("end_world ends asynchronous gossip's exchanges at once while the neig
   check_end_world(algorithm);
 }
 
-TEST_CASE("end_world ends asynchronous model averaging's rounds at once while the others average "
-          "on") {
+TEST_CASE(
+    "end_world ends asynchronous model averaging's rounds at once while the others average "
+    "on") {
   AsyncModelAverage algorithm;
   algorithm.sync_interval_ms = 2;
   check_end_world(algorithm);

@@ -23,7 +23,9 @@ bool skip_without_cuda() {
   return true;
 }
 
-torch::Device gpu(int index) { return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index)); }
+torch::Device gpu(int index) {
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
 
 // The ranks' weights against the simulation's, and every rank's gossip path.
 void check_ranks(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
@@ -65,7 +67,8 @@ TEST_CASE("D-PSGD on CUDA parameters staged through host memory equals the simul
   if (skip_without_cuda()) return;
   GossipOptions options;
   options.stage_through_host = true;  // four ranks share one GPU: no NCCL between them
-  check_dpsgd(4, 5, options, [](int) { return gpu(0); }, "cuda via host staging");
+  check_dpsgd(
+      4, 5, options, [](int) { return gpu(0); }, "cuda via host staging");
 }
 
 TEST_CASE("Choco-SGD on CUDA parameters stages through host memory and equals the simulation") {
@@ -91,7 +94,9 @@ TEST_CASE("Choco-SGD on CUDA parameters stages through host memory and equals th
   check_ranks(got, choco_reference(algo, world, steps, lr), paths, "cuda via host staging", 1e-3);
 }
 
-TEST_CASE("asynchronous model average on CUDA parameters: warm-up allreduces gradients, the stop round averages") {
+TEST_CASE(
+    "asynchronous model average on CUDA parameters: warm-up allreduces gradients, the stop round "
+    "averages") {
   if (skip_without_cuda()) return;
   const int world = 3;
   std::vector<torch::Tensor> after_warmup(world), after_finish(world);
@@ -139,15 +144,18 @@ TEST_CASE("asynchronous model average on CUDA parameters: warm-up allreduces gra
 
 TEST_CASE("D-PSGD over NCCL with world size 1 is SGD on the device") {
   if (skip_without_cuda()) return;
-  check_dpsgd(1, 4, GossipOptions{}, [](int) { return gpu(0); }, "cuda via nccl");
+  check_dpsgd(
+      1, 4, GossipOptions{}, [](int) { return gpu(0); }, "cuda via nccl");
 }
 
 TEST_CASE("D-PSGD over NCCL with one GPU per rank equals the simulation") {
   if (skip_without_cuda()) return;
   const int world = std::min(4, static_cast<int>(torch::cuda::device_count()));
   if (world < 2) {
-    troupe::test::skip_case("one CUDA device: NCCL needs a GPU per rank, skipping the multi-rank NCCL gossip case");
+    troupe::test::skip_case(
+        "one CUDA device: NCCL needs a GPU per rank, skipping the multi-rank NCCL gossip case");
     return;
   }
-  check_dpsgd(world, 5, GossipOptions{}, [](int rank) { return gpu(rank); }, "cuda via nccl");
+  check_dpsgd(
+      world, 5, GossipOptions{}, [](int rank) { return gpu(rank); }, "cuda via nccl");
 }

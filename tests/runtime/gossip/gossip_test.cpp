@@ -117,8 +117,9 @@ TEST_CASE("low-precision decentralized SGD equals a Choco-SGD simulation with 8-
   }
 }
 
-TEST_CASE("low-precision decentralized SGD whose ranks keep their own weights starts every "
-          "public copy at zero") {
+TEST_CASE(
+    "low-precision decentralized SGD whose ranks keep their own weights starts every "
+    "public copy at zero") {
   // broadcast_parameters off (what an elastic re-form builds): a copy must be the same on both
   // ends of an edge whatever the ranks' weights, so every copy starts at zero, not at each rank's
   // own weights. Here every rank loads the same weights, so the two starts are told apart by the
@@ -187,8 +188,8 @@ TEST_CASE("asynchronous model average: warm-up allreduces gradients, the stop ro
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     CHECK((after_warmup[r] - x).abs().max().item<double>() < 1e-5);
-    CHECK((after_finish[r] - 2.0).abs().max().item<double>() < 1e-6);   // mean of 1, 2, 3
-    CHECK((after_resume[r] - 3.0).abs().max().item<double>() < 1e-6);   // mean of 0, 3, 6
+    CHECK((after_finish[r] - 2.0).abs().max().item<double>() < 1e-6);  // mean of 1, 2, 3
+    CHECK((after_resume[r] - 3.0).abs().max().item<double>() < 1e-6);  // mean of 0, 3, 6
   }
 }
 

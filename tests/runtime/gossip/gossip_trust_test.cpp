@@ -78,8 +78,9 @@ bool all_equal(const torch::Tensor& a, const torch::Tensor& b) { return torch::e
 
 }  // namespace
 
-TEST_CASE("a checkpoint loaded after constructing a decentralized module is gossiped like one "
-          "loaded before") {
+TEST_CASE(
+    "a checkpoint loaded after constructing a decentralized module is gossiped like one "
+    "loaded before") {
   CheckpointDir dir;
   const std::string checkpoint = dir.file("net.pt");
   save_net(initial_weights(), checkpoint);
@@ -109,8 +110,9 @@ TEST_CASE("a checkpoint loaded after constructing a decentralized module is goss
   }
 }
 
-TEST_CASE("a checkpoint loaded after constructing a Choco-SGD module moves the weights, not the "
-          "public copies") {
+TEST_CASE(
+    "a checkpoint loaded after constructing a Choco-SGD module moves the weights, not the "
+    "public copies") {
   CheckpointDir dir;
   const std::string checkpoint = dir.file("net.pt");
   save_net(initial_weights(), checkpoint);
@@ -220,9 +222,9 @@ struct Seen {
   torch::Tensor before, after;  // the weights before the first step and after finish()
   double distance_before = 0, distance_after = 0;  // consensus distance, before and after training
   uint64_t rounds = 0;
-  int blocked = 0;              // steps that waited for a round between forward and backward
-  int changed = 0;              // steps whose weights changed between forward and backward
-  int wrong_gradients = 0;      // steps whose gradients were not those of the forward's weights
+  int blocked = 0;          // steps that waited for a round between forward and backward
+  int changed = 0;          // steps whose weights changed between forward and backward
+  int wrong_gradients = 0;  // steps whose gradients were not those of the forward's weights
 };
 
 /// `world` thread ranks, rank r starting from initial_weights() + r, train `steps` steps of SGD
@@ -296,8 +298,9 @@ void check_between_iterations(const std::vector<Seen>& seen, int steps) {
 
 }  // namespace
 
-TEST_CASE("asynchronous model average lands its rounds between iterations, never between a "
-          "forward and its backward") {
+TEST_CASE(
+    "asynchronous model average lands its rounds between iterations, never between a "
+    "forward and its backward") {
   const int world = 3, steps = 40;
   AsyncModelAverage algo;
   algo.sync_interval_ms = 10;

@@ -99,7 +99,8 @@ TEST_CASE("DiLoCo on 1 to 4 thread ranks follows the single-process simulation")
         auto got = run_diloco(init, b, world, steps, c, adamw).weights;
         for (int r = 0; r < world; ++r) {
           CAPTURE(r);
-          CHECK(torch::allclose(got[static_cast<size_t>(r)], want[static_cast<size_t>(r)], 1e-5, 1e-6));
+          CHECK(torch::allclose(got[static_cast<size_t>(r)], want[static_cast<size_t>(r)], 1e-5,
+                                1e-6));
         }
         // Not the same as plain local training: the outer step moved the weights.
         if (world > 1) CHECK(!torch::allclose(want[0], want[1]));
@@ -124,21 +125,25 @@ TEST_CASE("DiLoCo's outer gradient in 4 bits stays near the exact run at a fract
       std::get<DiLoCo>(parse_algorithm_argument("diloco:compress=int4:block=16")).outer_compression;
   REQUIRE(std::get<comm::Int4Quantization>(int4_compression).block == 16);
   const auto job = test::job_of("diloco", "outer_compression = \"int4\"\n");
-  CHECK(std::holds_alternative<comm::Int4Quantization>(std::get<DiLoCo>(job.algorithm).outer_compression));
+  CHECK(std::holds_alternative<comm::Int4Quantization>(
+      std::get<DiLoCo>(job.algorithm).outer_compression));
   const auto runs = compare_to_exact(int4_compression);
   const auto &exact = runs.exact.weights, &int4 = runs.compressed.weights;
   const int world = Compared::world;
   const double moved = (exact[0] - runs.init).abs().max().item<double>();
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
-    const double off = (int4[static_cast<size_t>(r)] - exact[static_cast<size_t>(r)]).abs().max().item<double>();
+    const double off =
+        (int4[static_cast<size_t>(r)] - exact[static_cast<size_t>(r)]).abs().max().item<double>();
     CAPTURE(off);
     CAPTURE(moved);
-    CHECK(off > 0);               // the codes did lose something
-    CHECK(off < 0.1 * moved);     // but little of the way the weights travelled
+    CHECK(off > 0);            // the codes did lose something
+    CHECK(off < 0.1 * moved);  // but little of the way the weights travelled
     CHECK(torch::equal(int4[static_cast<size_t>(r)], int4[0]));  // every rank decodes the same
-    const double sent_exact = static_cast<double>(runs.exact.stats[static_cast<size_t>(r)].bytes_sent);
-    const double sent_int4 = static_cast<double>(runs.compressed.stats[static_cast<size_t>(r)].bytes_sent);
+    const double sent_exact =
+        static_cast<double>(runs.exact.stats[static_cast<size_t>(r)].bytes_sent);
+    const double sent_int4 =
+        static_cast<double>(runs.compressed.stats[static_cast<size_t>(r)].bytes_sent);
     CHECK(sent_int4 < 0.5 * sent_exact);  // 83 parameters: the blocks' headers weigh
     // Two synchronisations of an alltoall and an allgather of W - 1 slots each; a slot holds the
     // largest chunk, 28 elements: two blocks' {min, max} (16 bytes) and 14 code bytes, in words.
@@ -165,7 +170,8 @@ TEST_CASE("DiLoCo refuses settings out of range, naming them") {
   for (auto& e : errors) CHECK(e.empty());
 }
 
-TEST_CASE("DiLoCo resumed from its saved state continues bit-identically, error feedback included") {
+TEST_CASE(
+    "DiLoCo resumed from its saved state continues bit-identically, error feedback included") {
   torch::manual_seed(5);
   const auto init = flat_of(*make_net()).clone();
   const int world = 2, steps = 12, stop = 6;  // stopped between two synchronisations
@@ -179,8 +185,8 @@ TEST_CASE("DiLoCo resumed from its saved state continues bit-identically, error 
 }
 
 TEST_CASE("DiLoCo is named on the command line and in job files, its keys checked") {
-  auto d = std::get<DiLoCo>(
-      parse_algorithm_argument("diloco:h=20,outer_lr=0.5,outer_momentum=0.8,nesterov=0,compress=fp16"));
+  auto d = std::get<DiLoCo>(parse_algorithm_argument(
+      "diloco:h=20,outer_lr=0.5,outer_momentum=0.8,nesterov=0,compress=fp16"));
   CHECK(d.inner_steps == 20);
   CHECK(d.outer_lr == 0.5);
   CHECK(d.outer_momentum == 0.8);
@@ -193,10 +199,13 @@ TEST_CASE("DiLoCo is named on the command line and in job files, its keys checke
   const auto error_of = test::algorithm_error;
   CHECK(error_of("diloco:h=0").find("h = '0', expected an integer >= 1") != std::string::npos);
   CHECK(error_of("diloco:h=2.5").find("h = '2.5', expected an integer >= 1") != std::string::npos);
-  CHECK(error_of("diloco:outer_momentum=1").find("expected a number in [0, 1)") != std::string::npos);
-  CHECK(error_of("diloco:outer_lr=x").find("outer_lr = 'x', expected a number > 0") != std::string::npos);
+  CHECK(error_of("diloco:outer_momentum=1").find("expected a number in [0, 1)") !=
+        std::string::npos);
+  CHECK(error_of("diloco:outer_lr=x").find("outer_lr = 'x', expected a number > 0") !=
+        std::string::npos);
   CHECK(error_of("diloco:h=2,h=3").find("h is given twice") != std::string::npos);
-  CHECK(error_of("diloco:foo=1").find("unknown key 'foo' (allowed: h, outer_lr") != std::string::npos);
+  CHECK(error_of("diloco:foo=1").find("unknown key 'foo' (allowed: h, outer_lr") !=
+        std::string::npos);
   CHECK(error_of("diloco:compress=nope").find("nope") != std::string::npos);
 
   const auto job = test::job_of(

@@ -83,8 +83,9 @@ void check_landing(const Config& config, int world, int land_at, int steps) {
 
 }  // namespace
 
-TEST_CASE("a DiLoCo rank that missed an outer sync lands it from a peer's shared state and goes "
-          "on bit-identically") {
+TEST_CASE(
+    "a DiLoCo rank that missed an outer sync lands it from a peer's shared state and goes "
+    "on bit-identically") {
   DiLoCo c;
   c.inner_steps = 3;
   c.outer_lr = 0.5;
@@ -94,8 +95,9 @@ TEST_CASE("a DiLoCo rank that missed an outer sync lands it from a peer's shared
   }
 }
 
-TEST_CASE("a Streaming DiLoCo rank that missed a fragment's merge lands it from a peer's shared "
-          "state, starts the fragment due there, and goes on bit-identically") {
+TEST_CASE(
+    "a Streaming DiLoCo rank that missed a fragment's merge lands it from a peer's shared "
+    "state, starts the fragment due there, and goes on bit-identically") {
   // h = 4, 2 fragments, delay 2: fragment 0 starts after step 2 and lands after 4, where
   // fragment 1 is due: the landing point lies between the merge and that start.
   StreamingDiLoCo c;
@@ -128,8 +130,9 @@ std::string as_failed(std::string bytes) {
   return bytes;
 }
 
-TEST_CASE("a Streaming DiLoCo rank with eager updates whose fragment's reduction failed lands it "
-          "from its own provisional step and a peer's shared state, bit-identically") {
+TEST_CASE(
+    "a Streaming DiLoCo rank with eager updates whose fragment's reduction failed lands it "
+    "from its own provisional step and a peer's shared state, bit-identically") {
   // h = 4, 2 fragments, delay 2: fragment 0 starts after step 2 (its provisional step moves the
   // weights) and lands after 4, fragment 1 after 4 and 6, fragment 0 again after 6 and 8. A
   // shadow replica copies each rank's weights and inner optimizer after step 7, with fragment
@@ -207,8 +210,9 @@ TEST_CASE("a Streaming DiLoCo rank with eager updates whose fragment's reduction
   }
 }
 
-TEST_CASE("land_missed_sync with eager updates refuses a module without the failed fragment, "
-          "naming it") {
+TEST_CASE(
+    "land_missed_sync with eager updates refuses a module without the failed fragment, "
+    "naming it") {
   auto errors = run_threads(1, [](int, Runtime& rt) {
     auto net = make_net();
     StreamingDiLoCo c;

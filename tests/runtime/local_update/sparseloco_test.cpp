@@ -25,7 +25,7 @@ namespace {
 using namespace troupe::test;
 
 constexpr size_t kParameters = 6 * 8 + 8 + 8 * 3 + 3;  // 83
-constexpr uint64_t kSeed = 23;                          // the batches'
+constexpr uint64_t kSeed = 23;                         // the batches'
 
 // What one replica sends of its memory e (and takes out of it), per chunk: the k largest |e|,
 // as min-max codes of `bits` bits rounded to nearest (or as they are at 32 bits).
@@ -116,7 +116,7 @@ double max_difference(const torch::Tensor& a, const torch::Tensor& b) {
 SparseLoCo small_config() {
   SparseLoCo c;
   c.inner_steps = 3;
-  c.chunk = 32;  // chunks of 32, 32 and 19 parameters
+  c.chunk = 32;    // chunks of 32, 32 and 19 parameters
   c.ratio = 0.25;  // k = 8, 8 and 5
   c.ef_decay = 0.9;
   c.outer_lr = 0.8;
@@ -128,10 +128,11 @@ SparseLoCo small_config() {
 size_t message_bytes(const SparseLoCo& c, size_t count) {
   size_t k = 0, chunks = 0;
   for (size_t begin = 0; begin < count; begin += c.chunk, ++chunks)
-    k += std::clamp<size_t>(static_cast<size_t>(std::llround(c.ratio * std::min(c.chunk, count - begin))),
-                            1, std::min(c.chunk, count - begin));
-  const size_t bytes = c.value_bits == 32 ? 4 * k + 2 * k
-                                          : 8 * chunks + 2 * k + (k * c.value_bits + 7) / 8;
+    k += std::clamp<size_t>(
+        static_cast<size_t>(std::llround(c.ratio * std::min(c.chunk, count - begin))), 1,
+        std::min(c.chunk, count - begin));
+  const size_t bytes =
+      c.value_bits == 32 ? 4 * k + 2 * k : 8 * chunks + 2 * k + (k * c.value_bits + 7) / 8;
   return (bytes + 3) / 4 * 4;
 }
 
@@ -153,7 +154,8 @@ TEST_CASE("SparseLoCo on 1 to 4 thread ranks follows the single-process simulati
       const auto got = run_sparseloco(init, b, world, steps, c);
       for (int r = 0; r < world; ++r) {
         CAPTURE(r);
-        CHECK(max_difference(got.weights[static_cast<size_t>(r)], want[static_cast<size_t>(r)]) < 1e-6);
+        CHECK(max_difference(got.weights[static_cast<size_t>(r)], want[static_cast<size_t>(r)]) <
+              1e-6);
       }
       // Not DiLoCo: with a quarter sent, the memory holds back most of the outer gradient.
       SparseLoCo all = c;
@@ -179,7 +181,8 @@ TEST_CASE("SparseLoCo sending everything without decay is DiLoCo without momentu
   const auto sparse = run_sparseloco(init, b, world, steps, s).weights;
   const auto diloco =
       test::run_on_ranks<DiLoCoModule>(init, b, world, steps, d, test::make_plain_sgd).weights;
-  for (int r = 0; r < world; ++r) CHECK(max_difference(sparse[static_cast<size_t>(r)], diloco[static_cast<size_t>(r)]) < 1e-6);
+  for (int r = 0; r < world; ++r)
+    CHECK(max_difference(sparse[static_cast<size_t>(r)], diloco[static_cast<size_t>(r)]) < 1e-6);
 }
 
 TEST_CASE("SparseLoCo sends k indices, 2-bit values and a pair per chunk at each synchronisation") {
@@ -213,7 +216,8 @@ TEST_CASE("SparseLoCo sends k indices, 2-bit values and a pair per chunk at each
   CHECK(4.0 * n / double(sparseloco_message_bytes(defaults, n)) > 100);
 }
 
-TEST_CASE("SparseLoCo resumed from its saved state continues bit-identically, error memory included") {
+TEST_CASE(
+    "SparseLoCo resumed from its saved state continues bit-identically, error memory included") {
   torch::manual_seed(11);
   const auto init = flat_of(*make_net());
   const int world = 2, steps = 10, stop = 5;  // stopped between two synchronisations
@@ -264,8 +268,8 @@ TEST_CASE("SparseLoCo refuses settings out of range, naming them") {
 }
 
 TEST_CASE("SparseLoCo is named on the command line and in job files, its keys checked") {
-  auto s = std::get<SparseLoCo>(
-      parse_algorithm_argument("sparseloco:h=20,ratio=0.02,bits=4,beta=0.9,outer_lr=0.7,chunk=1024"));
+  auto s = std::get<SparseLoCo>(parse_algorithm_argument(
+      "sparseloco:h=20,ratio=0.02,bits=4,beta=0.9,outer_lr=0.7,chunk=1024"));
   CHECK(s.inner_steps == 20);
   CHECK(s.ratio == 0.02);
   CHECK(s.value_bits == 4);
@@ -276,8 +280,10 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
   CHECK(defaults.inner_steps == 50);
   CHECK(defaults.value_bits == 2);
   const auto error_of = test::algorithm_error;
-  CHECK(error_of("sparseloco:h=0") == "--algorithm sparseloco:h=0: h = '0', expected an integer >= 1");
-  CHECK(error_of("sparseloco:bits=3") == "--algorithm sparseloco:bits=3: bits = '3', expected 2, 4, 8 or 32");
+  CHECK(error_of("sparseloco:h=0") ==
+        "--algorithm sparseloco:h=0: h = '0', expected an integer >= 1");
+  CHECK(error_of("sparseloco:bits=3") ==
+        "--algorithm sparseloco:bits=3: bits = '3', expected 2, 4, 8 or 32");
   CHECK(error_of("sparseloco:ratio=0") ==
         "--algorithm sparseloco:ratio=0: ratio = '0', expected a number in (0, 1]");
   CHECK(error_of("sparseloco:beta=2") ==
@@ -291,10 +297,12 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
         "--algorithm sparseloco:compress=int4: unknown key 'compress' (allowed: h, outer_lr, "
         "ratio, chunk, bits, beta)");
   CHECK(error_of("sparseloco:h") ==
-        "--algorithm sparseloco:h: 'h' is not key=value (keys: h, outer_lr, ratio, chunk, bits, beta)");
+        "--algorithm sparseloco:h: 'h' is not key=value (keys: h, outer_lr, ratio, chunk, bits, "
+        "beta)");
 
-  const auto job = test::job_of("sparseloco", "inner_steps = 10\nratio = 0.03\nvalue_bits = 8\n"
-                                              "ef_decay = 0.5\nchunk = 512\nouter_lr = 0.9\n");
+  const auto job = test::job_of("sparseloco",
+                                "inner_steps = 10\nratio = 0.03\nvalue_bits = 8\n"
+                                "ef_decay = 0.5\nchunk = 512\nouter_lr = 0.9\n");
   auto j = std::get<SparseLoCo>(job.algorithm);
   CHECK(j.inner_steps == 10);
   CHECK(j.ratio == 0.03);
@@ -307,10 +315,13 @@ TEST_CASE("SparseLoCo is named on the command line and in job files, its keys ch
   auto job_error = [](const std::string& settings) {
     return test::job_error("sparseloco", settings);
   };
-  CHECK(job_error("value_bits = 3\n") == "bad.toml: algorithm.value_bits = 3: expected 2, 4, 8 or 32");
-  CHECK(job_error("chunk = 70000\n") == "bad.toml: algorithm.chunk = 70000: expected an integer in [1, 65536]");
+  CHECK(job_error("value_bits = 3\n") ==
+        "bad.toml: algorithm.value_bits = 3: expected 2, 4, 8 or 32");
+  CHECK(job_error("chunk = 70000\n") ==
+        "bad.toml: algorithm.chunk = 70000: expected an integer in [1, 65536]");
   CHECK(job_error("ratio = 0\n") == "bad.toml: algorithm.ratio = 0: expected a number in (0, 1]");
-  CHECK(job_error("ef_decay = -0.5\n") == "bad.toml: algorithm.ef_decay = -0.5: expected a number in [0, 1]");
+  CHECK(job_error("ef_decay = -0.5\n") ==
+        "bad.toml: algorithm.ef_decay = -0.5: expected a number in [0, 1]");
   const std::string misspelt = job_error("inner_step = 10\n");
   CHECK(misspelt.find("inner_step") != std::string::npos);
   CHECK(misspelt.find("ef_decay") != std::string::npos);  // the allowed keys

@@ -128,8 +128,8 @@ struct Run {
 
 // The same on `world` thread ranks.
 template <class Module = StreamingDiLoCoModule, class Config = StreamingDiLoCo>
-Run run_module(const torch::Tensor& init, const Batches& b, int world, int steps,
-               const Config& c, bool adamw, int width = 8) {
+Run run_module(const torch::Tensor& init, const Batches& b, int world, int steps, const Config& c,
+               bool adamw, int width = 8) {
   Run out;
   out.sync_bytes.resize(static_cast<size_t>(world));
   std::function<void(int, Module&)> after;
@@ -138,8 +138,8 @@ Run run_module(const torch::Tensor& init, const Batches& b, int world, int steps
       out.sync_bytes[static_cast<size_t>(rank)] = dp.sync_bytes_sent();
       if (rank == 0) out.cuts = dp.fragments();
     };
-  auto runs = test::run_on_ranks<Module>(init, b, world, steps, c, test::inner_of(adamw), width,
-                                         after);
+  auto runs =
+      test::run_on_ranks<Module>(init, b, world, steps, c, test::inner_of(adamw), width, after);
   out.weights = std::move(runs.weights);
   out.stats = std::move(runs.stats);
   out.outer_steps = runs.outer_steps[0];
@@ -170,8 +170,9 @@ TEST_CASE("fragments are near-equal slices of the flat parameters, cut at row bo
   }
 }
 
-TEST_CASE("Streaming DiLoCo on 1 to 4 thread ranks follows the single-process simulation, "
-          "fragment schedule and delay included") {
+TEST_CASE(
+    "Streaming DiLoCo on 1 to 4 thread ranks follows the single-process simulation, "
+    "fragment schedule and delay included") {
   torch::manual_seed(3);
   const auto init = flat_of(*make_net()).clone();
   const int steps = 15;  // leaves a fragment in flight at the end
@@ -185,8 +186,7 @@ TEST_CASE("Streaming DiLoCo on 1 to 4 thread ranks follows the single-process si
       {6, 3, 2, 0.0, false, false, true},  // the delay's local steps replaced by the global
       {5, 2, 2, 0.5, true, false, false},  // H not a multiple of P: offsets 2 and 0
       {4, 2, 1, 0.5, true, true, false},   // eager updates
-      {6, 3, 2, 0.0, true, true, true},
-      {4, 1, 0, 0.5, true, true, false},   // eager, no delay
+      {6, 3, 2, 0.0, true, true, true},   {4, 1, 0, 0.5, true, true, false},  // eager, no delay
   };
   for (const auto& k : cases)
     for (int world = 1; world <= 4; ++world) {
@@ -215,7 +215,8 @@ TEST_CASE("Streaming DiLoCo on 1 to 4 thread ranks follows the single-process si
     }
 }
 
-TEST_CASE("the simulation tells the schedule apart: a different delay or alpha gives other weights") {
+TEST_CASE(
+    "the simulation tells the schedule apart: a different delay or alpha gives other weights") {
   torch::manual_seed(6);
   const auto init = flat_of(*make_net()).clone();
   const int world = 2, steps = 9;
@@ -304,7 +305,8 @@ TEST_CASE("each sync of P fragments sends about 1/P of DiLoCo's bytes, the total
       // Over the same steps the fragments together send what DiLoCo sends (the last fragment of
       // the 12 steps is still in flight, the first synced early: P syncs per H steps either way).
       const double per_sync_plain = static_cast<double>(ps.bytes_sent) / (steps / 4);
-      const double per_h_streaming = static_cast<double>(sum) / static_cast<double>(each.size()) * p;
+      const double per_h_streaming =
+          static_cast<double>(sum) / static_cast<double>(each.size()) * p;
       CHECK(per_h_streaming > 0.9 * per_sync_plain);
       CHECK(per_h_streaming < 1.1 * per_sync_plain);
     }
@@ -329,8 +331,7 @@ TEST_CASE("a fragment's reduction travels while the trainer takes the delay's st
       dp.step(opt);
     };
     one();  // step 1
-    if (rank == 1)
-      REQUIRE(ahead.wait_for(std::chrono::seconds(15)) == std::future_status::ready);
+    if (rank == 1) REQUIRE(ahead.wait_for(std::chrono::seconds(15)) == std::future_status::ready);
     one();  // step 2: fragment 0 starts
     one();  // step 3
     if (rank == 0) rank0_ahead.set_value();
@@ -342,8 +343,9 @@ TEST_CASE("a fragment's reduction travels while the trainer takes the delay's st
   for (auto& e : errors) CHECK(e.empty());
 }
 
-TEST_CASE("Streaming DiLoCo resumed from a state saved with a fragment in flight continues "
-          "bit-identically") {
+TEST_CASE(
+    "Streaming DiLoCo resumed from a state saved with a fragment in flight continues "
+    "bit-identically") {
   torch::manual_seed(5);
   const auto init = flat_of(*make_net()).clone();
   const int world = 2, steps = 13, stop = 6;  // fragment 0 synced after step 6, lands after 7
@@ -379,18 +381,21 @@ TEST_CASE("Streaming DiLoCo refuses settings out of range and a state of other s
     };
     CHECK(error_of(with([](auto& c) { c.inner_steps = 0; })).find("inner_steps = 0") !=
           std::string::npos);
-    CHECK(error_of(with([](auto& c) { c.fragments = 0; }))
-              .find("fragments = 0, expected 1 <= it <= inner_steps (50)") != std::string::npos);
+    CHECK(error_of(with([](auto& c) {
+            c.fragments = 0;
+          })).find("fragments = 0, expected 1 <= it <= inner_steps (50)") != std::string::npos);
     CHECK(error_of(with([](auto& c) {
             c.inner_steps = 3;
             c.fragments = 4;
           })).find("fragments = 4") != std::string::npos);
-    CHECK(error_of(with([](auto& c) { c.delay = 13; }))
-              .find("delay = 13, expected 0 <= it <= inner_steps / fragments (12)") !=
+    CHECK(error_of(with([](auto& c) {
+            c.delay = 13;
+          })).find("delay = 13, expected 0 <= it <= inner_steps / fragments (12)") !=
           std::string::npos);
     CHECK(error_of(with([](auto& c) { c.delay = -1; })).find("delay = -1") != std::string::npos);
-    CHECK(error_of(with([](auto& c) { c.fragment_update_alpha = 1.5; }))
-              .find("fragment_update_alpha = 1.5") != std::string::npos);
+    CHECK(error_of(with([](auto& c) {
+            c.fragment_update_alpha = 1.5;
+          })).find("fragment_update_alpha = 1.5") != std::string::npos);
     CHECK(error_of(with([](auto& c) { c.outer_lr = 0; })).find("outer_lr = 0") !=
           std::string::npos);
     CHECK(error_of(with([](auto& c) { c.outer_momentum = 1; })).find("outer_momentum = 1") !=
@@ -434,8 +439,9 @@ TEST_CASE("Streaming DiLoCo is named on the command line and in job files, its k
   CHECK(!t.nesterov);
   CHECK(std::holds_alternative<StreamingDiLoCo>(parse_algorithm_argument("streaming-diloco")));
   const auto error_of = test::algorithm_error;
-  CHECK(error_of("streaming-diloco:fragments=0").find("fragments = '0', expected an integer >= 1") !=
-        std::string::npos);
+  CHECK(
+      error_of("streaming-diloco:fragments=0").find("fragments = '0', expected an integer >= 1") !=
+      std::string::npos);
   CHECK(error_of("streaming-diloco:h=3,fragments=4")
             .find("fragments = 4, expected an integer in [1, h] (h = 3)") != std::string::npos);
   CHECK(error_of("streaming-diloco:h=50,fragments=4,delay=13")
@@ -444,12 +450,14 @@ TEST_CASE("Streaming DiLoCo is named on the command line and in job files, its k
         std::string::npos);
   CHECK(error_of("streaming-diloco:alpha=2").find("alpha = '2', expected a number in [0, 1]") !=
         std::string::npos);
-  CHECK(error_of("streaming-diloco:eager=yes").find("eager = 'yes', expected 0, 1, true or false") !=
-        std::string::npos);
+  CHECK(
+      error_of("streaming-diloco:eager=yes").find("eager = 'yes', expected 0, 1, true or false") !=
+      std::string::npos);
   CHECK(error_of("streaming-diloco:delay=1,delay=2").find("delay is given twice") !=
         std::string::npos);
   CHECK(error_of("streaming-diloco:fragment=2")
-            .find("unknown key 'fragment' (allowed: h, fragments, delay, alpha") != std::string::npos);
+            .find("unknown key 'fragment' (allowed: h, fragments, delay, alpha") !=
+        std::string::npos);
   CHECK(error_of("streaming-diloco:compress=int3").find("int3") != std::string::npos);
   CHECK(error_of("streaming-diloco:h").find("'h' is not key=value") != std::string::npos);
 
@@ -469,10 +477,12 @@ TEST_CASE("Streaming DiLoCo is named on the command line and in job files, its k
     return test::job_error("streaming_diloco", settings);
   };
   CHECK(job_error("fragment = 2\n").find("unknown key algorithm.fragment") != std::string::npos);
-  CHECK(job_error("delay = 30\n").find("algorithm.delay = 30: expected an integer in [0, "
-                                       "inner_steps / fragments = 12]") != std::string::npos);
-  CHECK(job_error("inner_steps = 2\n").find("algorithm.inner_steps = 2: expected an integer >= "
-                                            "fragments (4)") != std::string::npos);
+  CHECK(job_error("delay = 30\n")
+            .find("algorithm.delay = 30: expected an integer in [0, "
+                  "inner_steps / fragments = 12]") != std::string::npos);
+  CHECK(job_error("inner_steps = 2\n")
+            .find("algorithm.inner_steps = 2: expected an integer >= "
+                  "fragments (4)") != std::string::npos);
   CHECK(job_error("alpha = 1.5\n").find("algorithm.alpha = 1.5") != std::string::npos);
   CHECK(job_error("eager = 1\n").find("algorithm.eager = 1: expected true or false") !=
         std::string::npos);

@@ -449,9 +449,9 @@ TEST_CASE("a param group's own options are the ones its step uses, for SignSGD a
   auto c = torch::randn({10}).requires_grad_(true), d = torch::randn({10}).requires_grad_(true);
   std::vector<torch::optim::OptimizerParamGroup> sparse_groups;
   sparse_groups.emplace_back(std::vector<torch::Tensor>{c});
-  sparse_groups.emplace_back(std::vector<torch::Tensor>{d},
-                             std::make_unique<optim::SparsifiedSgdOptions>(
-                                 optim::SparsifiedSgdOptions(0.2).count(4)));
+  sparse_groups.emplace_back(
+      std::vector<torch::Tensor>{d},
+      std::make_unique<optim::SparsifiedSgdOptions>(optim::SparsifiedSgdOptions(0.2).count(4)));
   optim::SparsifiedSGD sparse(sparse_groups, optim::SparsifiedSgdOptions(0.2).count(1));
   CHECK(sparse.kept_per_step() == 5);
   auto c_before = c.detach().clone(), d_before = d.detach().clone();

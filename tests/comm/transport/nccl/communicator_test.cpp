@@ -42,8 +42,8 @@ bool skip_without_device() {
   return true;
 }
 
-const DataType kTypes[] = {DataType::float32, DataType::float64, DataType::float16,
-                           DataType::bfloat16, DataType::int32, DataType::int64};
+const DataType kTypes[] = {DataType::float32,  DataType::float64, DataType::float16,
+                           DataType::bfloat16, DataType::int32,   DataType::int64};
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
 
 /// count elements of `type` holding small integers (exact in every type) that depend on `seed`.
@@ -53,12 +53,36 @@ Bytes values(DataType type, size_t count, int seed) {
     const int v = static_cast<int>((i * 7 + static_cast<size_t>(seed) * 13) % 41) - 20;
     void* at = out.data() + i * troupe::comm::element_size(type);
     switch (type) {
-      case DataType::float32: { float f = static_cast<float>(v); std::memcpy(at, &f, 4); break; }
-      case DataType::float64: { double d = v; std::memcpy(at, &d, 8); break; }
-      case DataType::float16: { uint16_t h = troupe::comm::float_to_half(static_cast<float>(v)); std::memcpy(at, &h, 2); break; }
-      case DataType::bfloat16: { uint16_t h = troupe::comm::float_to_bfloat16(static_cast<float>(v)); std::memcpy(at, &h, 2); break; }
-      case DataType::int32: { int32_t x = v; std::memcpy(at, &x, 4); break; }
-      case DataType::int64: { int64_t x = v; std::memcpy(at, &x, 8); break; }
+      case DataType::float32: {
+        float f = static_cast<float>(v);
+        std::memcpy(at, &f, 4);
+        break;
+      }
+      case DataType::float64: {
+        double d = v;
+        std::memcpy(at, &d, 8);
+        break;
+      }
+      case DataType::float16: {
+        uint16_t h = troupe::comm::float_to_half(static_cast<float>(v));
+        std::memcpy(at, &h, 2);
+        break;
+      }
+      case DataType::bfloat16: {
+        uint16_t h = troupe::comm::float_to_bfloat16(static_cast<float>(v));
+        std::memcpy(at, &h, 2);
+        break;
+      }
+      case DataType::int32: {
+        int32_t x = v;
+        std::memcpy(at, &x, 4);
+        break;
+      }
+      case DataType::int64: {
+        int64_t x = v;
+        std::memcpy(at, &x, 8);
+        break;
+      }
     }
   }
   return out;
@@ -67,12 +91,36 @@ Bytes values(DataType type, size_t count, int seed) {
 double element(DataType type, const Bytes& b, size_t i) {
   const void* at = b.data() + i * troupe::comm::element_size(type);
   switch (type) {
-    case DataType::float32: { float f; std::memcpy(&f, at, 4); return f; }
-    case DataType::float64: { double d; std::memcpy(&d, at, 8); return d; }
-    case DataType::float16: { uint16_t h; std::memcpy(&h, at, 2); return troupe::comm::half_to_float(h); }
-    case DataType::bfloat16: { uint16_t h; std::memcpy(&h, at, 2); return troupe::comm::bfloat16_to_float(h); }
-    case DataType::int32: { int32_t x; std::memcpy(&x, at, 4); return x; }
-    case DataType::int64: { int64_t x; std::memcpy(&x, at, 8); return static_cast<double>(x); }
+    case DataType::float32: {
+      float f;
+      std::memcpy(&f, at, 4);
+      return f;
+    }
+    case DataType::float64: {
+      double d;
+      std::memcpy(&d, at, 8);
+      return d;
+    }
+    case DataType::float16: {
+      uint16_t h;
+      std::memcpy(&h, at, 2);
+      return troupe::comm::half_to_float(h);
+    }
+    case DataType::bfloat16: {
+      uint16_t h;
+      std::memcpy(&h, at, 2);
+      return troupe::comm::bfloat16_to_float(h);
+    }
+    case DataType::int32: {
+      int32_t x;
+      std::memcpy(&x, at, 4);
+      return x;
+    }
+    case DataType::int64: {
+      int64_t x;
+      std::memcpy(&x, at, 8);
+      return static_cast<double>(x);
+    }
   }
   return 0;
 }
@@ -89,8 +137,8 @@ void check_same(DataType type, const Bytes& got, const Bytes& want, bool loose,
     const double g = element(type, got, i), w = element(type, want, i);
     const bool ok = loose ? std::abs(g - w) <= tolerance * std::max(1.0, std::abs(w)) : g == w;
     if (!ok && bad++ < 3)
-      FAIL_CHECK(what << " (" << troupe::comm::to_string(type) << "): element " << i << " is "
-                      << g << ", expected " << w);
+      FAIL_CHECK(what << " (" << troupe::comm::to_string(type) << "): element " << i << " is " << g
+                      << ", expected " << w);
   }
   CHECK_MESSAGE(bad == 0, what);
 }
@@ -163,16 +211,19 @@ Bytes reference(DataType type, ReduceOp op, const std::vector<Bytes>& inputs) {
 
 }  // namespace
 
-TEST_CASE("an NCCL communicator refuses bad construction arguments, naming them, before any device work") {
+TEST_CASE(
+    "an NCCL communicator refuses bad construction arguments, naming them, before any device "
+    "work") {
   const std::string id(NcclCommunicator::kUniqueIdBytes, 'x');
-  CHECK_THROWS_WITH_AS(NcclCommunicator(0, 0, id, 0, 1s), doctest::Contains("world size 0 (expected >= 1)"),
-                       troupe::comm::Error);
+  CHECK_THROWS_WITH_AS(NcclCommunicator(0, 0, id, 0, 1s),
+                       doctest::Contains("world size 0 (expected >= 1)"), troupe::comm::Error);
   CHECK_THROWS_WITH_AS(NcclCommunicator(2, 2, id, 0, 1s),
                        doctest::Contains("rank 2 (expected 0 <= rank < 2)"), troupe::comm::Error);
   CHECK_THROWS_WITH_AS(NcclCommunicator(0, 1, "short", 0, 1s),
-                       doctest::Contains("unique id of 5 bytes (expected 128"), troupe::comm::Error);
-  CHECK_THROWS_WITH_AS(NcclCommunicator(0, 1, id, 0, 0ms), doctest::Contains("timeout 0 ms (expected > 0)"),
+                       doctest::Contains("unique id of 5 bytes (expected 128"),
                        troupe::comm::Error);
+  CHECK_THROWS_WITH_AS(NcclCommunicator(0, 1, id, 0, 0ms),
+                       doctest::Contains("timeout 0 ms (expected > 0)"), troupe::comm::Error);
   const int devices = troupe::cuda::device_count();
   CHECK_THROWS_WITH_AS(NcclCommunicator(0, 1, id, devices, 1s),
                        doctest::Contains(("device " + std::to_string(devices) +
@@ -181,9 +232,12 @@ TEST_CASE("an NCCL communicator refuses bad construction arguments, naming them,
                        troupe::comm::Error);
 }
 
-TEST_CASE("the NCCL this process loaded is one troupe can run with, and an older one is named and refused") {
+TEST_CASE(
+    "the NCCL this process loaded is one troupe can run with, and an older one is named and "
+    "refused") {
   // Needs no GPU: ncclGetVersion only reads the library.
-  const int compiled = NcclCommunicator::compiled_version(), loaded = NcclCommunicator::loaded_version();
+  const int compiled = NcclCommunicator::compiled_version(),
+            loaded = NcclCommunicator::loaded_version();
   CAPTURE(compiled);
   CAPTURE(loaded);
   CHECK(compiled >= 20900);  // 2.9.0 and later number versions major * 10000 + minor * 100 + patch
@@ -223,13 +277,15 @@ TEST_CASE("every NCCL collective on one rank matches the CPU reference for every
     DeviceBuffer data(in), out(in.size());
     REQUIRE(wait_for([&](Callback d) { nccl.broadcast(data.get(), n, type, 0, {}, d); }).ok());
     check_same(type, data.download(), in, false, "broadcast");
-    REQUIRE(wait_for([&](Callback d) { nccl.allgather(data.get(), out.get(), n, type, {}, d); }).ok());
+    REQUIRE(
+        wait_for([&](Callback d) { nccl.allgather(data.get(), out.get(), n, type, {}, d); }).ok());
     check_same(type, out.download(), in, false, "allgather");
     REQUIRE(wait_for([&](Callback d) {
               nccl.reduce_scatter(data.get(), out.get(), n, type, ReduceOp::sum, {}, d);
             }).ok());
     check_same(type, out.download(), in, false, "reduce_scatter");
-    REQUIRE(wait_for([&](Callback d) { nccl.alltoall(data.get(), out.get(), n, type, {}, d); }).ok());
+    REQUIRE(
+        wait_for([&](Callback d) { nccl.alltoall(data.get(), out.get(), n, type, {}, d); }).ok());
     check_same(type, out.download(), in, false, "alltoall");
     if (type == DataType::int32 || type == DataType::int64) continue;
     // A scaled sum: 0.5 x is exact for these small integers in every float type.
@@ -244,8 +300,9 @@ TEST_CASE("every NCCL collective on one rank matches the CPU reference for every
   CHECK(wait_for([&](Callback d) {
           nccl.allreduce(nullptr, nullptr, 0, DataType::float32, ReduceOp::sum, {}, d);
         }).ok());
-  CHECK(wait_for([&](Callback d) { nccl.exchange(nullptr, 4, DataType::float32, {}, {}, {}, {}, d); })
-            .ok());
+  CHECK(wait_for([&](Callback d) {
+          nccl.exchange(nullptr, 4, DataType::float32, {}, {}, {}, {}, d);
+        }).ok());
 }
 
 TEST_CASE("an NCCL operation starts only after its ready events, not before") {
@@ -253,7 +310,8 @@ TEST_CASE("an NCCL operation starts only after its ready events, not before") {
   troupe::cuda::DeviceGuard guard(0);
   NcclCommunicator nccl(0, 1, NcclCommunicator::unique_id(), 0, 30s);
   const size_t n = 4096;
-  const Bytes old_values = values(DataType::float32, n, 1), new_values = values(DataType::float32, n, 2);
+  const Bytes old_values = values(DataType::float32, n, 1),
+              new_values = values(DataType::float32, n, 2);
   DeviceBuffer in(old_values), out(old_values.size());
   // The input is rewritten on another stream behind a gate; the event marks the rewrite.
   troupe::test::Stream producer;
@@ -279,7 +337,9 @@ TEST_CASE("an NCCL operation starts only after its ready events, not before") {
   troupe::cuda::host_free(pinned);
 }
 
-TEST_CASE("an NCCL communicator that not every rank joins fails at its deadline, naming rank, world and timeout") {
+TEST_CASE(
+    "an NCCL communicator that not every rank joins fails at its deadline, naming rank, world and "
+    "timeout") {
   if (skip_without_device()) return;
   troupe::cuda::DeviceGuard guard(0);
   const auto start = std::chrono::steady_clock::now();
@@ -297,7 +357,9 @@ TEST_CASE("an NCCL communicator that not every rank joins fails at its deadline,
   CHECK(waited < 20s);
 }
 
-TEST_CASE("an NCCL operation that a peer never issues fails at its deadline and aborts the communicator") {
+TEST_CASE(
+    "an NCCL operation that a peer never issues fails at its deadline and aborts the "
+    "communicator") {
   if (skip_without_device()) return;
   if (troupe::cuda::device_count() < 2) {
     // With one GPU the pending operation could only be held by a stream that never runs, and
@@ -328,9 +390,8 @@ TEST_CASE("an NCCL operation that a peer never issues fails at its deadline and 
     CHECK(s.message().find("within 500 ms") != std::string::npos);
     CHECK(std::chrono::steady_clock::now() - start >= 500ms);
     CHECK(nccl.aborted());
-    const Status later = wait_for([&](Callback d) {
-      nccl.broadcast(data.get(), 256, DataType::float32, 0, {}, d);
-    });
+    const Status later =
+        wait_for([&](Callback d) { nccl.broadcast(data.get(), 256, DataType::float32, 0, {}, d); });
     CHECK_FALSE(later.ok());
     CHECK(later.message().find("was aborted") != std::string::npos);
     rank0_done.set_value();
@@ -338,7 +399,9 @@ TEST_CASE("an NCCL operation that a peer never issues fails at its deadline and 
   silent.get();
 }
 
-TEST_CASE("abort fails later NCCL operations at once with the reason, and split gives a working communicator") {
+TEST_CASE(
+    "abort fails later NCCL operations at once with the reason, and split gives a working "
+    "communicator") {
   if (skip_without_device()) return;
   troupe::cuda::DeviceGuard guard(0);
   NcclCommunicator nccl(0, 1, NcclCommunicator::unique_id(), 0, 30s);
@@ -362,7 +425,8 @@ TEST_CASE("abort fails later NCCL operations at once with the reason, and split 
   CHECK_FALSE(child->aborted());  // a communicator of its own
 }
 
-TEST_CASE("bad NCCL operation arguments are refused at the call, naming the argument and the value") {
+TEST_CASE(
+    "bad NCCL operation arguments are refused at the call, naming the argument and the value") {
   if (skip_without_device()) return;
   troupe::cuda::DeviceGuard guard(0);
   NcclCommunicator nccl(0, 1, NcclCommunicator::unique_id(), 0, 30s);
@@ -370,34 +434,43 @@ TEST_CASE("bad NCCL operation arguments are refused at the call, naming the argu
   std::vector<float> host(256);
   auto never = [](const Status&) { FAIL("a refused operation called back"); };
   using troupe::comm::Error;
-  CHECK_THROWS_WITH_AS(nccl.allreduce(nullptr, buffer.get(), 8, DataType::float32, ReduceOp::sum, {}, never),
-                       doctest::Contains("input is null with 8 elements"), Error);
-  CHECK_THROWS_WITH_AS(nccl.allreduce(host.data(), buffer.get(), 8, DataType::float32, ReduceOp::sum, {}, never),
-                       doctest::Contains("is host memory (expected device memory of device 0"), Error);
+  CHECK_THROWS_WITH_AS(
+      nccl.allreduce(nullptr, buffer.get(), 8, DataType::float32, ReduceOp::sum, {}, never),
+      doctest::Contains("input is null with 8 elements"), Error);
+  CHECK_THROWS_WITH_AS(
+      nccl.allreduce(host.data(), buffer.get(), 8, DataType::float32, ReduceOp::sum, {}, never),
+      doctest::Contains("is host memory (expected device memory of device 0"), Error);
   CHECK_THROWS_WITH_AS(nccl.broadcast(buffer.get(), 8, DataType::float32, 1, {}, never),
                        doctest::Contains("root 1 (expected 0 <= root < 1)"), Error);
-  CHECK_THROWS_WITH_AS(nccl.allreduce(buffer.get(), buffer.get(), 8, static_cast<DataType>(42), ReduceOp::sum, {}, never),
+  CHECK_THROWS_WITH_AS(nccl.allreduce(buffer.get(), buffer.get(), 8, static_cast<DataType>(42),
+                                      ReduceOp::sum, {}, never),
                        doctest::Contains("data type 42"), Error);
-  CHECK_THROWS_WITH_AS(nccl.allreduce(buffer.get(), buffer.get(), 8, DataType::float32, static_cast<ReduceOp>(9), {}, never),
+  CHECK_THROWS_WITH_AS(nccl.allreduce(buffer.get(), buffer.get(), 8, DataType::float32,
+                                      static_cast<ReduceOp>(9), {}, never),
                        doctest::Contains("reduce op 9"), Error);
-  CHECK_THROWS_WITH_AS(nccl.allreduce_scaled(buffer.get(), buffer.get(), 8, DataType::int32, 0.5, {}, never),
-                       doctest::Contains("needs a float type (got int32)"), Error);
-  CHECK_THROWS_WITH_AS(nccl.allreduce(buffer.get(), buffer.get(), 8, DataType::float32, ReduceOp::sum, {nullptr}, never),
+  CHECK_THROWS_WITH_AS(
+      nccl.allreduce_scaled(buffer.get(), buffer.get(), 8, DataType::int32, 0.5, {}, never),
+      doctest::Contains("needs a float type (got int32)"), Error);
+  CHECK_THROWS_WITH_AS(nccl.allreduce(buffer.get(), buffer.get(), 8, DataType::float32,
+                                      ReduceOp::sum, {nullptr}, never),
                        doctest::Contains("ready event 0 is null"), Error);
   CHECK_THROWS_WITH_AS(nccl.exchange(buffer.get(), 8, DataType::float32, {0}, {}, {}, {}, never),
                        doctest::Contains("send_to peer 0 is this rank"), Error);
-  CHECK_THROWS_WITH_AS(nccl.exchange(buffer.get(), 8, DataType::float32, {}, {3}, {buffer.get()}, {}, never),
-                       doctest::Contains("recv_from peer 3 (expected 0 <= recv_from peer < 1)"), Error);
-  CHECK_THROWS_WITH_AS(nccl.exchange(buffer.get(), 8, DataType::float32, {}, {}, {buffer.get()}, {}, never),
-                       doctest::Contains("1 receive buffers for 0 peers"), Error);
+  CHECK_THROWS_WITH_AS(
+      nccl.exchange(buffer.get(), 8, DataType::float32, {}, {3}, {buffer.get()}, {}, never),
+      doctest::Contains("recv_from peer 3 (expected 0 <= recv_from peer < 1)"), Error);
+  CHECK_THROWS_WITH_AS(
+      nccl.exchange(buffer.get(), 8, DataType::float32, {}, {}, {buffer.get()}, {}, never),
+      doctest::Contains("1 receive buffers for 0 peers"), Error);
 }
 
 TEST_CASE("NCCL collectives over several ranks, one GPU each, match the CPU reference") {
   if (skip_without_device()) return;
   const int devices = troupe::cuda::device_count();
   if (devices < 2) {
-    troupe::test::skip_case("one CUDA device: NCCL does not run two ranks of a communicator on one GPU; skipping "
-            "the multi-rank case");
+    troupe::test::skip_case(
+        "one CUDA device: NCCL does not run two ranks of a communicator on one GPU; skipping "
+        "the multi-rank case");
     return;
   }
   const int world = std::min(devices, 4);
@@ -419,26 +492,36 @@ TEST_CASE("NCCL collectives over several ranks, one GPU each, match the CPU refe
         CAPTURE(troupe::comm::to_string(type));
         for (ReduceOp op : kOps) {
           DeviceBuffer data(mine);
-          REQUIRE(wait_for([&](Callback d) { nccl.allreduce(data.get(), data.get(), n * world, type, op, {}, d); }).ok());
+          REQUIRE(wait_for([&](Callback d) {
+                    nccl.allreduce(data.get(), data.get(), n * world, type, op, {}, d);
+                  }).ok());
           check_same(type, data.download(), reference(type, op, inputs[t]), op == ReduceOp::avg,
                      "allreduce " + std::string(troupe::comm::to_string(op)));
         }
         DeviceBuffer data(mine), out(mine.size());
-        REQUIRE(wait_for([&](Callback d) { nccl.broadcast(data.get(), n, type, world - 1, {}, d); }).ok());
+        REQUIRE(wait_for([&](Callback d) {
+                  nccl.broadcast(data.get(), n, type, world - 1, {}, d);
+                }).ok());
         check_same(type, first(data.download(), n * es), first(inputs[t][world - 1], n * es), false,
                    "broadcast");
         data.upload(mine);
-        REQUIRE(wait_for([&](Callback d) { nccl.allgather(data.get(), out.get(), n, type, {}, d); }).ok());
+        REQUIRE(wait_for([&](Callback d) {
+                  nccl.allgather(data.get(), out.get(), n, type, {}, d);
+                }).ok());
         Bytes gathered;
         for (int r = 0; r < world; ++r)
           gathered.insert(gathered.end(), inputs[t][r].begin(), inputs[t][r].begin() + n * es);
         check_same(type, out.download(), gathered, false, "allgather");
-        REQUIRE(wait_for([&](Callback d) { nccl.reduce_scatter(data.get(), out.get(), n, type, ReduceOp::sum, {}, d); }).ok());
+        REQUIRE(wait_for([&](Callback d) {
+                  nccl.reduce_scatter(data.get(), out.get(), n, type, ReduceOp::sum, {}, d);
+                }).ok());
         const Bytes sum = reference(type, ReduceOp::sum, inputs[t]);
         check_same(type, first(out.download(), n * es),
                    Bytes(sum.begin() + rank * n * es, sum.begin() + (rank + 1) * n * es), false,
                    "reduce_scatter");
-        REQUIRE(wait_for([&](Callback d) { nccl.alltoall(data.get(), out.get(), n, type, {}, d); }).ok());
+        REQUIRE(wait_for([&](Callback d) {
+                  nccl.alltoall(data.get(), out.get(), n, type, {}, d);
+                }).ok());
         Bytes exchanged;
         for (int r = 0; r < world; ++r)
           exchanged.insert(exchanged.end(), inputs[t][r].begin() + rank * n * es,

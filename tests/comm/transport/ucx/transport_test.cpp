@@ -84,7 +84,8 @@ std::string hear(int fd, const char* waiting_for) {
     message.resize(size);
     ok = read_all(fd, &message[0], size, deadline);
   }
-  if (!ok) throw std::runtime_error(std::string("pipe closed or timed out waiting for ") + waiting_for);
+  if (!ok)
+    throw std::runtime_error(std::string("pipe closed or timed out waiting for ") + waiting_for);
   return message;
 }
 
@@ -187,8 +188,7 @@ int run_child(int rank, int world, Layout layout, int to_parent, int from_parent
 /// A job of `world` forked processes, each running `body` over a UcxTransport.
 class ProcessJob {
  public:
-  ProcessJob(int world, const Body& body, Layout layout = Layout::across_hosts)
-      : children_(world) {
+  ProcessJob(int world, const Body& body, Layout layout = Layout::across_hosts) : children_(world) {
     old_sigpipe_ = ::signal(SIGPIPE, SIG_IGN);
     for (int r = 0; r < world; ++r) {
       int up[2];
@@ -359,8 +359,8 @@ void exchange(RankContext& ctx, int to, int from, Tag base, const std::function<
     gate();
     post_recvs();
   }
-  ctx.verdict.expect(sends.wait_all() && recvs.wait_all(), "timed out at tag base " +
-                                                               std::to_string(base));
+  ctx.verdict.expect(sends.wait_all() && recvs.wait_all(),
+                     "timed out at tag base " + std::to_string(base));
   for (size_t k = 0; k < kSizes.size(); ++k) {
     std::string what = "tag " + std::to_string(base + k) + " size " + std::to_string(kSizes[k]);
     ctx.verdict.expect(sends.status(k).ok(), what + " send: " + sends.status(k).message());
@@ -393,11 +393,14 @@ TEST_CASE("ucx tagged messages of every size arrive intact between two processes
   ProcessJob job(2, [](RankContext& ctx) {
     int other = 1 - ctx.rank;
     // Unexpected: every send is posted before the matching receive.
-    exchange(ctx, other, other, 100, [&] { handshake(ctx, other, 1); }, false);
+    exchange(
+        ctx, other, other, 100, [&] { handshake(ctx, other, 1); }, false);
     // Expected: every receive is posted before the matching send.
-    exchange(ctx, other, other, 200, [&] { handshake(ctx, other, 2); }, true);
+    exchange(
+        ctx, other, other, 200, [&] { handshake(ctx, other, 2); }, true);
     // A rank talks to itself through the same API.
-    exchange(ctx, ctx.rank, ctx.rank, 300, [] {}, false);
+    exchange(
+        ctx, ctx.rank, ctx.rank, 300, [] {}, false);
   });
   job.barrier();
   check_exit_codes(job.wait(), {0, 0});
@@ -438,8 +441,8 @@ TEST_CASE("a ucx receive whose posted size differs from the message fails naming
         const std::string& m = s.message();
         ctx.verdict.expect(!s.ok(), "tag " + std::to_string(cases[i].tag) + " succeeded");
         ctx.verdict.expect(has(m, std::to_string(cases[i].sent)) &&
-                               has(m, std::to_string(cases[i].posted)) &&
-                               has(m, "rank 0") && has(m, "tag " + std::to_string(cases[i].tag)),
+                               has(m, std::to_string(cases[i].posted)) && has(m, "rank 0") &&
+                               has(m, "tag " + std::to_string(cases[i].tag)),
                            "message lacks sizes, peer or tag: " + m);
         ctx.verdict.expect(s.peer() == 0, "status peer is " + std::to_string(s.peer()));
       }
@@ -453,46 +456,51 @@ TEST_CASE("a ucx receive whose posted size differs from the message fails naming
 
 TEST_CASE("fail_peer fails pending ucx operations with the reason and later ones at once") {
   static const std::string reason = "rank 0 left the job (test)";
-  ProcessJob job(2, [](RankContext& ctx) {
-    UcxTransport& t = *ctx.transport;
-    Outcomes bye;
-    if (ctx.rank == 0) {
-      t.recv(1, 22, nullptr, 0, bye.track());
-      ctx.verdict.expect(bye.wait_all() && bye.status(0).ok(), "goodbye from rank 1 missing");
-      return;
-    }
-    std::vector<uint8_t> small(64);
-    std::vector<uint8_t> large(8u << 20, 1);
-    Outcomes pending;
-    t.recv(0, 20, small.data(), small.size(), pending.track());  // rank 0 never sends it
-    t.send(0, 21, large.data(), large.size(), pending.track());  // rank 0 never receives it
-    t.send(0, 22, nullptr, 0, bye.track());
-    ctx.verdict.expect(bye.wait_all() && bye.status(0).ok(), "goodbye to rank 0 failed");
-    t.fail_peer(0, reason);
-    ctx.verdict.expect(pending.wait_all(), "pending operations not failed by fail_peer");
-    for (size_t i = 0; i < 2; ++i) {
-      Status s = pending.status(i);
-      ctx.verdict.expect(!s.ok() && s.message() == reason && s.peer() == 0,
-                         "pending op " + std::to_string(i) + " ended with: " + s.message());
-    }
-    Outcomes later;
-    t.send(0, 23, small.data(), small.size(), later.track());
-    t.recv(0, 24, small.data(), small.size(), later.track());
-    ctx.verdict.expect(later.wait_all(std::chrono::seconds(1)), "later ops did not fail at once");
-    for (size_t i = 0; i < 2; ++i) {
-      Status s = later.status(i);
-      ctx.verdict.expect(!s.ok() && s.message() == reason && s.peer() == 0,
-                         "later op " + std::to_string(i) + " ended with: " + s.message());
-    }
-    // Other peers are unaffected: rank 1 still reaches itself.
-    exchange(ctx, 1, 1, 300, [] {}, true);
-    for (Outcomes* o : {&pending, &later}) {
-      for (size_t i = 0; i < o->size(); ++i) {
-        ctx.verdict.expect(o->calls(i) == 1, "a callback ran " + std::to_string(o->calls(i)) +
-                                                 " times");
-      }
-    }
-  }, Layout::one_host);  // the large send must wait for its receiver
+  ProcessJob job(
+      2,
+      [](RankContext& ctx) {
+        UcxTransport& t = *ctx.transport;
+        Outcomes bye;
+        if (ctx.rank == 0) {
+          t.recv(1, 22, nullptr, 0, bye.track());
+          ctx.verdict.expect(bye.wait_all() && bye.status(0).ok(), "goodbye from rank 1 missing");
+          return;
+        }
+        std::vector<uint8_t> small(64);
+        std::vector<uint8_t> large(8u << 20, 1);
+        Outcomes pending;
+        t.recv(0, 20, small.data(), small.size(), pending.track());  // rank 0 never sends it
+        t.send(0, 21, large.data(), large.size(), pending.track());  // rank 0 never receives it
+        t.send(0, 22, nullptr, 0, bye.track());
+        ctx.verdict.expect(bye.wait_all() && bye.status(0).ok(), "goodbye to rank 0 failed");
+        t.fail_peer(0, reason);
+        ctx.verdict.expect(pending.wait_all(), "pending operations not failed by fail_peer");
+        for (size_t i = 0; i < 2; ++i) {
+          Status s = pending.status(i);
+          ctx.verdict.expect(!s.ok() && s.message() == reason && s.peer() == 0,
+                             "pending op " + std::to_string(i) + " ended with: " + s.message());
+        }
+        Outcomes later;
+        t.send(0, 23, small.data(), small.size(), later.track());
+        t.recv(0, 24, small.data(), small.size(), later.track());
+        ctx.verdict.expect(later.wait_all(std::chrono::seconds(1)),
+                           "later ops did not fail at once");
+        for (size_t i = 0; i < 2; ++i) {
+          Status s = later.status(i);
+          ctx.verdict.expect(!s.ok() && s.message() == reason && s.peer() == 0,
+                             "later op " + std::to_string(i) + " ended with: " + s.message());
+        }
+        // Other peers are unaffected: rank 1 still reaches itself.
+        exchange(
+            ctx, 1, 1, 300, [] {}, true);
+        for (Outcomes* o : {&pending, &later}) {
+          for (size_t i = 0; i < o->size(); ++i) {
+            ctx.verdict.expect(o->calls(i) == 1,
+                               "a callback ran " + std::to_string(o->calls(i)) + " times");
+          }
+        }
+      },
+      Layout::one_host);  // the large send must wait for its receiver
   job.barrier();
   check_exit_codes(job.wait(), {0, 0});
 }
@@ -600,7 +608,9 @@ TEST_CASE("a ucx sender killed in the middle of its sends leaves its receiver he
   }
 }
 
-TEST_CASE("a ucx probe is answered by a running peer whatever it does, never by a stopped one, and fails at once for a failed one") {
+TEST_CASE(
+    "a ucx probe is answered by a running peer whatever it does, never by a stopped one, and fails "
+    "at once for a failed one") {
   static const std::string reason = "rank 2 cannot be reached (test)";
   ProcessJob job(3, [](RankContext& ctx) {
     UcxTransport& t = *ctx.transport;
@@ -656,13 +666,16 @@ std::string lonely_allreduce(RankContext& ctx) {
   return "no error";
 }
 
-TEST_CASE("a collective over ucx that times out says whether its peers answered a probe, and names the one that did not") {
+TEST_CASE(
+    "a collective over ucx that times out says whether its peers answered a probe, and names the "
+    "one that did not") {
   // Rank 1 runs but joins no collective: it answers, so it is slow, not cut off.
   ProcessJob slow(2, [](RankContext& ctx) {
     if (ctx.rank == 1) return hear(ctx.from_parent, "rank 0's allreduce"), void();
     const std::string error = lonely_allreduce(ctx);
-    ctx.verdict.expect(has(error, "timed out after 300 ms waiting for rank(s) 1 (every other rank "
-                                  "answered a reachability probe within 500 ms"),
+    ctx.verdict.expect(has(error,
+                           "timed out after 300 ms waiting for rank(s) 1 (every other rank "
+                           "answered a reachability probe within 500 ms"),
                        "error: " + error);
     tell(ctx.to_parent, "timed out");
   });
@@ -676,8 +689,9 @@ TEST_CASE("a collective over ucx that times out says whether its peers answered 
     if (ctx.rank == 2) return tell(ctx.to_parent, "ready");
     hear(ctx.from_parent, "rank 2 stopped");
     const std::string error = lonely_allreduce(ctx);
-    ctx.verdict.expect(has(error, ": rank(s) 2 cannot be reached from rank 0 (no answer to a "
-                                  "reachability probe within 500 ms"),
+    ctx.verdict.expect(has(error,
+                           ": rank(s) 2 cannot be reached from rank 0 (no answer to a "
+                           "reachability probe within 500 ms"),
                        "error: " + error);
     tell(ctx.to_parent, "timed out");
   });
@@ -692,80 +706,86 @@ TEST_CASE("a collective over ucx that times out says whether its peers answered 
 }
 
 TEST_CASE("a lone ucx rank rejects bad peers and tags and fails what is pending when destroyed") {
-  ProcessJob job(1, [](RankContext& ctx) {
-    UcxTransport& t = *ctx.transport;
-    ctx.verdict.expect(!UcxTransport::version().empty(), "empty UCX version");
-    std::string transports = UcxTransport::available_transports();  // follows UCX_TLS
-    ctx.verdict.expect(!transports.empty() && !has(transports, "/") && !has(transports, "#"),
-                       "transports: \"" + transports + "\"");
-    std::vector<uint8_t> buffer(8u << 20);
-    Outcomes bad;
-    t.send(1, 1, buffer.data(), 8, bad.track());
-    t.recv(-1, 1, buffer.data(), 8, bad.track());
-    t.send(0, kTagMask + 1, buffer.data(), 8, bad.track());
-    ctx.verdict.expect(bad.wait_all(), "bad operations did not fail");
-    ctx.verdict.expect(has(bad.status(0).message(), "rank 1") &&
-                           has(bad.status(0).message(), "[0, 1)"),
-                       "bad peer message: " + bad.status(0).message());
-    ctx.verdict.expect(has(bad.status(1).message(), "rank -1"),
-                       "bad peer message: " + bad.status(1).message());
-    ctx.verdict.expect(has(bad.status(2).message(), "48 bits"),
-                       "bad tag message: " + bad.status(2).message());
-    bool threw = false;
-    try {
-      t.fail_peer(3, "no such rank");
-    } catch (const Error& e) {
-      threw = has(e.what(), "peer 3");
-    }
-    ctx.verdict.expect(threw, "fail_peer accepted rank 3 of 1");
+  ProcessJob job(
+      1,
+      [](RankContext& ctx) {
+        UcxTransport& t = *ctx.transport;
+        ctx.verdict.expect(!UcxTransport::version().empty(), "empty UCX version");
+        std::string transports = UcxTransport::available_transports();  // follows UCX_TLS
+        ctx.verdict.expect(!transports.empty() && !has(transports, "/") && !has(transports, "#"),
+                           "transports: \"" + transports + "\"");
+        std::vector<uint8_t> buffer(8u << 20);
+        Outcomes bad;
+        t.send(1, 1, buffer.data(), 8, bad.track());
+        t.recv(-1, 1, buffer.data(), 8, bad.track());
+        t.send(0, kTagMask + 1, buffer.data(), 8, bad.track());
+        ctx.verdict.expect(bad.wait_all(), "bad operations did not fail");
+        ctx.verdict.expect(
+            has(bad.status(0).message(), "rank 1") && has(bad.status(0).message(), "[0, 1)"),
+            "bad peer message: " + bad.status(0).message());
+        ctx.verdict.expect(has(bad.status(1).message(), "rank -1"),
+                           "bad peer message: " + bad.status(1).message());
+        ctx.verdict.expect(has(bad.status(2).message(), "48 bits"),
+                           "bad tag message: " + bad.status(2).message());
+        bool threw = false;
+        try {
+          t.fail_peer(3, "no such rank");
+        } catch (const Error& e) {
+          threw = has(e.what(), "peer 3");
+        }
+        ctx.verdict.expect(threw, "fail_peer accepted rank 3 of 1");
 
-    Outcomes pending;
-    std::vector<uint8_t> small(64);
-    t.recv(0, 7, small.data(), small.size(), pending.track());    // never sent
-    t.send(0, 8, buffer.data(), buffer.size(), pending.track());  // never received
-    Outcomes sync;
-    t.send(0, 9, nullptr, 0, sync.track());
-    t.recv(0, 9, nullptr, 0, sync.track());
-    ctx.verdict.expect(sync.wait_all(), "self message did not arrive");
-    auto start = Clock::now();
-    ctx.transport.reset();
-    ctx.verdict.expect(Clock::now() - start < seconds(5), "destructor took over 5 s");
-    ctx.verdict.expect(pending.wait_all(seconds(0)), "destructor left operations pending");
-    for (size_t i = 0; i < 2; ++i) {
-      ctx.verdict.expect(pending.status(i).message() == "transport shut down",
-                         "pending op ended with: " + pending.status(i).message());
-    }
-  }, Layout::one_host);  // the large send must wait for its receiver
+        Outcomes pending;
+        std::vector<uint8_t> small(64);
+        t.recv(0, 7, small.data(), small.size(), pending.track());    // never sent
+        t.send(0, 8, buffer.data(), buffer.size(), pending.track());  // never received
+        Outcomes sync;
+        t.send(0, 9, nullptr, 0, sync.track());
+        t.recv(0, 9, nullptr, 0, sync.track());
+        ctx.verdict.expect(sync.wait_all(), "self message did not arrive");
+        auto start = Clock::now();
+        ctx.transport.reset();
+        ctx.verdict.expect(Clock::now() - start < seconds(5), "destructor took over 5 s");
+        ctx.verdict.expect(pending.wait_all(seconds(0)), "destructor left operations pending");
+        for (size_t i = 0; i < 2; ++i) {
+          ctx.verdict.expect(pending.status(i).message() == "transport shut down",
+                             "pending op ended with: " + pending.status(i).message());
+        }
+      },
+      Layout::one_host);  // the large send must wait for its receiver
   job.barrier();
   check_exit_codes(job.wait(), {0});
 }
 
 TEST_CASE("a ucx transport made from a worker made earlier takes its address and moves bytes") {
-  ProcessJob job(1, [](RankContext& ctx) {
-    // What an elastic spare does: the context and worker before its rank is known, the
-    // transport once a world takes it.
-    auto made = std::make_unique<UcxWorker>(/*single_host=*/true, /*estimated_peers=*/4);
-    const std::string address = made->address();
-    ctx.verdict.expect(!address.empty(), "a worker made earlier has no address");
-    UcxTransport t(0, 1, std::move(made));
-    ctx.verdict.expect(t.local_address() == address,
-                       "the transport did not take the worker's address");
-    t.connect({address});
-    std::vector<uint8_t> sent(1000), got(1000);
-    for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<uint8_t>(i * 7);
-    Outcomes self;
-    t.recv(0, 3, got.data(), got.size(), self.track());
-    t.send(0, 3, sent.data(), sent.size(), self.track());
-    ctx.verdict.expect(self.wait_all(), "a self message through it did not arrive");
-    ctx.verdict.expect(got == sent, "a self message through it arrived changed");
-    bool threw = false;
-    try {
-      UcxTransport none(0, 1, std::unique_ptr<UcxWorker>());
-    } catch (const Error& e) {
-      threw = has(e.what(), "no UcxWorker");
-    }
-    ctx.verdict.expect(threw, "a transport without a worker was made");
-  }, Layout::one_host);
+  ProcessJob job(
+      1,
+      [](RankContext& ctx) {
+        // What an elastic spare does: the context and worker before its rank is known, the
+        // transport once a world takes it.
+        auto made = std::make_unique<UcxWorker>(/*single_host=*/true, /*estimated_peers=*/4);
+        const std::string address = made->address();
+        ctx.verdict.expect(!address.empty(), "a worker made earlier has no address");
+        UcxTransport t(0, 1, std::move(made));
+        ctx.verdict.expect(t.local_address() == address,
+                           "the transport did not take the worker's address");
+        t.connect({address});
+        std::vector<uint8_t> sent(1000), got(1000);
+        for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<uint8_t>(i * 7);
+        Outcomes self;
+        t.recv(0, 3, got.data(), got.size(), self.track());
+        t.send(0, 3, sent.data(), sent.size(), self.track());
+        ctx.verdict.expect(self.wait_all(), "a self message through it did not arrive");
+        ctx.verdict.expect(got == sent, "a self message through it arrived changed");
+        bool threw = false;
+        try {
+          UcxTransport none(0, 1, std::unique_ptr<UcxWorker>());
+        } catch (const Error& e) {
+          threw = has(e.what(), "no UcxWorker");
+        }
+        ctx.verdict.expect(threw, "a transport without a worker was made");
+      },
+      Layout::one_host);
   job.barrier();
   check_exit_codes(job.wait(), {0});
 }
