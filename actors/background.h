@@ -1,6 +1,6 @@
 #pragma once
-/// Background model averaging: the actors of the asynchronous algorithms (runtime/gossip/), which
-/// talk to other ranks on their own schedule while training goes on.
+/// Background model averaging: the actors of the asynchronous algorithms (algorithms/gossip/),
+/// which talk to other ranks on their own schedule while training goes on.
 ///
 /// - averager (Bagua's asynchronous model average): every `interval` it takes a snapshot s of the
 ///   model, averages the snapshots of all ranks by an allreduce that it drives itself (transport
@@ -33,7 +33,7 @@ namespace troupe::actors {
 /// How a background actor reads and changes the model: `count` float32 elements, each function
 /// called on the actor's thread and guarded by the owner's model lock. Changes are handed over as
 /// differences from a snapshot, so that what the trainer did since the snapshot is kept; when
-/// they land in the weights is the owner's business (runtime/gossip: at the trainer's next step,
+/// they land in the weights is the owner's business (algorithms/gossip: at the trainer's next step,
 /// never between a forward and its backward), and a snapshot already includes those handed over.
 struct ModelAccess {
   size_t count = 0;

@@ -5,7 +5,7 @@
 /// the buffer; the moment it has them all it asks its BucketPath to reduce the buffer, while
 /// backward goes on with earlier layers. When the path says the reduction has ended, the bucket
 /// records its statistics and tells the reducer. It knows nothing of how the buffer is reduced:
-/// its module chose one gradient path for all its buckets (runtime/gradient_path.h), and each
+/// its module chose one gradient path for all its buckets (ddp/gradient_path.h), and each
 /// bucket holds its share of it.
 #include <caf/fwd.hpp>
 
@@ -48,7 +48,7 @@ class NcclOrder {
 };
 
 /// One bucket's share of its module's gradient path: how this bucket's buffer is reduced. A path
-/// (runtime/gradient_path/) makes one per bucket; the bucket actor calls it, always on its own
+/// (ddp/gradient_path/) makes one per bucket; the bucket actor calls it, always on its own
 /// thread, and hands it itself (`self`) so that the path can post work back to the actor as
 /// (run_atom, closure) messages, which the actor runs on its thread.
 class BucketPath {

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "actors/atoms.h"
-#include "actors/rendezvous_wire.h"
 #include "comm/status.h"
+#include "comm/wire/rendezvous_wire.h"
 
 namespace troupe::actors {
 

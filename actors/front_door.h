@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/rendezvous_wire.h"
+#include "comm/wire/rendezvous_wire.h"
 
 namespace troupe::actors {
 

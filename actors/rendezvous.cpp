@@ -16,7 +16,7 @@
 
 #include "actors/atoms.h"
 #include "actors/directory.h"
-#include "actors/rendezvous_wire.h"
+#include "comm/wire/rendezvous_wire.h"
 
 namespace troupe::actors {
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "actors/front_door.h"
-#include "actors/rendezvous_wire.h"
 #include "comm/status.h"
+#include "comm/wire/rendezvous_wire.h"
 
 namespace troupe::actors {
 

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "bench/one_rank.h"
+#include "ddp/distributed_module.h"
 #include "examples/fashion_mnist/models.h"
-#include "runtime/checkpoint.h"
-#include "runtime/distributed_module.h"
-#include "runtime/runtime.h"
+#include "rank/checkpoint.h"
+#include "rank/runtime.h"
 
 using namespace troupe;
 

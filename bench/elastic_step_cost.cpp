@@ -1,6 +1,6 @@
 // What elasticity costs a step: the step time of the Fashion-MNIST example's models through a
 // plain DistributedModule and through an ElasticTrainer (which also keeps a copy of the
-// algorithm's state at the end of each step, runtime/elastic.h), in alternating blocks of the same
+// algorithm's state at the end of each step, elastic/elastic.h), in alternating blocks of the same
 // run, and the ratio. One rank, no communication, so the difference is the trainer's own work;
 // batch 64 (one rank's share of the example's global batch of 256 on 4 ranks). Also the time of
 // the copy itself as ElasticTrainer takes it each step (DistributedModule::save_state of all the
@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "bench/one_rank.h"
+#include "ddp/distributed_module.h"
+#include "elastic/elastic.h"
 #include "examples/fashion_mnist/models.h"
-#include "runtime/distributed_module.h"
-#include "runtime/elastic.h"
-#include "runtime/runtime.h"
+#include "rank/runtime.h"
 
 using namespace troupe;
 
@@ -104,7 +104,7 @@ void measure(Runtime& rt, const Case& c, const std::string& algorithm_name,
   std::fflush(stdout);
 }
 
-// The gossip and Choco-SGD driver's own cost (runtime/elastic.cpp, GossipDriver): after each
+// The gossip and Choco-SGD driver's own cost (elastic/elastic.cpp, GossipDriver): after each
 // completed step the trainer serialises the caller's state (ElasticState: parameters, buffers,
 // the SGD optimizer's momentum; torch::serialize into a string), median of 200 after 5 steps,
 // against the median of 200 local steps (forward, backward, SGD) of the same model and batch.

@@ -4,8 +4,8 @@
 #include <memory>
 
 #include "comm/transport/inproc/transport.h"
-#include "runtime/launch.h"
-#include "runtime/runtime.h"
+#include "elastic/launch.h"
+#include "rank/runtime.h"
 
 namespace troupe::bench {
 

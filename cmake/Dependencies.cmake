@@ -17,7 +17,7 @@ target_link_libraries(troupe_caf INTERFACE ${CAF_IO_LIBRARY} ${CAF_CORE_LIBRARY}
 target_compile_options(troupe_caf INTERFACE "$<$<COMPILE_LANGUAGE:CXX>:SHELL:-include cstdint>")
 
 find_package(CLI11 REQUIRED)
-find_package(tomlplusplus REQUIRED)  # job files (runtime/job_config.cpp)
+find_package(tomlplusplus REQUIRED)  # job files (tools/job_config.cpp)
 find_package(ZLIB REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(doctest REQUIRED)

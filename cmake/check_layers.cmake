@@ -1,6 +1,7 @@
 # Fails when a layer includes a header of a layer above it.
-# Order, lowest first: cuda, comm, actors, runtime. Tests, bench and examples may include any.
-set(layers cuda comm actors runtime)
+# Order, lowest first: cuda, comm, actors, then the wings rank, ddp, algorithms, elastic, tools.
+# Tests, bench and examples may include any.
+set(layers cuda comm actors rank ddp algorithms elastic tools)
 set(errors "")
 list(LENGTH layers n)
 math(EXPR last "${n} - 1")

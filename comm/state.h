@@ -1,6 +1,6 @@
 #pragma once
 /// StateWriter and StateReader: an object's state across steps (error-feedback memory, PowerSGD's
-/// Q, a step counter) as bytes, and back. Checkpoints (runtime/checkpoint.h) and the healing of a
+/// Q, a step counter) as bytes, and back. Checkpoints (rank/checkpoint.h) and the healing of a
 /// rejoining rank both move training state as these bytes.
 ///
 /// The format is the writer's native byte order (every machine troupe runs on is little-endian),

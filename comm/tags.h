@@ -6,9 +6,8 @@
 ///
 ///     tag  (48 bits)  = key << 16 | sub
 ///     key  (32 bits)  = module << 28 | the module's own 28 bits:
-///         bucket reductions (runtime/gradient_path/transport.cpp): step << 16 | stage << 12 |
-///         bucket gossip rounds and streams (actors/peer_link.cpp, actors/background.cpp): round or
-///         seq
+///         bucket reductions (ddp/gradient_path/transport.cpp): step << 16 | stage << 12 | bucket
+///         gossip rounds and streams (actors/peer_link.cpp, actors/background.cpp): round or seq
 ///     module 0 is the Communicator's own collectives (keys 1 .. kFirstUserKey - 1); modules
 ///     1 .. kMaxModules are the Runtime's live modules (Runtime::next_module_id).
 ///

@@ -3,7 +3,7 @@
 /// that an actor can start the next stage of its work when the GPU's part is done without blocking
 /// a thread in cudaEventSynchronize (which has no deadline).
 ///
-/// Used by the host staging of CUDA buckets (actors/staging.h): "the gradients have been copied to
+/// Used by the host staging of CUDA buckets (ddp/staging.h): "the gradients have been copied to
 /// pinned memory" and "the reduced bucket is back on the device" are events it watches.
 ///
 /// The thread sleeps on a condition variable while nothing is watched; while events are pending it

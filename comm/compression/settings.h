@@ -1,7 +1,7 @@
 #pragma once
 /// The settings of every bucket algorithm, in one table: the command line's
 /// `--algorithm name:key=value,...` (parse_compression) and the job file's `[algorithm]` table
-/// (runtime/job_config.cpp) both walk it, so a key, its type, its range and its default are
+/// (tools/job_config.cpp) both walk it, so a key, its type, its range and its default are
 /// written once. A setting's default is its field's default in the algorithm's struct
 /// (comm/compression/algorithms.h), as `AlgorithmEntry::defaults` holds it.
 #include <cstdint>

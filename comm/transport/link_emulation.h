@@ -44,7 +44,7 @@ std::vector<std::pair<int, LinkShape>> parse_rank_links(const std::string& text)
 
 /// The link emulation of a job: a shape for every link, and ranks whose links (to them and from
 /// them) have a shape of their own — "one slow rank". Use it through RuntimeOptions::links or
-/// the TROUPE_LINK / TROUPE_LINK_RANKS variables (runtime/env.h).
+/// the TROUPE_LINK / TROUPE_LINK_RANKS variables (rank/env.h).
 struct LinkEmulation {
   LinkShape all;
   std::vector<std::pair<int, LinkShape>> ranks;

@@ -18,12 +18,12 @@
 #include <limits>
 #include <variant>
 
+#include "algorithms/registry.h"
 #include "examples/char_lm/corpus.h"
 #include "examples/char_lm/model.h"
-#include "runtime/cli/option_checks.h"
-#include "runtime/compute_threads.h"
-#include "runtime/data_parallel.h"
-#include "runtime/job_config.h"
+#include "rank/compute_threads.h"
+#include "tools/cli/option_checks.h"
+#include "tools/job_config.h"
 
 using namespace troupe;
 

@@ -8,10 +8,10 @@
 #include <chrono>
 #include <cstdio>
 
+#include "elastic/elastic.h"
 #include "examples/fashion_mnist/dataset.h"
 #include "examples/fashion_mnist/models.h"
-#include "runtime/checkpoint.h"
-#include "runtime/elastic.h"
+#include "rank/checkpoint.h"
 
 namespace troupe::examples {
 

@@ -1,14 +1,14 @@
 #pragma once
 // Elastic Fashion-MNIST: under `troupe launch --elastic`, the ranks train through an
-// ElasticTrainer (runtime/elastic.h), so the run goes on when a rank dies and takes a restarted
+// ElasticTrainer (elastic/elastic.h), so the run goes on when a rank dies and takes a restarted
 // rank back.
 #include <cstdint>
 #include <string>
 
+#include "algorithms/job_algorithm.h"
+#include "ddp/distributed_module.h"
 #include "examples/fashion_mnist/dataset.h"
-#include "runtime/distributed_module.h"
-#include "runtime/job_algorithm.h"
-#include "runtime/runtime.h"
+#include "rank/runtime.h"
 
 namespace troupe::examples {
 
@@ -22,7 +22,7 @@ struct ElasticRun {
   double momentum = 0.9;
   int64_t log_every = 50;
   uint64_t seed = 1;
-  /// Any algorithm of a job: ElasticTrainer runs them all (runtime/elastic.h).
+  /// Any algorithm of a job: ElasticTrainer runs them all (elastic/elastic.h).
   JobAlgorithm algorithm = comm::Compression{};
   DdpOptions ddp;
 };

@@ -9,7 +9,7 @@
 //       sparseloco, which go back to their last outer sync; decentralized,
 //       low_precision_decentralized, async_model_average and async_gossip, whose survivors keep
 //       their own replicas)
-// With --job, the job file (runtime/job_config.h) gives the algorithm, the trainer's settings and
+// With --job, the job file (tools/job_config.h) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
@@ -26,16 +26,16 @@
 #include <optional>
 #include <sstream>
 
+#include "algorithms/registry.h"
+#include "elastic/elastic.h"
+#include "elastic/launch.h"
 #include "examples/fashion_mnist/dataset.h"
 #include "examples/fashion_mnist/elastic.h"
 #include "examples/fashion_mnist/models.h"
-#include "runtime/checkpoint.h"
-#include "runtime/cli/option_checks.h"
-#include "runtime/compute_threads.h"
-#include "runtime/data_parallel.h"
-#include "runtime/elastic.h"
-#include "runtime/job_config.h"
-#include "runtime/launch.h"
+#include "rank/checkpoint.h"
+#include "rank/compute_threads.h"
+#include "tools/cli/option_checks.h"
+#include "tools/job_config.h"
 
 using namespace troupe;
 
@@ -52,7 +52,7 @@ struct Settings {
   int64_t die_step = 0;
   // Only the first `subset` training images (0: all), for quick runs and tests.
   int64_t subset = 0;
-  // Checkpoints (runtime/checkpoint.h): where and how often to save, where to resume from, and a
+  // Checkpoints (rank/checkpoint.h): where and how often to save, where to resume from, and a
   // test-only stop after a step (as if the job had been killed there).
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;

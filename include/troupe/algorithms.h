@@ -4,6 +4,6 @@
 /// PowerSGD), the decentralized and asynchronous ones (Decentralized, LowPrecisionDecentralized,
 /// AsyncModelAverage, AsyncGossip), the local-update ones (DiLoCo, StreamingDiLoCo, SparseLoCo),
 /// and JobAlgorithm, any one of them.
+#include "algorithms/gossip/algorithms.h"
+#include "algorithms/job_algorithm.h"
 #include "comm/compression/algorithms.h"
-#include "runtime/gossip/algorithms.h"
-#include "runtime/job_algorithm.h"

@@ -4,4 +4,4 @@
 /// the job's checkpoint of a step every rank saved (save_step / load_last: bit-identical resume),
 /// or rank 0's model for any world size and plain LibTorch (save_consolidated). The whole contract
 /// is documented in the header below.
-#include "runtime/checkpoint.h"
+#include "rank/checkpoint.h"

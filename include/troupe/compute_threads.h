@@ -1,4 +1,4 @@
 #pragma once
 /// The threads a rank computes with: set_compute_threads (torch's and OpenBLAS's), and what a
 /// launcher gives the ranks of a host (compute_threads).
-#include "runtime/compute_threads.h"
+#include "rank/compute_threads.h"

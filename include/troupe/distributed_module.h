@@ -34,5 +34,5 @@
 ///   computes: the model's forward calls `troupe::await_parameters(layer)` before each layer,
 ///   which steps that layer's parameters once their bucket is reduced (examples/fashion_mnist's
 ///   CnnNet). After the last step, `ddp.await_parameters()` applies what is still pending.
-#include "runtime/distributed_module.h"
-#include "runtime/module_holder.h"
+#include "ddp/distributed_module.h"
+#include "rank/module_holder.h"

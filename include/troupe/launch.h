@@ -1,3 +1,3 @@
 #pragma once
 /// Starting the ranks of a job from a program: what `troupe launch` runs (LaunchOptions, launch).
-#include "runtime/launch.h"
+#include "elastic/launch.h"

@@ -2,5 +2,5 @@
 /// A rank of a troupe job: Runtime and RuntimeOptions, the rank environment (RankInfo: what
 /// `troupe launch`, torchrun, mpirun and Slurm set) and the blocking collectives of
 /// Runtime::comm().
-#include "runtime/env.h"
-#include "runtime/runtime.h"
+#include "rank/env.h"
+#include "rank/runtime.h"

@@ -36,7 +36,7 @@ caf::behavior stopper(caf::event_based_actor* self, caf::actor target, std::vect
   };
 }
 
-/// A model of plain floats, as runtime/gossip hands one to the actors (changes land at once).
+/// A model of plain floats, as algorithms/gossip hands one to the actors (changes land at once).
 struct Model {
   std::vector<float> x;
   actors::ModelAccess access() {

@@ -19,9 +19,9 @@
 
 #include "actors/atoms.h"
 #include "actors/rendezvous.h"
-#include "actors/rendezvous_wire.h"
-#include "runtime/launch.h"
-#include "runtime/runtime.h"
+#include "comm/wire/rendezvous_wire.h"
+#include "elastic/launch.h"
+#include "rank/runtime.h"
 #include "tests/support/skip.h"
 #include "tests/support/thread_ranks.h"
 

@@ -13,8 +13,8 @@
 #include <sstream>
 #include <string>
 
+#include "elastic/launch.h"
 #include "examples/char_lm/corpus.h"
-#include "runtime/launch.h"
 
 using namespace troupe;
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/support/command.h"
 
 using namespace troupe;

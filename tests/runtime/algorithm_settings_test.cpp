@@ -9,7 +9,7 @@
 #include "comm/compression/settings.h"
 #include "comm/overloaded.h"
 #include "comm/status.h"
-#include "runtime/job_config.h"
+#include "tools/job_config.h"
 
 using namespace troupe;
 

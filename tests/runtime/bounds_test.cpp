@@ -7,10 +7,10 @@
 #include <string>
 
 #include "comm/status.h"
-#include "runtime/env.h"
-#include "runtime/job_config.h"
-#include "runtime/launch.h"
-#include "runtime/runtime.h"
+#include "elastic/launch.h"
+#include "rank/env.h"
+#include "rank/runtime.h"
+#include "tools/job_config.h"
 
 using namespace troupe;
 

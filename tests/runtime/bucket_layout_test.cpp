@@ -1,8 +1,8 @@
 // The bucket layout: limits, alignment, order, dtypes, and the aggregation modes.
 #include "tests/support/torch_doctest.h"
 
-#include "runtime/bucket_layout.h"
-#include "runtime/distributed_module.h"
+#include "ddp/bucket_layout.h"
+#include "ddp/distributed_module.h"
 
 using namespace troupe;
 

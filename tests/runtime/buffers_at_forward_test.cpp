@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/distributed_module.h"
+#include "ddp/distributed_module.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 

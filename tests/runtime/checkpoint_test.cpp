@@ -3,7 +3,7 @@
 // and N - k more steps: the parameters must be bit-identical (torch::equal). Then what a
 // checkpoint refuses (truncated, corrupt, other version, world size or rank, missing) and that a
 // refused one changes nothing. Ranks are threads over inproc.
-#include "runtime/checkpoint.h"
+#include "rank/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/version.h>
@@ -17,16 +17,16 @@
 #include <type_traits>
 #include <vector>
 
+#include "algorithms/gossip/decentralized.h"
+#include "algorithms/model_switch.h"
+#include "algorithms/optim/centralized.h"
+#include "algorithms/optim/fp16_optimizer.h"
+#include "algorithms/optim/power_sgd.h"
+#include "algorithms/optim/sign_sgd.h"
+#include "algorithms/optim/sparsified_sgd.h"
+#include "algorithms/registry.h"
 #include "comm/status.h"
-#include "runtime/data_parallel.h"
-#include "runtime/distributed_module.h"
-#include "runtime/gossip/decentralized.h"
-#include "runtime/model_switch.h"
-#include "runtime/optim/centralized.h"
-#include "runtime/optim/fp16_optimizer.h"
-#include "runtime/optim/power_sgd.h"
-#include "runtime/optim/sign_sgd.h"
-#include "runtime/optim/sparsified_sgd.h"
+#include "ddp/distributed_module.h"
 #include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"

@@ -1,7 +1,7 @@
 // One compute thread per rank unless the user chose (torchrun's OMP_NUM_THREADS convention, and
 // OPENBLAS_NUM_THREADS for OpenBLAS's pthread build), and a warning when the ranks' threads
 // exceed the host's cores.
-#include "runtime/compute_threads.h"
+#include "rank/compute_threads.h"
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/distributed_module.h"
-#include "runtime/launch.h"
+#include "ddp/distributed_module.h"
+#include "elastic/launch.h"
 #include "tests/support/skip.h"
 #include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"

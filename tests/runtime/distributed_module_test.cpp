@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/distributed_module.h"
-#include "runtime/launch.h"
+#include "ddp/distributed_module.h"
+#include "elastic/launch.h"
 #include "tests/support/ddp_reference.h"
 #include "tests/support/thread_ranks.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/elastic.h"
+#include "elastic/elastic.h"
 
 namespace troupe::test::elastic_gossip {
 

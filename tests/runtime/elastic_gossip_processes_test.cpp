@@ -18,7 +18,7 @@
 #include <string>
 
 #include "comm/gossip/topology.h"
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/runtime/elastic_gossip_job.h"
 #include "tests/support/elastic_launch.h"
 

@@ -31,7 +31,7 @@
 #include <string>
 #include <thread>
 
-#include "runtime/runtime.h"
+#include "rank/runtime.h"
 #include "tests/runtime/elastic_gossip_job.h"
 
 using namespace troupe;

@@ -1,7 +1,7 @@
 // Elastic jobs of several nodes on this host: one `troupe launch --elastic --nnodes 2` per node
 // (launch() on a thread each, or the troupe tool for a launcher that is killed), node 0's
 // launcher serving the membership at the master address and node 1's relaying its ranks to it
-// (runtime/membership_link.h); and what a node that cannot reach, or is refused by, the service
+// (elastic/membership_link.h); and what a node that cannot reach, or is refused by, the service
 // is told. Across real (emulated) hosts: elastic_netbed_test.cpp.
 #include <poll.h>
 
@@ -16,9 +16,9 @@
 #include <thread>
 
 #include "comm/status.h"
-#include "runtime/launch.h"
-#include "runtime/membership.h"
-#include "runtime/membership_link.h"
+#include "elastic/launch.h"
+#include "elastic/membership.h"
+#include "elastic/membership_link.h"
 #include "tests/support/command.h"
 
 using namespace troupe;

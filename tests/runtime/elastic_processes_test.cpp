@@ -12,7 +12,7 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/support/elastic_launch.h"
 
 using namespace troupe;

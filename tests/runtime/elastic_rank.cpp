@@ -41,11 +41,11 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/local_update/local_update_module.h"
+#include "algorithms/local_update/streaming_diloco.h"
 #include "comm/state.h"
-#include "runtime/elastic.h"
-#include "runtime/local_update/local_update_module.h"
-#include "runtime/local_update/streaming_diloco.h"
-#include "runtime/runtime.h"
+#include "elastic/elastic.h"
+#include "rank/runtime.h"
 #include "tests/support/elastic_reference.h"
 
 using namespace troupe;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/local_update/streaming_diloco.h"
+#include "algorithms/local_update/streaming_diloco.h"
 #include "tests/support/elastic_reference.h"
 #include "tests/support/thread_ranks.h"
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/elastic.h"
-#include "runtime/launch.h"
-#include "runtime/membership.h"
+#include "elastic/elastic.h"
+#include "elastic/launch.h"
+#include "elastic/membership.h"
 
 using namespace troupe;
 using namespace troupe::elastic;

@@ -1,4 +1,4 @@
-#include "runtime/env.h"
+#include "rank/env.h"
 
 #include <doctest/doctest.h>
 

@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/launch.h"
-#include "runtime/runtime.h"
+#include "elastic/launch.h"
+#include "rank/runtime.h"
 #include "tests/support/stop_process.h"
 
 extern char** environ;

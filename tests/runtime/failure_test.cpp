@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/distributed_module.h"
-#include "runtime/gossip/decentralized.h"
-#include "runtime/job_config.h"
+#include "algorithms/gossip/decentralized.h"
+#include "ddp/distributed_module.h"
 #include "tests/support/thread_ranks.h"
+#include "tools/job_config.h"
 
 using namespace troupe;
 using namespace std::chrono_literals;

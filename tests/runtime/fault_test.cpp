@@ -1,4 +1,4 @@
-#include "runtime/fault.h"
+#include "rank/fault.h"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// The choice of a module's gradient path (runtime/gradient_path.h): the first candidate that can
+// The choice of a module's gradient path (ddp/gradient_path.h): the first candidate that can
 // serve is taken, the others say why they declined, and when none can the error lists every reason.
 #include "tests/support/torch_doctest.h"
 
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/distributed_module.h"
-#include "runtime/gradient_path.h"
+#include "ddp/distributed_module.h"
+#include "ddp/gradient_path.h"
 #include "tests/support/ddp_reference.h"
 #include "tests/support/thread_ranks.h"
 

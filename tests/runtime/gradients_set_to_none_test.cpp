@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/distributed_module.h"
-#include "runtime/optim/centralized.h"
-#include "runtime/optim/fp16_optimizer.h"
-#include "runtime/optim/power_sgd.h"
+#include "algorithms/optim/centralized.h"
+#include "algorithms/optim/fp16_optimizer.h"
+#include "algorithms/optim/power_sgd.h"
+#include "ddp/distributed_module.h"
 #include "tests/support/ddp_reference.h"
 #include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"

@@ -1,4 +1,4 @@
-// Which ranks really share a host (runtime/host_identity.h): the machine identity (boot id and the
+// Which ranks really share a host (rank/host_identity.h): the machine identity (boot id and the
 // /dev/shm a rank sees), the grouping by name and identity, and what a Runtime and a
 // DistributedModule make of it, with thread ranks pretending to be on different machines.
 #include "tests/support/torch_doctest.h"
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/distributed_module.h"
-#include "runtime/host_identity.h"
+#include "ddp/distributed_module.h"
+#include "rank/host_identity.h"
 #include "tests/support/one_name_ranks.h"
 #include "tests/support/thread_ranks.h"
 

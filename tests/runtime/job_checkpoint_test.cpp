@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/checkpoint.h"
-#include "runtime/distributed_module.h"
+#include "ddp/distributed_module.h"
+#include "rank/checkpoint.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/job_config.h"
+#include "tools/job_config.h"
 
 using namespace troupe;
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/env.h"
-#include "runtime/launch.h"
+#include "elastic/launch.h"
+#include "rank/env.h"
 
 namespace {
 
@@ -64,7 +64,7 @@ TEST_CASE("each local rank of node 2 of 4 gets its global rank and torchrun's ot
 }
 
 TEST_CASE("the variables of every rank of every node read back as a job of distinct ranks") {
-  // What runtime/env.cpp makes of them: each global rank exactly once, on the right node.
+  // What rank/env.cpp makes of them: each global rank exactly once, on the right node.
   std::vector<int> seen(2 * 3, 0);
   for (int node = 0; node < 2; ++node) {
     for (int local = 0; local < 3; ++local) {

@@ -1,4 +1,4 @@
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 
 #include <doctest/doctest.h>
 #include <netinet/in.h>

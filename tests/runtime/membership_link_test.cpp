@@ -1,4 +1,4 @@
-// The membership link between nodes (runtime/membership_link.h) against real sockets: node 0's
+// The membership link between nodes (elastic/membership_link.h) against real sockets: node 0's
 // hub served on this thread, real relays (node 1's side) on others, and raw connections that
 // behave as an outsider would: a replayed hello, a node of another job, idle connections, a huge
 // frame header, and a flood under a low descriptor limit.
@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/launch.h"
-#include "runtime/membership.h"
-#include "runtime/membership_client.h"
-#include "runtime/membership_link.h"
+#include "elastic/launch.h"
+#include "elastic/membership.h"
+#include "elastic/membership_link.h"
+#include "rank/membership_client.h"
 
 using namespace troupe;
 using namespace troupe::elastic;

@@ -1,6 +1,6 @@
 // Models held the way LibTorch programs hold them — a TORCH_MODULE holder, torch::nn::Linear —
 // wrapped on thread ranks and trained against one process on the whole batch; the empty holder
-// refused; the shard samplers the umbrella header documents. Includes only runtime/troupe.h of
+// refused; the shard samplers the umbrella header documents. Includes only <troupe/troupe.h> of
 // troupe's API.
 #include "tests/support/torch_doctest.h"
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/troupe.h"
+#include <troupe/troupe.h>
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;

@@ -8,8 +8,8 @@
 
 #include "comm/status.h"
 #include "comm/tags.h"
-#include "runtime/distributed_module.h"
-#include "runtime/module_id.h"
+#include "ddp/distributed_module.h"
+#include "rank/module_id.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;

@@ -8,8 +8,8 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/compute_threads.h"
-#include "runtime/launch.h"
+#include "elastic/launch.h"
+#include "rank/compute_threads.h"
 #include "tests/support/command.h"
 
 namespace {

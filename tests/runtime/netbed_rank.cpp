@@ -12,8 +12,8 @@
 
 #include <torch/torch.h>
 
-#include "runtime/distributed_module.h"
-#include "runtime/runtime.h"
+#include "ddp/distributed_module.h"
+#include "rank/runtime.h"
 #include "tests/support/whole_batch_reference.h"
 
 using namespace troupe;

@@ -7,7 +7,7 @@
 
 #include <sstream>
 
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/support/skip.h"
 
 using namespace troupe;

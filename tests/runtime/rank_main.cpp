@@ -11,9 +11,9 @@
 
 #include <torch/torch.h>
 
-#include "runtime/distributed_module.h"
-#include "runtime/gossip/decentralized.h"
-#include "runtime/runtime.h"
+#include "algorithms/gossip/decentralized.h"
+#include "ddp/distributed_module.h"
+#include "rank/runtime.h"
 #include "tests/support/collective_checks.h"
 #include "tests/support/whole_batch_reference.h"
 

@@ -13,8 +13,8 @@
 #include <caf/all.hpp>
 
 #include "actors/rendezvous.h"
-#include "runtime/launch.h"
-#include "runtime/runtime.h"
+#include "elastic/launch.h"
+#include "rank/runtime.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;

@@ -1,5 +1,5 @@
 // The Runtime's own options, as thread ranks over inproc: link emulation wraps the transport.
-#include "runtime/runtime.h"
+#include "rank/runtime.h"
 
 #include <doctest/doctest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;

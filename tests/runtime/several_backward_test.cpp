@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/distributed_module.h"
+#include "ddp/distributed_module.h"
 #include "tests/support/ddp_reference.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"

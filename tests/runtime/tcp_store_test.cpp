@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/env.h"
-#include "runtime/tcp_store.h"
+#include "rank/env.h"
+#include "rank/tcp_store.h"
 #include "tests/support/skip.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torchrun.h"

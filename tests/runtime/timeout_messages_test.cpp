@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/runtime.h"
+#include "rank/runtime.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 

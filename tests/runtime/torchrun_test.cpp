@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/support/skip.h"
 #include "tests/support/torchrun.h"
 

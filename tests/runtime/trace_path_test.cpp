@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "runtime/distributed_module.h"
+#include "ddp/distributed_module.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;

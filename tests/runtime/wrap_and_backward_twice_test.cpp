@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/gossip/decentralized.h"
 #include "comm/status.h"
-#include "runtime/distributed_module.h"
-#include "runtime/gossip/decentralized.h"
+#include "ddp/distributed_module.h"
 #include "tests/support/ddp_reference.h"
 #include "tests/support/thread_ranks.h"
 

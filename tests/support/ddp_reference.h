@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/distributed_module.h"
+#include "ddp/distributed_module.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 
 namespace troupe::test {
 

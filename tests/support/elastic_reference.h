@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "algorithms/local_update/algorithms.h"
+#include "algorithms/local_update/streaming_diloco.h"
 #include "comm/status.h"
-#include "runtime/elastic.h"
-#include "runtime/local_update/algorithms.h"
-#include "runtime/local_update/streaming_diloco.h"
+#include "elastic/elastic.h"
 
 namespace troupe::test::elastic {
 
@@ -203,7 +203,7 @@ inline std::vector<torch::Tensor> reference_local_update(const Data& d,
   const StreamingDiLoCo sc = make_streaming(streaming ? algorithm : "streaming-diloco");
   const auto* topk = std::get_if<Sparsification>(&sc.outer_compression);
   const SparseLoCo lc = make_sparseloco();
-  // Outer SGD with Nesterov momentum on x and buf, as runtime/local_update/outer_step.h.
+  // Outer SGD with Nesterov momentum on x and buf, as algorithms/local_update/outer_step.h.
   auto outer_sgd = [](double lr, double mu, torch::Tensor x, torch::Tensor buf,
                       torch::Tensor mean) {
     buf.mul_(mu).add_(mean);

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 
 namespace troupe::test {
 

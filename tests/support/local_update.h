@@ -14,11 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include "algorithms/registry.h"
 #include "comm/state.h"
-#include "runtime/data_parallel.h"
-#include "runtime/job_config.h"
 #include "tests/support/flat_params.h"
 #include "tests/support/thread_ranks.h"
+#include "tools/job_config.h"
 
 namespace troupe::test {
 

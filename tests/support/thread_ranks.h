@@ -10,8 +10,8 @@
 
 #include <unistd.h>
 
-#include "runtime/launch.h"
-#include "runtime/runtime.h"
+#include "elastic/launch.h"
+#include "rank/runtime.h"
 
 namespace troupe::test {
 

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <string>
 
-#include "runtime/distributed_module.h"
-#include "runtime/runtime.h"
+#include "ddp/distributed_module.h"
+#include "rank/runtime.h"
 
 namespace troupe::test {
 

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/support/command.h"
 #include "tests/support/idx_files.h"
 

@@ -1,6 +1,6 @@
 // The option checks of troupe's tools: messages that name the flag, the value and what is
 // allowed; byte sizes parsed strictly; and sizes refused when the host cannot hold them.
-#include "runtime/cli/option_checks.h"
+#include "tools/cli/option_checks.h"
 
 #include <doctest/doctest.h>
 

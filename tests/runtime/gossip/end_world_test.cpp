@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "runtime/gossip/decentralized.h"
+#include "algorithms/gossip/decentralized.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace troupe;

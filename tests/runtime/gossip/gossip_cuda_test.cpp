@@ -1,4 +1,4 @@
-// The gossip algorithms of runtime/gossip/ on CUDA parameters, ranks as threads: D-PSGD and
+// The gossip algorithms of algorithms/gossip/ on CUDA parameters, ranks as threads: D-PSGD and
 // Choco-SGD staged through host memory (several ranks on one GPU), asynchronous model averaging
 // staged the same way, and D-PSGD over NCCL (one rank on one GPU, or one GPU per rank where the
 // machine has several), each against the single-process simulations of gossip_reference.h run on
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/data_parallel.h"
+#include "ddp/data_parallel.h"
 #include "tests/runtime/gossip/gossip_reference.h"
 #include "tests/support/skip.h"
 

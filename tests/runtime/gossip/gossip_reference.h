@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/gossip/decentralized.h"
 #include "comm/codecs/minmax.h"
 #include "comm/gossip/topology.h"
-#include "runtime/gossip/decentralized.h"
 #include "tests/support/flat_params.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"

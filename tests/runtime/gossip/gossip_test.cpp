@@ -1,4 +1,4 @@
-// The decentralized and asynchronous algorithms of runtime/gossip/ over thread ranks (inproc):
+// The decentralized and asynchronous algorithms of algorithms/gossip/ over thread ranks (inproc):
 // one gossip round against W x; D-PSGD (overlap, adapt-then-combine, communication interval) and
 // Choco-SGD against single-process simulations (gossip_reference.h); asynchronous model averaging
 // and AD-PSGD against what they must preserve (the mean, the sum); and their argument checks.
@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/model_switch.h"
 #include "comm/gossip/exchange.h"
 #include "comm/status.h"
-#include "runtime/launch.h"
-#include "runtime/model_switch.h"
+#include "elastic/launch.h"
 #include "tests/runtime/gossip/gossip_reference.h"
 
 using namespace troupe;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/data_parallel.h"
+#include "ddp/data_parallel.h"
 #include "tests/runtime/gossip/gossip_reference.h"
 
 using namespace troupe;

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/local_update/diloco.h"
+#include "algorithms/local_update/streaming_diloco.h"
 #include "comm/state.h"
 #include "comm/status.h"
-#include "runtime/local_update/diloco.h"
-#include "runtime/local_update/streaming_diloco.h"
 #include "tests/support/local_update.h"
 #include "tests/support/thread_ranks.h"
 

@@ -11,13 +11,13 @@
 #include <future>
 #include <vector>
 
+#include "algorithms/local_update/diloco.h"
+#include "algorithms/local_update/streaming_diloco.h"
+#include "algorithms/registry.h"
 #include "comm/state.h"
-#include "runtime/data_parallel.h"
-#include "runtime/job_config.h"
-#include "runtime/local_update/diloco.h"
-#include "runtime/local_update/streaming_diloco.h"
 #include "tests/support/local_update.h"
 #include "tests/support/thread_ranks.h"
+#include "tools/job_config.h"
 
 using namespace troupe;
 

@@ -2,7 +2,7 @@
 // with plain torch::optim: the concatenated batch (agg_grad), per-rank optimizers with averaged
 // weights (!agg_grad), a clip and a denominator done by hand; and their argument checks. Ranks
 // are threads over inproc.
-#include "runtime/optim/centralized.h"
+#include "algorithms/optim/centralized.h"
 
 #include <cmath>
 #include <functional>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"

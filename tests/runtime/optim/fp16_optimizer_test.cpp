@@ -1,7 +1,7 @@
 // FP16Optimizer against references written here: the masters stepped by hand on one rank, an
 // fp32 SGD on the concatenated batch on several, the loss-scale sequence over planted overflows
 // written out by hand; bf16 mode; and its argument checks. Ranks are threads over inproc.
-#include "runtime/optim/fp16_optimizer.h"
+#include "algorithms/optim/fp16_optimizer.h"
 
 #include <functional>
 #include <limits>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/status.h"
-#include "runtime/launch.h"
+#include "elastic/launch.h"
 #include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"

@@ -1,6 +1,6 @@
-// The optimizers of runtime/optim/ against references written here with plain tensor ops: SignSGD
-// (alone and under a majority-vote DistributedModule), SparsifiedSGD and its centralized version,
-// optim::PowerSGD; and their argument checks. Ranks are threads over inproc.
+// The optimizers of algorithms/optim/ against references written here with plain tensor ops:
+// SignSGD (alone and under a majority-vote DistributedModule), SparsifiedSGD and its centralized
+// version, optim::PowerSGD; and their argument checks. Ranks are threads over inproc.
 #include <algorithm>
 #include <functional>
 #include <set>
@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/optim/power_sgd.h"
+#include "algorithms/optim/sign_sgd.h"
+#include "algorithms/optim/sparsified_sgd.h"
 #include "comm/status.h"
-#include "runtime/distributed_module.h"
-#include "runtime/launch.h"
-#include "runtime/optim/power_sgd.h"
-#include "runtime/optim/sign_sgd.h"
-#include "runtime/optim/sparsified_sgd.h"
+#include "ddp/distributed_module.h"
+#include "elastic/launch.h"
 #include "tests/support/tensors.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"

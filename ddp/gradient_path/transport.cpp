@@ -1,0 +1,161 @@
+// The transport path: a CPU bucket runs its algorithm over the job's transport.
+//
+// The algorithm (comm/compression/algorithms.h) makes one comm::Reduction per bucket, which keeps
+// the bucket's state across steps (error-feedback memory, PowerSGD's Q) and gives each step's
+// stages: local work (compress, decompress) and the collective that follows it. The bucket runs
+// them with one comm::Execution over its flat buffer while backward goes on. Over UCX, whose
+// callbacks all run on its one progress thread, the execution's steps run right in those
+// callbacks, under a lock; over inproc the completions come back to the bucket actor as run
+// messages and it drives the steps. Keys are comm::tags::bucket_key (module, step, stage,
+// bucket: comm/tags.h), so buckets may start in any order on different ranks and a compressed
+// reduction's stages never meet each other's messages. With DdpOptions::hierarchical and several
+// hosts, GradientAllReduce reduces by host (comm/collectives/hierarchical.cpp).
+//
+// It serves any CPU module; host staging (host_staging.cpp) also runs it on the pinned mirrors of
+// CUDA buckets. When a rank dies, what is in flight with live peers gets a grace of a second,
+// then the peers it still waits for are failed.
+#include <algorithm>
+
+#include "actors/execution_post.h"
+#include "comm/tags.h"
+#include "ddp/distributed_module.h"
+#include "ddp/gradient_path.h"
+
+namespace troupe {
+
+namespace {
+
+struct TransportSettings {
+  std::shared_ptr<comm::Transport> transport;
+  comm::CollectiveOptions collectives;
+  uint32_t key_prefix = 0;
+  bool divide_before = false;
+  std::chrono::milliseconds failure_grace{1000};
+};
+
+class TransportBucket : public actors::BucketPath,
+                        public std::enable_shared_from_this<TransportBucket> {
+ public:
+  TransportBucket(std::shared_ptr<const TransportSettings> settings, int index,
+                  std::shared_ptr<comm::Reduction> reduction)
+      : settings_(std::move(settings)), index_(index), reduction_(std::move(reduction)) {}
+
+  void reduce(const caf::actor& self, uint32_t step, double denominator, Done done) override {
+    const auto& transport = settings_->transport;
+    comm::ReduceStep reduce_step;
+    reduce_step.group = comm::Group{transport->rank(), transport->world_size()};
+    reduce_step.step = step;
+    reduce_step.scale = 1.0 / denominator;
+    reduce_step.divide_before = settings_->divide_before;
+    reduce_step.collectives = settings_->collectives;
+    auto builders = reduction_->stages(reduce_step);
+    std::vector<comm::Stage> stages;
+    for (size_t i = 0; i < builders.size(); ++i)
+      stages.push_back(comm::Stage{
+          comm::tags::bucket_key(settings_->key_prefix, step, static_cast<int>(i), index_),
+          std::move(builders[i])});
+    auto post = actors::execution_post(self, *transport, inline_lock_);
+    auto execution = std::make_shared<comm::Execution>(transport, std::move(stages), post);
+    // Runs on whichever thread ends the execution: touches only what it captured.
+    execution->on_done([done = std::move(done), raw = execution.get()](const comm::Status& status) {
+      done(status, raw->bytes_sent(), raw->bytes_received());
+    });
+    execution_ = execution;
+    locked([&] { execution->start(); });
+  }
+
+  void abort(const caf::actor& self, const comm::Status& why) override {
+    if (!execution_) return;
+    bool running = false;
+    locked([&] {
+      running = !execution_->done();
+      if (running) execution_->abort(why);
+    });
+    if (!running) return;
+    actors::post_after(self, settings_->failure_grace,
+                       [weak = weak_from_this(), reason = why.message()] {
+                         if (auto me = weak.lock()) me->fail_silent_peers(reason);
+                       });
+  }
+
+  comm::Reduction* reduction() override { return reduction_.get(); }
+
+  std::vector<int> waiting_on() override {
+    std::vector<int> waiting;
+    if (execution_)
+      locked([&] {
+        if (!execution_->done()) waiting = execution_->waiting_on();
+      });
+    return waiting;
+  }
+
+ private:
+  // The grace after a failure has passed: the peers still waited for are failed.
+  void fail_silent_peers(const std::string& reason) {
+    for (int p : waiting_on()) settings_->transport->fail_peer(p, reason);
+  }
+
+  // Runs fn with the execution's lock held when it runs inline on the transport's thread.
+  template <class F>
+  void locked(F&& fn) {
+    if (inline_lock_) {
+      std::lock_guard<std::mutex> guard(*inline_lock_);
+      fn();
+    } else {
+      fn();
+    }
+  }
+
+  std::shared_ptr<const TransportSettings> settings_;
+  int index_;
+  std::shared_ptr<comm::Reduction> reduction_;
+  std::shared_ptr<comm::Execution> execution_;
+  std::shared_ptr<std::mutex> inline_lock_;
+};
+
+class TransportPath : public GradientPath {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  std::string can_serve(const GradientPathContext& context) const override {
+    if (context.cuda)
+      return "the parameters are on CUDA (the transport moves host memory; host staging "
+             "brings CUDA buckets to it)";
+    return "";
+  }
+
+  void connect(const GradientPathContext& context) override {
+    auto& rt = *context.runtime;
+    const auto& opt = *context.options;
+    algorithm_ = context.algorithm;
+    settings_->transport = rt.transport();
+    settings_->collectives = rt.comm().options();
+    if (opt.hierarchical) {
+      // By host only where that changes anything: several hosts, and some with several ranks.
+      auto hosts = rt.real_hosts();
+      const int distinct = *std::max_element(hosts.begin(), hosts.end()) + 1;
+      if (distinct > 1 && distinct < rt.world_size())
+        settings_->collectives.hosts = std::move(hosts);
+    }
+    settings_->key_prefix = context.key_prefix;
+    settings_->divide_before = opt.divide_before && opt.agg_grad;
+  }
+
+  std::shared_ptr<actors::BucketPath> bucket(const comm::BucketBuffer& buffer,
+                                             std::vector<void*> ready_events) override {
+    (void)ready_events;  // host memory: nothing to wait for on a device
+    // Shared: a bucket actor may still be running a message when its module destroys the path.
+    return std::make_shared<TransportBucket>(settings_, buffer.index,
+                                             comm::make_reduction(*algorithm_, buffer));
+  }
+
+ private:
+  const comm::Compression* algorithm_ = nullptr;
+  std::shared_ptr<TransportSettings> settings_ = std::make_shared<TransportSettings>();
+};
+
+}  // namespace
+
+std::unique_ptr<GradientPath> make_transport_path() { return std::make_unique<TransportPath>(); }
+
+}  // namespace troupe
