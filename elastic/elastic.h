@@ -40,8 +40,8 @@
 /// peer's twice. A member one step behind the source keeps its residual of the step before (the
 /// unsent remainder of the step it missed is dropped). Keeping the copy costs copying the
 /// algorithm state each step into buffers kept from step to step (twice its bytes, no allocation:
-/// 29-66 us for the example's models with error feedback, docs/benchmarks.md; nothing for
-/// allreduce).
+/// 29-66 us for the example's models with error feedback, docs/benchmarks-archive.md; nothing
+/// for allreduce).
 ///
 /// The local-update algorithms (DiLoCo, Streaming DiLoCo and SparseLoCo, algorithms/local_update)
 /// go on too, from the last point where a synchronisation landed (LocalUpdateModule::step(inner,

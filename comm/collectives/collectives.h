@@ -20,7 +20,7 @@ constexpr size_t kChunkBytesOneHost = 512 << 10;
 /// The ring's chunk when the ranks span several hosts. Over TCP, UCX's progress thread wakes for
 /// every message and each wake waits for a CPU slice on a busy machine; 512 KiB chunks made
 /// 2 x 96 ring steps for 64 MiB over 4 hosts and reached ~60% of gloo at 1 Gbit/s, 8 MiB chunks
-/// 0.86-1.00 of it (docs/benchmarks.md, "network test bed").
+/// 0.86-1.00 of it (docs/benchmarks-archive.md, "Where the gap comes from").
 constexpr size_t kChunkBytesAcrossHosts = 8 << 20;
 
 /// Tuning of the collectives; the defaults were chosen with `troupe bench allreduce` on 2 cores.

@@ -40,7 +40,7 @@ constexpr const char* kSingleHostTls = "posix,sysv,tcp,self";
 // Across hosts, UCX's default sends every message above 8 KiB over tcp by rendezvous (a request,
 // then the data once the receiver answers): a round trip per message, which held a 4-host ring
 // allreduce at 1 Gbit/s to ~90% of the line rate's bound; eager messages reached 94-95%, as gloo
-// (docs/benchmarks.md, "Eager messages across hosts"). UCX_RNDV_THRESH, when set, wins.
+// (docs/benchmarks-archive.md, "Eager messages across hosts"). UCX_RNDV_THRESH, when set, wins.
 constexpr const char* kAcrossHostsRndvThresh = "inf";
 constexpr auto kIdleWait = std::chrono::milliseconds(100);
 // The longest sleep with operations in flight when none goes through shared memory (as across
@@ -366,7 +366,7 @@ struct UcxTransport::Impl {
       // Polling pays only for shared memory. Once a module rides the peer-failure endpoints
       // (tcp), the thread polls only while an operation through a FIFO is in flight: tcp wakes
       // it through the fd, and beside busy processes each sched_yield gives the core away for a
-      // scheduler tick (docs/benchmarks.md, "One host beside busy processes").
+      // scheduler tick (docs/benchmarks-archive.md, "One host beside busy processes").
       const bool poll = !robust_made_ || polled_in_flight_ > 0;
       if (poll && Clock::now() - last_event < progress_.spin) {
         // On few cores the thread that waits for our completions may share this core: let it run.
@@ -867,8 +867,8 @@ UcxTransport::Progress UcxTransport::progress_for(bool single_host) {
   // hosts, where the thread no longer polls. A 64 MiB ring allreduce over 4 hosts at 1 Gbit/s under
   // load 13-34 ran at a median 0.59 of gloo's speed polling, 0.81 not polling with 1 ms sleeps, and
   // 0.96-0.97 in two rounds with 0.25 ms sleeps; recorded runs at load 13-18 gave 0.76 and 0.91
-  // (docs/benchmarks.md, "the progress thread across hosts"). At a light load the two are within
-  // one run's noise.
+  // (docs/benchmarks-archive.md, "The progress thread across hosts"). At a light load the two are
+  // within one run's noise.
   if (single_host) return Progress{std::chrono::microseconds(500), std::chrono::milliseconds(1)};
   return Progress{std::chrono::microseconds(0), std::chrono::microseconds(250)};
 }
