@@ -76,7 +76,8 @@ using await_atom = caf::atom_constant<caf::atom("await")>;
 using step_done_atom = caf::atom_constant<caf::atom("step_done")>;
 /// (stall_atom): the reducer's stall timer has fired (a waiting step may have stalled).
 using stall_atom = caf::atom_constant<caf::atom("stall")>;
-/// (abort_atom, reason, peer): a rank died; fail what is running.
+/// (abort_atom, reason, peer): rank `peer` died (-1: the world ends); fail what is running (a
+/// gossiper drops that neighbour).
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 /// (force_atom, ...): the failure grace has passed; fail what is still in flight.
 using force_atom = caf::atom_constant<caf::atom("force")>;
@@ -99,7 +100,5 @@ using stopped_atom = caf::atom_constant<caf::atom("stopped")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 /// (round_atom, ok, error, bytes_sent, bytes_received): an averager's allreduce ended.
 using round_atom = caf::atom_constant<caf::atom("round")>;
-/// (drop_atom, rank, reason): a gossip neighbour is gone.
-using drop_atom = caf::atom_constant<caf::atom("drop")>;
 
 }  // namespace troupe::actors

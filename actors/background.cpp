@@ -6,16 +6,23 @@
 #include <cstring>
 #include <iostream>
 
-#include "actors/atoms.h"
 #include "actors/execution_post.h"
 #include "actors/peer_link.h"
 #include "comm/collectives/schedule.h"
 #include "comm/tags.h"
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
-
 namespace troupe::actors {
 namespace {
+
+using averager_actor =
+    background_actor::extend<caf::reacts_to<tick_atom, uint64_t>,
+                             caf::reacts_to<run_atom, std::function<void()>>,
+                             caf::reacts_to<round_atom, bool, std::string, uint64_t, uint64_t>,
+                             caf::reacts_to<force_atom, std::string>>;
+using gossiper_actor = background_actor::extend<caf::reacts_to<tick_atom, uint64_t>,
+                                                caf::reacts_to<arrived_atom, StreamArrival>,
+                                                caf::reacts_to<posted_atom, StreamSent>>;
+using StopPromise = caf::typed_response_promise<stopped_atom, bool, std::string>;
 
 // ---------------------------------------------------------------------------------------------
 // averager
@@ -34,20 +41,20 @@ struct AveragerState {
   bool stop_requested = false;
   uint64_t timer = 0;  // ticks of older start_atoms are ignored
   std::string error;
-  std::vector<caf::response_promise> waiting_stop;
+  std::vector<StopPromise> waiting_stop;
   std::shared_ptr<std::mutex> inline_lock;
   std::shared_ptr<comm::Execution> execution;
   static inline const char* name = "troupe.averager";
 };
-using Averager = caf::stateful_actor<AveragerState>;
+using Averager = averager_actor::stateful_pointer<AveragerState>;
 
-void answer_stop(Averager* self) {
+void answer_stop(Averager self) {
   auto& st = self->state;
   for (auto& p : st.waiting_stop) p.deliver(stopped_atom::value, st.error.empty(), st.error);
   st.waiting_stop.clear();
 }
 
-void start_round(Averager* self) {
+void start_round(Averager self) {
   auto& st = self->state;
   st.in_round = true;
   const size_t n = st.model.count;
@@ -57,8 +64,8 @@ void start_round(Averager* self) {
   const comm::Group group{st.transport->rank(), st.transport->world_size()};
   auto schedule = comm::allreduce_schedule(group, st.work.data(), n + 1, comm::DataType::float32,
                                            comm::ReduceOp::avg, st.settings.collectives);
-  caf::actor me = caf::actor_cast<caf::actor>(self);
-  comm::Post post = execution_post(me, *st.transport, st.inline_lock);
+  auto me = caf::actor_cast<averager_actor>(self);
+  comm::Post post = ActorThread(me).execution_post(*st.transport, st.inline_lock);
   const uint32_t key = comm::tags::round_key(st.settings.key_prefix, st.round);
   auto execution = std::make_shared<comm::Execution>(st.transport, key, std::move(schedule), post);
   execution->on_done([me, raw = execution.get()](const comm::Status& status) {
@@ -75,9 +82,10 @@ void start_round(Averager* self) {
   }
 }
 
-caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings settings,
-                       std::shared_ptr<comm::Transport> transport,
-                       std::shared_ptr<BackgroundStats> stats) {
+averager_actor::behavior_type averager_behavior(Averager self, ModelAccess model,
+                                                AveragerSettings settings,
+                                                std::shared_ptr<comm::Transport> transport,
+                                                std::shared_ptr<BackgroundStats> stats) {
   auto& st = self->state;
   st.model = std::move(model);
   st.settings = settings;
@@ -169,7 +177,7 @@ caf::behavior averager(Averager* self, ModelAccess model, AveragerSettings setti
       [self](stop_atom) -> caf::result<stopped_atom, bool, std::string> {
         auto& st = self->state;
         if (!st.running) return {stopped_atom::value, st.error.empty(), st.error};
-        st.waiting_stop.push_back(self->make_response_promise());
+        st.waiting_stop.push_back(self->make_response_promise<stopped_atom, bool, std::string>());
         st.stop_requested = true;
         if (!st.in_round) start_round(self);
         return caf::delegated<stopped_atom, bool, std::string>();
@@ -207,10 +215,10 @@ struct GossiperState {
   uint64_t request_generation = 0;
   std::vector<float> scratch;
   uint64_t rng = 0;
-  std::vector<caf::response_promise> waiting_stop;
+  std::vector<StopPromise> waiting_stop;
   static inline const char* name = "troupe.gossiper";
 };
-using Gossiper = caf::stateful_actor<GossiperState>;
+using Gossiper = gossiper_actor::stateful_pointer<GossiperState>;
 
 uint64_t next_random(uint64_t& state) {  // splitmix64
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
@@ -219,15 +227,15 @@ uint64_t next_random(uint64_t& state) {  // splitmix64
   return z ^ (z >> 31);
 }
 
-void drop(Gossiper* self, size_t index, const std::string& reason);
-void maybe_finish(Gossiper* self);
+void drop(Gossiper self, size_t index, const std::string& reason);
+void maybe_finish(Gossiper self);
 
-void post_receive(Gossiper* self, size_t index) {
+void post_receive(Gossiper self, size_t index) {
   auto& st = self->state;
   auto& nb = st.neighbours[index];
   // After its bye a neighbour sends nothing more but the reply to our request in flight.
   if (!nb.alive || (nb.bye_received && st.outstanding != static_cast<int>(index))) return;
-  self->send(nb.link, listen_atom::value);
+  caf::send_as(caf::actor_cast<caf::actor>(self), nb.link, listen_atom::value);
 }
 
 // The index in st.neighbours of `rank`, or -1.
@@ -238,7 +246,7 @@ int index_of(const GossiperState& st, int rank) {
 }
 
 // Sends kind + payload (count floats, or nothing meaningful for bye) to neighbour `index`.
-void send_message(Gossiper* self, size_t index, Kind kind, const float* payload) {
+void send_message(Gossiper self, size_t index, Kind kind, const float* payload) {
   auto& st = self->state;
   auto& nb = st.neighbours[index];
   auto message = std::make_shared<std::vector<char>>(st.message_bytes, 0);
@@ -246,7 +254,8 @@ void send_message(Gossiper* self, size_t index, Kind kind, const float* payload)
   std::memcpy(message->data(), &k, sizeof(k));
   if (payload) std::memcpy(message->data() + kHeader, payload, st.model.count * sizeof(float));
   ++st.sends_in_flight;
-  self->send(nb.link, post_atom::value, StreamMessage{std::move(message)});
+  caf::send_as(caf::actor_cast<caf::actor>(self), nb.link, post_atom::value,
+               StreamMessage{std::move(message)});
 }
 
 // x += (other - snapshot) / 2: the pairwise average. The two sides apply exact negatives of each
@@ -256,7 +265,7 @@ void apply_half(GossiperState& st, const float* other, const float* snapshot, ui
   ++st.stats->rounds;
 }
 
-void send_byes(Gossiper* self) {
+void send_byes(Gossiper self) {
   auto& st = self->state;
   if (st.byes_sent) return;
   st.byes_sent = true;
@@ -264,7 +273,7 @@ void send_byes(Gossiper* self) {
     if (st.neighbours[i].alive) send_message(self, i, Kind::bye, nullptr);
 }
 
-void maybe_finish(Gossiper* self) {
+void maybe_finish(Gossiper self) {
   auto& st = self->state;
   if (!st.stopping || st.outstanding >= 0) return;
   send_byes(self);
@@ -277,7 +286,7 @@ void maybe_finish(Gossiper* self) {
   st.waiting_stop.clear();
 }
 
-void drop(Gossiper* self, size_t index, const std::string& reason) {
+void drop(Gossiper self, size_t index, const std::string& reason) {
   auto& st = self->state;
   auto& nb = st.neighbours[index];
   if (!nb.alive) return;
@@ -292,7 +301,7 @@ void drop(Gossiper* self, size_t index, const std::string& reason) {
   maybe_finish(self);
 }
 
-void initiate(Gossiper* self) {
+void initiate(Gossiper self) {
   auto& st = self->state;
   std::vector<size_t> live;
   for (size_t i = 0; i < st.neighbours.size(); ++i)
@@ -304,9 +313,10 @@ void initiate(Gossiper* self) {
   st.outstanding = static_cast<int>(index);
 }
 
-caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings settings,
-                       std::shared_ptr<comm::Transport> transport,
-                       std::shared_ptr<BackgroundStats> stats) {
+gossiper_actor::behavior_type gossiper_behavior(Gossiper self, ModelAccess model,
+                                                GossiperSettings settings,
+                                                std::shared_ptr<comm::Transport> transport,
+                                                std::shared_ptr<BackgroundStats> stats) {
   auto& st = self->state;
   st.model = std::move(model);
   st.settings = std::move(settings);
@@ -401,7 +411,7 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
         --st.sends_in_flight;
         maybe_finish(self);
       },
-      [self](drop_atom, int rank, const std::string& reason) {
+      [self](abort_atom, const std::string& reason, int rank) {
         auto& st = self->state;
         for (size_t i = 0; i < st.neighbours.size(); ++i)
           if (st.neighbours[i].rank == rank) drop(self, i, reason);
@@ -409,7 +419,7 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
       [self](stop_atom) -> caf::result<stopped_atom, bool, std::string> {
         auto& st = self->state;
         if (st.finished || !st.started) return {stopped_atom::value, true, std::string()};
-        st.waiting_stop.push_back(self->make_response_promise());
+        st.waiting_stop.push_back(self->make_response_promise<stopped_atom, bool, std::string>());
         st.stopping = true;
         maybe_finish(self);
         return caf::delegated<stopped_atom, bool, std::string>();
@@ -419,17 +429,57 @@ caf::behavior gossiper(Gossiper* self, ModelAccess model, GossiperSettings setti
 
 }  // namespace
 
-caf::actor spawn_averager(caf::actor_system& system, ModelAccess model, AveragerSettings settings,
-                          std::shared_ptr<comm::Transport> transport,
-                          std::shared_ptr<BackgroundStats> stats) {
-  return system.spawn(averager, std::move(model), settings, std::move(transport), std::move(stats));
+Background Background::averager(caf::actor_system& system, ModelAccess model,
+                                AveragerSettings settings,
+                                std::shared_ptr<comm::Transport> transport,
+                                std::shared_ptr<BackgroundStats> stats) {
+  return Background(system.spawn(averager_behavior, std::move(model), settings,
+                                 std::move(transport), std::move(stats)));
 }
 
-caf::actor spawn_gossiper(caf::actor_system& system, ModelAccess model, GossiperSettings settings,
-                          std::shared_ptr<comm::Transport> transport,
-                          std::shared_ptr<BackgroundStats> stats) {
-  return system.spawn(gossiper, std::move(model), std::move(settings), std::move(transport),
-                      std::move(stats));
+Background Background::gossiper(caf::actor_system& system, ModelAccess model,
+                                GossiperSettings settings,
+                                std::shared_ptr<comm::Transport> transport,
+                                std::shared_ptr<BackgroundStats> stats) {
+  return Background(system.spawn(gossiper_behavior, std::move(model), std::move(settings),
+                                 std::move(transport), std::move(stats)));
+}
+
+void Background::start() const { caf::anon_send(actor_, start_atom::value); }
+
+void Background::lost(int rank, const std::string& reason) const {
+  caf::anon_send(actor_, abort_atom::value, reason, rank);
+}
+
+BackgroundStop Background::stop(std::chrono::milliseconds timeout) const {
+  BackgroundStop result;
+  auto& system = actor_.home_system();
+  caf::scoped_actor self{system};
+  self->request(actor_, timeout, stop_atom::value)
+      .receive(
+          [&](stopped_atom, bool ok, const std::string& error) {
+            result.answered = true;
+            result.ok = ok;
+            result.error = error;
+          },
+          [&](caf::error& e) {
+            result.error = "no answer from the background actor within " +
+                           std::to_string(timeout.count()) + " ms: " + system.render(e);
+          });
+  return result;
+}
+
+bool Background::exit_and_wait(std::chrono::milliseconds timeout) const {
+  caf::scoped_actor self{actor_.home_system()};
+  self->monitor(actor_);
+  exit();
+  bool gone = false;
+  self->receive([&](const caf::down_msg&) { gone = true; }, caf::after(timeout) >> [] {});
+  return gone;
+}
+
+void Background::exit() const {
+  if (actor_) caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace troupe::actors

@@ -13,8 +13,10 @@
 ///   gossip goes on with the others.
 /// Both stop together with the other ranks on stop_atom (see each spawn function), answered with
 /// (stopped_atom, ok, error). Buffers are raw float32 memory here: actors/ knows nothing of
-/// tensors.
-#include <caf/fwd.hpp>
+/// tensors. The code above holds a Background, a handle on either, whose calls are the messages
+/// of background_actor, the part of their typed interfaces that is theirs to receive.
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -25,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/atoms.h"
 #include "comm/collectives/collectives.h"
 #include "comm/transport/transport.h"
 
@@ -66,16 +69,6 @@ struct AveragerSettings {
   std::chrono::milliseconds failure_grace{200};
 };
 
-/// On start_atom the averager starts (or resumes) a round every interval. On stop_atom it runs one
-/// more round at once, flagged: every rank that sees the flag ends its rounds after that round,
-/// so all ranks stop after the same round (ranks then stop_atom'd or start_atom'd again resume in
-/// step). A failed round ends the rounds; stop_atom then answers (stopped_atom, false, error), and
-/// BackgroundStats::error says why. (abort_atom, reason, rank) — a rank died — fails the round in
-/// flight (within failure_grace) or, between rounds, ends the rounds at once, naming the reason.
-caf::actor spawn_averager(caf::actor_system& system, ModelAccess model, AveragerSettings settings,
-                          std::shared_ptr<comm::Transport> transport,
-                          std::shared_ptr<BackgroundStats> stats);
-
 struct GossiperSettings {
   /// The neighbours (undirected: each of them gossips with this rank too).
   std::vector<int> neighbours;
@@ -88,13 +81,58 @@ struct GossiperSettings {
   uint64_t seed = 0;
 };
 
-/// On start_atom the gossiper starts exchanging. On stop_atom it stops initiating, finishes its
-/// exchange in flight, tells every live neighbour "bye", and answers once every live neighbour has
-/// said bye too (it serves their requests until then). drop_atom (rank, reason) drops a neighbour.
-/// Each neighbour's two message streams are carried by a peer link (actors/peer_link.h,
-/// EdgePayload::messages) that the gossiper spawns and links to itself.
-caf::actor spawn_gossiper(caf::actor_system& system, ModelAccess model, GossiperSettings settings,
-                          std::shared_ptr<comm::Transport> transport,
-                          std::shared_ptr<BackgroundStats> stats);
+/// What a background actor takes from its owner: start (or resume) the rounds; a rank is gone
+/// (abort_atom, reason, rank); stop, answered once the rounds have ended with the other ranks.
+using background_actor =
+    caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<abort_atom, std::string, int>,
+                     caf::replies_to<stop_atom>::with<stopped_atom, bool, std::string>>;
+
+/// How a stop ended: answered (else `error` says why not, within the deadline), and then whether
+/// the rounds had ended well (else `error` says why they ended early).
+struct BackgroundStop {
+  bool answered = false;
+  bool ok = false;
+  std::string error;
+};
+
+class Background {
+ public:
+  Background() = default;
+
+  /// The averager. On start it starts (or resumes) a round every interval. On stop it runs one
+  /// more round at once, flagged: every rank that sees the flag ends its rounds after that round,
+  /// so all ranks stop after the same round (ranks then stopped or started again resume in
+  /// step). A failed round ends the rounds; stop then answers not ok, and BackgroundStats::error
+  /// says why. lost(rank, reason) — a rank died — fails the round in flight (within
+  /// failure_grace) or, between rounds, ends the rounds at once, naming the reason.
+  static Background averager(caf::actor_system& system, ModelAccess model,
+                             AveragerSettings settings, std::shared_ptr<comm::Transport> transport,
+                             std::shared_ptr<BackgroundStats> stats);
+  /// The gossiper. On start it starts exchanging. On stop it stops initiating, finishes its
+  /// exchange in flight, tells every live neighbour "bye", and answers once every live neighbour
+  /// has said bye too (it serves their requests until then). lost(rank, reason) drops that
+  /// neighbour. Each neighbour's two message streams are carried by a peer link
+  /// (actors/peer_link.h, EdgePayload::messages) that the gossiper spawns and links to itself.
+  static Background gossiper(caf::actor_system& system, ModelAccess model,
+                             GossiperSettings settings, std::shared_ptr<comm::Transport> transport,
+                             std::shared_ptr<BackgroundStats> stats);
+
+  void start() const;
+  /// Rank `rank` is gone (-1: the world is ending), for `reason`.
+  void lost(int rank, const std::string& reason) const;
+  /// Ends the rounds with the other ranks; waits for the answer at most `timeout`.
+  BackgroundStop stop(std::chrono::milliseconds timeout) const;
+  /// Ends the actor and waits at most `timeout` until it is gone; false if it is not.
+  bool exit_and_wait(std::chrono::milliseconds timeout) const;
+  /// Ends the actor.
+  void exit() const;
+
+  explicit operator bool() const { return static_cast<bool>(actor_); }
+  const background_actor& actor() const { return actor_; }
+
+ private:
+  explicit Background(background_actor actor) : actor_(std::move(actor)) {}
+  background_actor actor_;
+};
 
 }  // namespace troupe::actors

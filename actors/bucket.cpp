@@ -2,35 +2,9 @@
 
 #include <caf/all.hpp>
 
-#include "actors/atoms.h"
 #include "actors/handoff.h"
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
-
 namespace troupe::actors {
-
-void NcclOrder::submit(int index, std::function<void()> issue) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (released_) {
-    issue();
-    return;
-  }
-  waiting_[index] = std::move(issue);
-  // Issue every bucket whose turn has come; the round starts over after the last bucket.
-  for (auto it = waiting_.find(next_); it != waiting_.end(); it = waiting_.find(next_)) {
-    auto fn = std::move(it->second);
-    waiting_.erase(it);
-    next_ = next_ + 1 == buckets_ ? 0 : next_ + 1;
-    fn();
-  }
-}
-
-void NcclOrder::release() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  released_ = true;
-  for (auto& [index, fn] : waiting_) fn();
-  waiting_.clear();
-}
 
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -44,7 +18,7 @@ struct BucketState {
   int index = 0;
   int parameters = 0;  // ready messages that fill the bucket
   std::shared_ptr<BucketPath> path;
-  caf::actor reducer;
+  bucket_sink_actor reducer;
   std::shared_ptr<BucketStats> stats;
   uint32_t step = 0;
   bool fresh = true;  // no message seen yet
@@ -55,9 +29,9 @@ struct BucketState {
   static inline const char* name = "troupe.bucket";
 };
 
-using Bucket = caf::stateful_actor<BucketState>;
+using Self = bucket_actor::stateful_pointer<BucketState>;
 
-void begin_step(Bucket* self, uint32_t step) {
+void begin_step(Self self, uint32_t step) {
   auto& st = self->state;
   if (!st.fresh && st.step == step) return;
   st.fresh = false;
@@ -67,7 +41,7 @@ void begin_step(Bucket* self, uint32_t step) {
 }
 
 // Ends a bucket's step: stamps its statistics and tells the reducer. Safe from any thread.
-void report(int index, uint32_t step, BucketStats& stats, const caf::actor& reducer,
+void report(int index, uint32_t step, BucketStats& stats, const bucket_sink_actor& reducer,
             const comm::Status& status) {
   stats.done_us = now_us();
   handoff_release();  // the reduced bucket, and its algorithm's state, go back to the trainer
@@ -75,7 +49,7 @@ void report(int index, uint32_t step, BucketStats& stats, const caf::actor& redu
                  status.peer());
 }
 
-void launch(Bucket* self, double denominator) {
+void launch(Self self, double denominator) {
   auto& st = self->state;
   st.launched = true;
   *st.stats = BucketStats{};
@@ -96,14 +70,15 @@ void launch(Bucket* self, double denominator) {
     report(index, step, *stats, reducer, status);
   };
   try {
-    st.path->reduce(caf::actor_cast<caf::actor>(self), st.step, denominator, done);
+    st.path->reduce(ActorThread(caf::actor_cast<run_actor>(self)), st.step, denominator, done);
   } catch (const std::exception& e) {
     done(comm::Status::failure("bucket " + std::to_string(st.index) + ": " + e.what()), 0, 0);
   }
 }
 
-caf::behavior bucket(Bucket* self, int index, int parameters, std::shared_ptr<BucketPath> path,
-                     caf::actor reducer, std::shared_ptr<BucketStats> stats) {
+bucket_actor::behavior_type bucket(Self self, int index, int parameters,
+                                   std::shared_ptr<BucketPath> path, bucket_sink_actor reducer,
+                                   std::shared_ptr<BucketStats> stats) {
   auto& st = self->state;
   st.index = index;
   st.parameters = parameters;
@@ -128,25 +103,42 @@ caf::behavior bucket(Bucket* self, int index, int parameters, std::shared_ptr<Bu
         if (!st.broken.empty()) return;
         st.broken = reason;
         st.broken_peer = peer;
-        st.path->abort(caf::actor_cast<caf::actor>(self), comm::Status::failure(reason, peer));
+        st.path->abort(ActorThread(caf::actor_cast<run_actor>(self)),
+                       comm::Status::failure(reason, peer));
       },
       [self](progress_atom) {
         auto& st = self->state;
         std::vector<int> waiting;
         if (st.launched) waiting = st.path->waiting_on();
-        return caf::make_message(bucket_state_atom::value, st.index, st.launched, st.ready,
-                                 std::move(waiting));
+        return std::make_tuple(bucket_state_atom::value, st.index, st.launched, st.ready,
+                               std::move(waiting));
       },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_bucket(caf::actor_system& system, int index, int parameters,
-                        std::shared_ptr<BucketPath> path, caf::actor reducer,
-                        std::shared_ptr<BucketStats> stats) {
-  return system.spawn(bucket, index, parameters, std::move(path), std::move(reducer),
-                      std::move(stats));
+Bucket Bucket::spawn(caf::actor_system& system, int index, int parameters,
+                     std::shared_ptr<BucketPath> path, bucket_sink_actor reducer,
+                     std::shared_ptr<BucketStats> stats) {
+  return Bucket(system.spawn(bucket, index, parameters, std::move(path), std::move(reducer),
+                             std::move(stats)));
+}
+
+void Bucket::ready(uint32_t step, double denominator) const {
+  caf::anon_send(actor_, ready_atom::value, step, denominator);
+}
+
+void Bucket::launch(uint32_t step, double denominator) const {
+  caf::anon_send(actor_, launch_atom::value, step, denominator);
+}
+
+void Bucket::abort(const std::string& reason, int peer) const {
+  caf::anon_send(actor_, abort_atom::value, reason, peer);
+}
+
+void Bucket::stop() const {
+  if (actor_) caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace troupe::actors

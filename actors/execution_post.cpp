@@ -2,27 +2,23 @@
 
 #include <caf/all.hpp>
 
-#include "actors/atoms.h"
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::function<void()>)
-
 namespace troupe::actors {
 
-comm::Post execution_post(const caf::actor& me, const comm::Transport& transport,
-                          std::shared_ptr<std::mutex>& inline_lock) {
+void ActorThread::post(std::function<void()> fn) const {
+  caf::anon_send(actor_, run_atom::value, std::move(fn));
+}
+
+void ActorThread::post_after(std::chrono::milliseconds delay, std::function<void()> fn) const {
+  caf::delayed_anon_send(actor_, delay, run_atom::value, std::move(fn));
+}
+
+comm::Post ActorThread::execution_post(const comm::Transport& transport,
+                                       std::shared_ptr<std::mutex>& inline_lock) const {
   if (transport.serial_callbacks()) {
     if (!inline_lock) inline_lock = std::make_shared<std::mutex>();
     return comm::locked_post(inline_lock);
   }
-  return [me](std::function<void()> fn) { post(me, std::move(fn)); };
-}
-
-void post(const caf::actor& me, std::function<void()> fn) {
-  caf::anon_send(me, run_atom::value, std::move(fn));
-}
-
-void post_after(const caf::actor& me, std::chrono::milliseconds delay, std::function<void()> fn) {
-  caf::delayed_anon_send(me, delay, run_atom::value, std::move(fn));
+  return [me = *this](std::function<void()> fn) { me.post(std::move(fn)); };
 }
 
 }  // namespace troupe::actors

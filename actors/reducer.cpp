@@ -5,8 +5,6 @@
 #include <chrono>
 #include <map>
 
-#include "actors/atoms.h"
-
 namespace troupe::actors {
 
 namespace {
@@ -17,7 +15,7 @@ struct StepState {
   int done = 0;
   std::vector<bool> finished;
   std::string failure;
-  caf::response_promise waiter;
+  caf::typed_response_promise<step_done_atom, uint32_t, bool, std::string> waiter;
   // The buckets the waiter waits for; empty: all of them (the step ends with that answer).
   std::vector<int> wanted;
   Clock::time_point since;  // when the waiter came
@@ -27,7 +25,7 @@ struct StepState {
 
 struct ReducerState {
   int buckets = 0;
-  std::vector<caf::actor> handles;
+  std::vector<bucket_actor> handles;
   std::vector<std::vector<std::string>> names;
   std::vector<int> expected;
   std::map<uint32_t, StepState> steps;
@@ -37,15 +35,15 @@ struct ReducerState {
   static inline const char* name = "troupe.reducer";
 };
 
-using Reducer = caf::stateful_actor<ReducerState>;
+using Self = reducer_actor::stateful_pointer<ReducerState>;
 
-StepState& step_state(Reducer* self, uint32_t step) {
+StepState& step_state(Self self, uint32_t step) {
   auto& s = self->state.steps[step];
   if (s.finished.empty()) s.finished.assign(static_cast<size_t>(self->state.buckets), false);
   return s;
 }
 
-std::string describe(Reducer* self, int bucket) {
+std::string describe(Self self, int bucket) {
   std::string s = "bucket " + std::to_string(bucket) + " (";
   const auto& names = self->state.names[static_cast<size_t>(bucket)];
   for (size_t i = 0; i < names.size() && i < 4; ++i) s += (i ? ", " : "") + names[i];
@@ -60,7 +58,7 @@ bool wanted_done(const StepState& s, int buckets) {
   return true;
 }
 
-void deliver_if_ready(Reducer* self, uint32_t step) {
+void deliver_if_ready(Self self, uint32_t step) {
   auto it = self->state.steps.find(step);
   if (it == self->state.steps.end()) return;
   auto& s = it->second;
@@ -72,7 +70,7 @@ void deliver_if_ready(Reducer* self, uint32_t step) {
   if (s.wanted.empty()) {
     self->state.steps.erase(it);
   } else {
-    s.waiter = caf::response_promise{};
+    s.waiter = {};
     s.wanted.clear();
     s.stalled = false;
   }
@@ -86,7 +84,7 @@ std::string list(const std::vector<int>& ranks) {
 
 // The stall timeout of `step` has passed: ask every unfinished bucket where it stands, then
 // fail the step with what they said.
-void report_stall(Reducer* self, uint32_t step) {
+void report_stall(Self self, uint32_t step) {
   auto it = self->state.steps.find(step);
   const int64_t stall_ms = it->second.stall_ms;
   it->second.stalled = true;
@@ -127,14 +125,14 @@ void report_stall(Reducer* self, uint32_t step) {
   if (*pending == 0) finish();
 }
 
-void arm_stall_timer(Reducer* self, std::chrono::milliseconds after) {
+void arm_stall_timer(Self self, std::chrono::milliseconds after) {
   if (self->state.timer_armed) return;
   self->state.timer_armed = true;
   self->delayed_send(self, after, stall_atom::value);
 }
 
 // A waiter for `wanted` of the buckets of `step` (empty: all, which ends the step).
-caf::result<step_done_atom, uint32_t, bool, std::string> await(Reducer* self, uint32_t step,
+caf::result<step_done_atom, uint32_t, bool, std::string> await(Self self, uint32_t step,
                                                                int64_t stall_ms,
                                                                std::vector<int> wanted) {
   for (int b : wanted)
@@ -153,17 +151,17 @@ caf::result<step_done_atom, uint32_t, bool, std::string> await(Reducer* self, ui
       s.wanted.clear();
     return {step_done_atom::value, step, ok, failure};
   }
-  s.waiter = self->make_response_promise();
+  s.waiter = self->make_response_promise<step_done_atom, uint32_t, bool, std::string>();
   s.since = Clock::now();
   s.stall_ms = stall_ms;
   arm_stall_timer(self, std::chrono::milliseconds(stall_ms));
   return caf::delegated<step_done_atom, uint32_t, bool, std::string>{};
 }
 
-caf::behavior reducer(Reducer* self, int buckets) {
+reducer_actor::behavior_type reducer(Self self, int buckets) {
   self->state.buckets = buckets;
   return {
-      [self](setup_atom, const std::vector<caf::actor>& handles,
+      [self](setup_atom, const std::vector<bucket_actor>& handles,
              const std::vector<std::vector<std::string>>& names, const std::vector<int>& expected) {
         self->state.handles = handles;
         self->state.names = names;
@@ -209,14 +207,54 @@ caf::behavior reducer(Reducer* self, int buckets) {
 
 }  // namespace
 
-caf::actor spawn_reducer(caf::actor_system& system, int buckets) {
-  return system.spawn(reducer, buckets);
+Reducer Reducer::spawn(caf::actor_system& system, int buckets) {
+  return Reducer(system.spawn(reducer, buckets));
 }
 
-void set_buckets(const caf::actor& reducer, const std::vector<caf::actor>& buckets,
-                 const std::vector<std::vector<std::string>>& names,
-                 const std::vector<int>& expected) {
-  caf::anon_send(reducer, setup_atom::value, buckets, names, expected);
+bucket_sink_actor Reducer::sink() const { return actor_; }
+
+void Reducer::set_buckets(const std::vector<Bucket>& buckets,
+                          const std::vector<std::vector<std::string>>& names,
+                          const std::vector<int>& expected) const {
+  std::vector<bucket_actor> handles;
+  for (const auto& b : buckets) handles.push_back(b.actor());
+  caf::anon_send(actor_, setup_atom::value, std::move(handles), names, expected);
+}
+
+StepResult Reducer::await(uint32_t step, std::chrono::milliseconds stall,
+                          const std::vector<int>& wanted) const {
+  StepResult result;
+  if (!actor_) {
+    result.error = "step " + std::to_string(step) + ": no reducer";
+    return result;
+  }
+  auto& system = actor_.home_system();
+  caf::scoped_actor self{system};
+  const int64_t stall_ms = stall.count();
+  // The deadline is the reducer's: it answers with a stall report after stall_ms. A request
+  // timeout here would be an entry in CAF's clock that keeps this scoped actor alive until it
+  // expires, whether or not the answer came (one per step, for a minute: the memory of a long
+  // job grew with them); a reducer that is gone answers at once with an error.
+  auto on_answer = [&](step_done_atom, uint32_t, bool ok, const std::string& error) {
+    result.ok = ok;
+    result.error = error;
+  };
+  auto on_error = [&](caf::error& e) {
+    result.error =
+        "step " + std::to_string(step) + ": no answer from the reducer: " + system.render(e);
+  };
+  if (wanted.empty())
+    self->request(actor_, caf::infinite, await_atom::value, step, stall_ms)
+        .receive(on_answer, on_error);
+  else
+    self->request(actor_, caf::infinite, await_atom::value, step, stall_ms, wanted)
+        .receive(on_answer, on_error);
+  return result;
+}
+
+void Reducer::stop() {
+  if (actor_) caf::anon_send_exit(actor_, caf::exit_reason::user_shutdown);
+  actor_ = nullptr;
 }
 
 }  // namespace troupe::actors

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <caf/all.hpp>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -16,7 +15,6 @@
 #include <unordered_map>
 #include <utility>
 
-#include "actors/atoms.h"
 #include "actors/bucket.h"
 #include "actors/handoff.h"
 #include "actors/reducer.h"
@@ -87,7 +85,7 @@ class TraceRing {
 // The actors a failure listener must reach; replaced when buckets are rebuilt.
 struct Targets {
   std::mutex mutex;
-  std::vector<caf::actor> buckets;
+  std::vector<actors::Bucket> buckets;
 };
 
 }  // namespace
@@ -119,7 +117,7 @@ struct DistributedModule::Impl {
     std::vector<int> params;
     std::vector<int64_t> offsets;  // of each parameter, in elements
     comm::DataType type = comm::DataType::float32;
-    caf::actor actor;
+    actors::Bucket actor;
     std::shared_ptr<actors::BucketStats> stats;
     std::shared_ptr<actors::BucketPath> path;  // its algorithm state lives here (save_state)
   };
@@ -129,7 +127,7 @@ struct DistributedModule::Impl {
   // Each parameter's slot of its bucket, shaped as the parameter (agg_grad only): with
   // gradient_as_bucket_view, what its gradient must be for the bucket to reduce it.
   std::vector<torch::Tensor> grad_views;
-  caf::actor reducer;
+  actors::Reducer reducer;
   std::shared_ptr<Targets> targets = std::make_shared<Targets>();
   int listener = 0;
 
@@ -454,8 +452,8 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
 
 void DistributedModule::Impl::spawn_actors() {
   auto& system = detail::actor_system(rt);
-  reducer = actors::spawn_reducer(system, static_cast<int>(buckets.size()));
-  std::vector<caf::actor> handles;
+  reducer = actors::Reducer::spawn(system, static_cast<int>(buckets.size()));
+  std::vector<actors::Bucket> handles;
   std::vector<std::vector<std::string>> bucket_names;
   std::vector<int> expected;
   if (buckets.size() > static_cast<size_t>(comm::tags::kMaxBuckets))
@@ -481,24 +479,22 @@ void DistributedModule::Impl::spawn_actors() {
     bucket.path =
         path->bucket(buffer, cuda ? cuda->ready_events(bucket.params) : std::vector<void*>{});
     const int parameters = static_cast<int>(bucket.params.size());
-    bucket.actor =
-        actors::spawn_bucket(system, buffer.index, parameters, bucket.path, reducer, bucket.stats);
+    bucket.actor = actors::Bucket::spawn(system, buffer.index, parameters, bucket.path,
+                                         reducer.sink(), bucket.stats);
     handles.push_back(bucket.actor);
     std::vector<std::string> n;
     for (int p : bucket.params) n.push_back(names[static_cast<size_t>(p)]);
     bucket_names.push_back(n);
     expected.push_back(parameters);
   }
-  actors::set_buckets(reducer, handles, bucket_names, expected);
+  reducer.set_buckets(handles, bucket_names, expected);
   std::lock_guard<std::mutex> lock(targets->mutex);
   targets->buckets = handles;
 }
 
 void DistributedModule::Impl::stop_actors() {
-  for (auto& b : buckets)
-    if (b.actor) caf::anon_send_exit(b.actor, caf::exit_reason::user_shutdown);
-  if (reducer) caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
-  reducer = nullptr;
+  for (auto& b : buckets) b.actor.stop();
+  reducer.stop();
 }
 
 // A gradient that is not its bucket slot — backward allocated it because the user had set the
@@ -578,7 +574,7 @@ void DistributedModule::Impl::on_grad_ready(int index) {
   if (cuda) cuda->record_gradient(index);
   if (!opt.delay_reduce) {
     actors::handoff_release();  // the bucket's gradients, for its actor (actors/handoff.h)
-    caf::anon_send(bucket.actor, actors::ready_atom::value, round, bucket_denominator());
+    bucket.actor.ready(round, bucket_denominator());
   }
 }
 
@@ -631,7 +627,7 @@ void DistributedModule::Impl::launch_round() {
   if (cuda) cuda->record_step();
   actors::handoff_release();
   const double by = bucket_denominator();
-  for (auto& bucket : buckets) caf::anon_send(bucket.actor, actors::launch_atom::value, round, by);
+  for (auto& bucket : buckets) bucket.actor.launch(round, by);
   fault::at(FaultPhase::reduce, step);
   in_flight = true;
   in_flight_round = round++;
@@ -676,7 +672,7 @@ void DistributedModule::Impl::copy_out() {
 // strikes (rank/fault.h).
 void DistributedModule::Impl::launch_and_await(double by, bool fault_point) {
   actors::handoff_release();
-  for (auto& bucket : buckets) caf::anon_send(bucket.actor, actors::launch_atom::value, round, by);
+  for (auto& bucket : buckets) bucket.actor.launch(round, by);
   if (fault_point) fault::at(FaultPhase::reduce, step);
   await_round(round);
   ++round;
@@ -684,27 +680,7 @@ void DistributedModule::Impl::launch_and_await(double by, bool fault_point) {
 
 // Waits for reduction `which` of the buckets `wanted` (empty: all of them, which ends it).
 void DistributedModule::Impl::await_round(uint32_t which, const std::vector<int>& wanted) {
-  caf::scoped_actor self{detail::actor_system(rt)};
-  bool ok = false;
-  std::string error;
-  const int64_t stall_ms = opt.stall_timeout->count();
-  // The deadline is the reducer's: it answers with a stall report after stall_ms. A request
-  // timeout here would be an entry in CAF's clock that keeps this scoped actor alive until it
-  // expires, whether or not the answer came (one per step, for a minute: the memory of a long
-  // job grew with them); a reducer that is gone answers at once with an error.
-  auto request = wanted.empty() ? self->request(reducer, caf::infinite, actors::await_atom::value,
-                                                which, stall_ms)
-                                : self->request(reducer, caf::infinite, actors::await_atom::value,
-                                                which, stall_ms, wanted);
-  std::move(request).receive(
-      [&](actors::step_done_atom, uint32_t, bool k, const std::string& e) {
-        ok = k;
-        error = e;
-      },
-      [&](caf::error& e) {
-        error = "step " + std::to_string(step) +
-                ": no answer from the reducer: " + detail::actor_system(rt).render(e);
-      });
+  const auto [ok, error] = reducer.await(which, *opt.stall_timeout, wanted);
   actors::handoff_acquire();  // the buckets' reductions (actors/handoff.h)
   // The reducer's stall report ("step N stalled: not done after T ms: ...") says where each bucket
   // stands; the user also needs to know which setting gave T.
@@ -1050,7 +1026,7 @@ DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn
   auto targets = m.targets;
   m.listener = runtime.add_failure_listener([targets](int rank, const std::string& reason) {
     std::lock_guard<std::mutex> lock(targets->mutex);
-    for (auto& b : targets->buckets) caf::anon_send(b, actors::abort_atom::value, reason, rank);
+    for (auto& b : targets->buckets) b.abort(reason, rank);
   });
   m.previous_end_us = actors::now_us();
 }

@@ -1,11 +1,8 @@
-#include <caf/all.hpp>
-
 #include <torch/optim/optimizer.h>
 
 #include <iostream>
 #include <variant>
 
-#include "actors/atoms.h"
 #include "actors/background.h"
 #include "algorithms/gossip/decentralized.h"
 #include "algorithms/gossip/flat_model.h"
@@ -24,7 +21,7 @@ struct AsynchronousModule::Impl {
   gossip::FlatModel flat;
   uint32_t key_prefix;
   std::shared_ptr<actors::BackgroundStats> background = std::make_shared<actors::BackgroundStats>();
-  caf::actor actor;
+  actors::Background actor;
   int listener = -1;
   std::string topology_text;
 
@@ -117,7 +114,7 @@ struct AsynchronousModule::Impl {
     if (running || aborted || finished) return;
     if (steps < static_cast<uint64_t>(warmup_steps())) return;
     running = true;
-    caf::anon_send(actor, actors::start_atom::value);
+    actor.start();
   }
 
   // Stops the background actor (its last round lands too) and lands what the rounds computed.
@@ -126,19 +123,9 @@ struct AsynchronousModule::Impl {
     std::string error;
     if (running) {
       running = false;
-      caf::scoped_actor self{detail::actor_system(rt)};
-      ok = false;
-      self->request(actor, options.timeout, actors::stop_atom::value)
-          .receive(
-              [&](actors::stopped_atom, bool k, const std::string& e) {
-                ok = k;
-                error = e;
-              },
-              [&](caf::error& e) {
-                error = "no answer from the background actor within " +
-                        std::to_string(options.timeout.count()) +
-                        " ms: " + detail::actor_system(rt).render(e);
-              });
+      const auto stopped = actor.stop(options.timeout);
+      ok = stopped.answered && stopped.ok;
+      error = stopped.error;
     }
     {
       std::lock_guard<std::mutex> lock(flat.mutex());
@@ -169,15 +156,13 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::
   actors::AveragerSettings settings;
   settings.interval = std::chrono::milliseconds(algorithm.sync_interval_ms);
   settings.key_prefix = m.key_prefix;
-  m.actor = actors::spawn_averager(detail::actor_system(runtime), m.access(), settings,
-                                   runtime.transport(), m.background);
+  m.actor = actors::Background::averager(detail::actor_system(runtime), m.access(), settings,
+                                         runtime.transport(), m.background);
   for (int r = 0; r < runtime.world_size(); ++r)
     if (r != runtime.rank()) m.peers.push_back(r);
   // Every rank takes part in every average: a dead rank ends the rounds, naming it.
-  caf::actor actor = m.actor;
-  m.listener = runtime.add_failure_listener([actor](int rank, const std::string& reason) {
-    caf::anon_send(actor, actors::abort_atom::value, reason, rank);
-  });
+  m.listener = runtime.add_failure_listener(
+      [actor = m.actor](int rank, const std::string& reason) { actor.lost(rank, reason); });
   m.gradients.resize(m.flat.count());
   m.start_background();
 }
@@ -202,12 +187,10 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::
   settings.key_prefix = m.key_prefix;
   settings.seed = algorithm.topology.seed;
   m.peers = settings.neighbours;
-  m.actor = actors::spawn_gossiper(detail::actor_system(runtime), m.access(), settings,
-                                   runtime.transport(), m.background);
-  caf::actor actor = m.actor;
-  m.listener = runtime.add_failure_listener([actor](int rank, const std::string& reason) {
-    caf::anon_send(actor, actors::drop_atom::value, rank, reason);
-  });
+  m.actor = actors::Background::gossiper(detail::actor_system(runtime), m.access(), settings,
+                                         runtime.transport(), m.background);
+  m.listener = runtime.add_failure_listener(
+      [actor = m.actor](int rank, const std::string& reason) { actor.lost(rank, reason); });
   m.start_background();
 }
 
@@ -218,7 +201,7 @@ AsynchronousModule::~AsynchronousModule() {
     std::cerr << "troupe: " << impl_->name() << ": " << e.what() << "\n";
   }
   if (impl_->listener >= 0) impl_->rt.remove_failure_listener(impl_->listener);
-  caf::anon_send_exit(impl_->actor, caf::exit_reason::user_shutdown);
+  impl_->actor.exit();
 }
 
 void AsynchronousModule::step(torch::optim::Optimizer& optimizer) {
@@ -295,33 +278,25 @@ void AsynchronousModule::end_world(const std::string& reason) {
     for (int peer : m.peers) transport->fail_peer(peer, reason);
   const bool averager = std::holds_alternative<AsyncModelAverage>(m.algorithm);
   if (averager)
-    caf::anon_send(m.actor, actors::abort_atom::value, reason, -1);
+    m.actor.lost(-1, reason);
   else
-    for (int peer : m.peers) caf::anon_send(m.actor, actors::drop_atom::value, peer, reason);
+    for (int peer : m.peers) m.actor.lost(peer, reason);
   const std::string deadline = std::to_string(m.options.timeout.count()) + " ms";
-  caf::scoped_actor self{detail::actor_system(m.rt)};
   std::string failed;
   if (m.running) {
     // The averager answers once the round in flight has failed (or at once between rounds); the
     // gossiper once the sends to its dropped neighbours have ended.
     m.running = false;
-    self->request(m.actor, m.options.timeout, actors::stop_atom::value)
-        .receive([](actors::stopped_atom, bool, const std::string&) {},
-                 [&](caf::error& e) {
-                   failed = "its background rounds did not end within " + deadline + " (" +
-                            detail::actor_system(m.rt).render(e) + ")";
-                 });
+    const auto stopped = m.actor.stop(m.options.timeout);
+    if (!stopped.answered) failed = "its background rounds did not end: " + stopped.error;
   }
   {
     std::lock_guard<std::mutex> lock(m.flat.mutex());
     m.land();
   }
   // The actor's model access points into this module: it must be gone before the module is.
-  self->monitor(m.actor);
-  caf::anon_send_exit(m.actor, caf::exit_reason::user_shutdown);
-  bool gone = false;
-  self->receive([&](const caf::down_msg&) { gone = true; }, caf::after(m.options.timeout) >> [] {});
-  if (!gone && failed.empty()) failed = "its background actor did not exit within " + deadline;
+  if (!m.actor.exit_and_wait(m.options.timeout) && failed.empty())
+    failed = "its background actor did not exit within " + deadline;
   if (!failed.empty())
     throw comm::Error(m.name() + ": ending the world (" + reason + "): " + failed);
 }

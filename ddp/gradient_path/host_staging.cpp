@@ -36,18 +36,19 @@ class StagedBucket : public actors::BucketPath, public std::enable_shared_from_t
         ready_events_(std::move(ready_events)),
         timeout_(timeout) {}
 
-  void reduce(const caf::actor& self, uint32_t step, double denominator, Done done) override {
+  void reduce(const actors::ActorThread& self, uint32_t step, double denominator,
+              Done done) override {
     // The copy completes on the watcher's thread; the wrapped path starts on the actor's.
     mirror_->download(
         ready_events_, timeout_,
         [self, weak = weak_from_this(), step, denominator, done](const std::string& error) {
-          actors::post(self, [self, weak, step, denominator, done, error] {
+          self.post([self, weak, step, denominator, done, error] {
             if (auto me = weak.lock()) me->reduce_mirror(self, step, denominator, done, error);
           });
         });
   }
 
-  void abort(const caf::actor& self, const comm::Status& why) override {
+  void abort(const actors::ActorThread& self, const comm::Status& why) override {
     broken_ = why;
     inner_->abort(self, why);
   }
@@ -58,8 +59,8 @@ class StagedBucket : public actors::BucketPath, public std::enable_shared_from_t
 
  private:
   // The gradients are in the mirror (or `error` says why not): reduce it, then copy it back.
-  void reduce_mirror(const caf::actor& self, uint32_t step, double denominator, const Done& done,
-                     const std::string& error) {
+  void reduce_mirror(const actors::ActorThread& self, uint32_t step, double denominator,
+                     const Done& done, const std::string& error) {
     if (!error.empty()) return done(comm::Status::failure(error), 0, 0);
     if (!broken_.ok()) return done(broken_, 0, 0);
     Done upload = [index = index_, mirror = mirror_, timeout = timeout_, done](

@@ -6,7 +6,7 @@
 // compares the path) the module takes its own communicator, split from the Runtime's, so that two
 // modules' buckets never interleave differently on different ranks. NCCL matches operations by
 // the order ranks issue them, and buckets fill in different orders on different ranks, so the
-// buckets are issued in bucket order (actors::NcclOrder): a bucket that fills early waits for the
+// buckets are issued in bucket order (NcclOrder): a bucket that fills early waits for the
 // ones before it. Each allreduce runs on the communicator's stream after the events recorded
 // where the bucket's gradients became ready (ddp/cuda_gradients.h); the communicator's
 // completion callback ends the reduction. An average by the world size is NCCL's avg, any other
@@ -15,6 +15,7 @@
 #include "ddp/cuda_gradients.h"
 #include "ddp/distributed_module.h"
 #include "ddp/gradient_path.h"
+#include "ddp/gradient_path/nccl_order.h"
 
 #ifdef TROUPE_HAVE_NCCL
 #include "comm/transport/nccl/communicator.h"
@@ -29,7 +30,7 @@ namespace {
 class NcclBucket : public actors::BucketPath {
  public:
   // Weak: the path owns the communicator and destroys it before the module's CUDA events.
-  NcclBucket(std::weak_ptr<comm::NcclCommunicator> nccl, std::shared_ptr<actors::NcclOrder> order,
+  NcclBucket(std::weak_ptr<comm::NcclCommunicator> nccl, std::shared_ptr<NcclOrder> order,
              const comm::BucketBuffer& buffer, std::vector<void*> ready_events, int world,
              bool divide_before)
       : nccl_(std::move(nccl)),
@@ -42,7 +43,8 @@ class NcclBucket : public actors::BucketPath {
         world_(world),
         divide_before_(divide_before) {}
 
-  void reduce(const caf::actor& self, uint32_t step, double denominator, Done done) override {
+  void reduce(const actors::ActorThread& self, uint32_t step, double denominator,
+              Done done) override {
     (void)self;
     (void)step;
     const size_t bytes = count_ * comm::element_size(type_);
@@ -72,7 +74,7 @@ class NcclBucket : public actors::BucketPath {
     });
   }
 
-  void abort(const caf::actor& self, const comm::Status& why) override {
+  void abort(const actors::ActorThread& self, const comm::Status& why) override {
     (void)self;
     if (auto nccl = nccl_.lock()) nccl->abort(why.message());
     order_->release();
@@ -82,7 +84,7 @@ class NcclBucket : public actors::BucketPath {
 
  private:
   std::weak_ptr<comm::NcclCommunicator> nccl_;
-  std::shared_ptr<actors::NcclOrder> order_;
+  std::shared_ptr<NcclOrder> order_;
   int index_;
   void* data_;  // device memory
   size_t count_;
@@ -125,7 +127,7 @@ class NcclPath : public GradientPath {
 #endif
   }
 
-  void begin_buckets(int count) override { order_ = std::make_shared<actors::NcclOrder>(count); }
+  void begin_buckets(int count) override { order_ = std::make_shared<NcclOrder>(count); }
 
   std::shared_ptr<actors::BucketPath> bucket(const comm::BucketBuffer& buffer,
                                              std::vector<void*> ready_events) override {
@@ -144,7 +146,7 @@ class NcclPath : public GradientPath {
 
  private:
   std::shared_ptr<comm::NcclCommunicator> nccl_;
-  std::shared_ptr<actors::NcclOrder> order_;
+  std::shared_ptr<NcclOrder> order_;
   // Read only where NCCL is built in (clang warns of unused private fields otherwise).
   [[maybe_unused]] int world_ = 1;
   [[maybe_unused]] bool divide_before_ = false;

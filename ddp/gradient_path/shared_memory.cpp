@@ -36,7 +36,8 @@ class SharedMemoryBucket : public actors::BucketPath {
         type_(buffer.type),
         divide_before_(divide_before) {}
 
-  void reduce(const caf::actor& self, uint32_t step, double denominator, Done done) override {
+  void reduce(const actors::ActorThread& self, uint32_t step, double denominator,
+              Done done) override {
     (void)self;
     (void)step;  // slots count their own generations
     // The same choice as the transport's reductions make from the step's denominator.
@@ -49,7 +50,7 @@ class SharedMemoryBucket : public actors::BucketPath {
                       });
   }
 
-  void abort(const caf::actor& self, const comm::Status& why) override {
+  void abort(const actors::ActorThread& self, const comm::Status& why) override {
     (void)self;
     local_->abort(why);
   }

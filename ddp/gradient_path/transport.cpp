@@ -40,7 +40,8 @@ class TransportBucket : public actors::BucketPath,
                   std::shared_ptr<comm::Reduction> reduction)
       : settings_(std::move(settings)), index_(index), reduction_(std::move(reduction)) {}
 
-  void reduce(const caf::actor& self, uint32_t step, double denominator, Done done) override {
+  void reduce(const actors::ActorThread& self, uint32_t step, double denominator,
+              Done done) override {
     const auto& transport = settings_->transport;
     comm::ReduceStep reduce_step;
     reduce_step.group = comm::Group{transport->rank(), transport->world_size()};
@@ -54,7 +55,7 @@ class TransportBucket : public actors::BucketPath,
       stages.push_back(comm::Stage{
           comm::tags::bucket_key(settings_->key_prefix, step, static_cast<int>(i), index_),
           std::move(builders[i])});
-    auto post = actors::execution_post(self, *transport, inline_lock_);
+    auto post = self.execution_post(*transport, inline_lock_);
     auto execution = std::make_shared<comm::Execution>(transport, std::move(stages), post);
     // Runs on whichever thread ends the execution: touches only what it captured.
     execution->on_done([done = std::move(done), raw = execution.get()](const comm::Status& status) {
@@ -64,7 +65,7 @@ class TransportBucket : public actors::BucketPath,
     locked([&] { execution->start(); });
   }
 
-  void abort(const caf::actor& self, const comm::Status& why) override {
+  void abort(const actors::ActorThread& self, const comm::Status& why) override {
     if (!execution_) return;
     bool running = false;
     locked([&] {
@@ -72,10 +73,9 @@ class TransportBucket : public actors::BucketPath,
       if (running) execution_->abort(why);
     });
     if (!running) return;
-    actors::post_after(self, settings_->failure_grace,
-                       [weak = weak_from_this(), reason = why.message()] {
-                         if (auto me = weak.lock()) me->fail_silent_peers(reason);
-                       });
+    self.post_after(settings_->failure_grace, [weak = weak_from_this(), reason = why.message()] {
+      if (auto me = weak.lock()) me->fail_silent_peers(reason);
+    });
   }
 
   comm::Reduction* reduction() override { return reduction_.get(); }

@@ -1,6 +1,6 @@
-// actors::averager and actors::gossiper on their own, two ranks over the inproc transport, driven
-// by messages under CAF's test coordinator: rounds start when the test fires their timers, and
-// stop_atom is answered with (stopped_atom, ok, error).
+// actors::Background::averager and ::gossiper on their own, two ranks over the inproc transport,
+// driven by messages under CAF's test coordinator: rounds start when the test fires their timers,
+// and stop_atom is answered with (stopped_atom, ok, error).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -25,7 +25,8 @@ struct Stopped {
 };
 
 /// Asks `target` to stop when told (stop_atom) and records the answer.
-caf::behavior stopper(caf::event_based_actor* self, caf::actor target, std::vector<Stopped>* out) {
+caf::behavior stopper(caf::event_based_actor* self, actors::background_actor target,
+                      std::vector<Stopped>* out) {
   return {
       [=](actors::stop_atom) {
         self->request(target, caf::infinite, actors::stop_atom::value)
@@ -62,7 +63,7 @@ struct Ranks {
                                                        std::make_shared<actors::BackgroundStats>()};
   std::vector<Stopped> answers[2];
   test::TestSystem t;
-  caf::actor actor[2];  // each rank's averager or gossiper
+  actors::background_actor actor[2];  // each rank's averager or gossiper
   caf::actor stoppers[2];
 
   void watch(int r) { stoppers[r] = t.keep(t.system->spawn(stopper, actor[r], &answers[r])); }
@@ -70,8 +71,9 @@ struct Ranks {
     for (int r = 0; r < 2; ++r) {
       actors::AveragerSettings s;
       s.key_prefix = comm::tags::module_prefix(1);
-      actor[r] = t.keep(
-          actors::spawn_averager(*t.system, models[r].access(), s, fabric.transport(r), stats[r]));
+      actor[r] = t.keep(actors::Background::averager(*t.system, models[r].access(), s,
+                                                     fabric.transport(r), stats[r])
+                            .actor());
       watch(r);
     }
   }
@@ -80,8 +82,9 @@ struct Ranks {
       actors::GossiperSettings s;
       s.neighbours = {1 - r};
       s.key_prefix = comm::tags::module_prefix(2);
-      actor[r] = t.keep(
-          actors::spawn_gossiper(*t.system, models[r].access(), s, fabric.transport(r), stats[r]));
+      actor[r] = t.keep(actors::Background::gossiper(*t.system, models[r].access(), s,
+                                                     fabric.transport(r), stats[r])
+                            .actor());
       watch(r);
     }
   }

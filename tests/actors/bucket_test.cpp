@@ -1,4 +1,4 @@
-// actors::bucket on its own, driven by messages under CAF's test coordinator: it counts ready
+// actors::Bucket on its own, driven by messages under CAF's test coordinator: it counts ready
 // messages, asks its path to reduce the moment it is full, reports to the reducer, answers
 // progress_atom with its own reply, and fails its step when a rank died.
 #include <doctest/doctest.h>
@@ -27,12 +27,12 @@ struct FakePath : actors::BucketPath {
   std::vector<int> waiting = {1};
   std::string refuse;  // reduce() throws this when set
 
-  void reduce(const caf::actor&, uint32_t step, double denominator, Done done) override {
+  void reduce(const actors::ActorThread&, uint32_t step, double denominator, Done done) override {
     if (!refuse.empty()) throw comm::Error(refuse);
     calls.push_back({step, denominator});
     in_flight.push_back(std::move(done));
   }
-  void abort(const caf::actor&, const comm::Status& why) override {
+  void abort(const actors::ActorThread&, const comm::Status& why) override {
     aborts.push_back(why.message());
   }
   std::vector<int> waiting_on() override { return waiting; }
@@ -76,15 +76,15 @@ struct Fixture {
   caf::actor reducer = t.keep(t.system->spawn(recorder, &seen));
   std::shared_ptr<FakePath> path = std::make_shared<FakePath>();
   std::shared_ptr<actors::BucketStats> stats = std::make_shared<actors::BucketStats>();
-  caf::actor bucket;
+  actors::Bucket bucket;
 
   explicit Fixture(int parameters) {
-    bucket = t.keep(actors::spawn_bucket(*t.system, 4, parameters, path, reducer, stats));
+    bucket = actors::Bucket::spawn(*t.system, 4, parameters, path,
+                                   caf::actor_cast<actors::bucket_sink_actor>(reducer), stats);
+    t.keep(bucket.actor());
   }
-  void ready(uint32_t step, double denominator = 2) {
-    caf::anon_send(bucket, actors::ready_atom::value, step, denominator);
-  }
-  void ask_progress() { caf::send_as(reducer, bucket, actors::progress_atom::value); }
+  void ready(uint32_t step, double denominator = 2) { bucket.ready(step, denominator); }
+  void ask_progress() { caf::send_as(reducer, bucket.actor(), actors::progress_atom::value); }
 };
 
 }  // namespace
@@ -148,8 +148,8 @@ TEST_CASE(
 TEST_CASE("launch_atom starts a bucket that is not full, once per step") {
   Fixture f(5);
   f.ready(2);
-  caf::anon_send(f.bucket, actors::launch_atom::value, uint32_t{2}, 1.0);
-  caf::anon_send(f.bucket, actors::launch_atom::value, uint32_t{2}, 1.0);
+  f.bucket.launch(2, 1.0);
+  f.bucket.launch(2, 1.0);
   f.t.run();
   REQUIRE(f.path->calls.size() == 1);
   CHECK(f.path->calls[0].denominator == 1.0);
@@ -158,8 +158,8 @@ TEST_CASE("launch_atom starts a bucket that is not full, once per step") {
 
 TEST_CASE("a bucket told that a rank died aborts its path once and fails its later steps by name") {
   Fixture f(1);
-  caf::anon_send(f.bucket, actors::abort_atom::value, std::string("rank 1 died: killed"), 1);
-  caf::anon_send(f.bucket, actors::abort_atom::value, std::string("rank 2 died"), 2);
+  f.bucket.abort("rank 1 died: killed", 1);
+  f.bucket.abort("rank 2 died", 2);
   f.t.run();
   CHECK(f.path->aborts == std::vector<std::string>{"rank 1 died: killed"});
   f.ready(3);

@@ -1,4 +1,4 @@
-// actors::reducer on its own, driven by messages under CAF's test coordinator: it answers
+// actors::Reducer on its own, driven by messages under CAF's test coordinator: it answers
 // await_atom with (step_done_atom, step, ok, error) once every bucket of the step is done, at once
 // for a failed bucket, and with a stall report built from each unfinished bucket's progress.
 #include <doctest/doctest.h>
@@ -21,7 +21,7 @@ struct StepDone {
 };
 
 /// The trainer's side: asks for steps and records the answers.
-caf::behavior trainer(caf::event_based_actor* self, caf::actor reducer,
+caf::behavior trainer(caf::event_based_actor* self, actors::reducer_actor reducer,
                       std::vector<StepDone>* out) {
   return {
       [=](actors::await_atom, uint32_t step, int64_t stall_ms) {
@@ -52,15 +52,20 @@ caf::behavior stub_bucket(caf::event_based_actor*, int index, bool launched, int
 struct Fixture {
   std::vector<StepDone> answers;
   test::TestSystem t;
-  caf::actor reducer = t.keep(actors::spawn_reducer(*t.system, 2));
+  actors::reducer_actor reducer = t.keep(actors::Reducer::spawn(*t.system, 2).actor());
   caf::actor asker = t.keep(t.system->spawn(trainer, reducer, &answers));
 
   Fixture() {
-    std::vector<caf::actor> buckets = {
-        t.keep(t.system->spawn(stub_bucket, 0, true, 2, std::vector<int>{1})),
-        t.keep(t.system->spawn(stub_bucket, 1, false, 1, std::vector<int>{}))};
-    actors::set_buckets(reducer, buckets, {{"fc2.weight", "fc2.bias"}, {"fc1.weight", "fc1.bias"}},
-                        {2, 2});
+    // Stubs that answer only progress_atom, which is all a reducer asks of a bucket.
+    std::vector<actors::bucket_actor> buckets = {
+        caf::actor_cast<actors::bucket_actor>(
+            t.keep(t.system->spawn(stub_bucket, 0, true, 2, std::vector<int>{1}))),
+        caf::actor_cast<actors::bucket_actor>(
+            t.keep(t.system->spawn(stub_bucket, 1, false, 1, std::vector<int>{})))};
+    caf::anon_send(reducer, actors::setup_atom::value, buckets,
+                   std::vector<std::vector<std::string>>{{"fc2.weight", "fc2.bias"},
+                                                         {"fc1.weight", "fc1.bias"}},
+                   std::vector<int>{2, 2});
     t.run();
   }
   void done(int bucket, uint32_t step, bool ok = true, const std::string& error = "") {

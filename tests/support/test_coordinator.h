@@ -28,9 +28,10 @@ struct TestSystem {
     for (auto& a : spawned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     sched->run();
   }
-  /// Keeps `a` to be stopped at the end of the case.
-  caf::actor keep(caf::actor a) {
-    spawned.push_back(a);
+  /// Keeps `a` (a handle, typed or not) to be stopped at the end of the case.
+  template <class Handle>
+  Handle keep(Handle a) {
+    spawned.push_back(caf::actor_cast<caf::actor>(a));
     return a;
   }
   /// Delivers every message now due, including those the deliveries send.

@@ -1,4 +1,4 @@
-// actors::NcclOrder: the NCCL reductions of a module's buckets are issued in bucket order whatever
+// NcclOrder: the NCCL reductions of a module's buckets are issued in bucket order whatever
 // order the buckets fill in (NCCL matches operations by issue order), round after round, and a
 // failure lets every waiting bucket through at once.
 #include <doctest/doctest.h>
@@ -7,9 +7,9 @@
 #include <thread>
 #include <vector>
 
-#include "actors/bucket.h"
+#include "ddp/gradient_path/nccl_order.h"
 
-using troupe::actors::NcclOrder;
+using troupe::NcclOrder;
 
 TEST_CASE("buckets that fill out of order are issued in bucket order, round after round") {
   NcclOrder order(3);
