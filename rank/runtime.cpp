@@ -1,7 +1,6 @@
 #include "rank/runtime.h"
 
 #include <unistd.h>
-#include <caf/all.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -13,9 +12,7 @@
 #include <mutex>
 #include <thread>
 
-#include "actors/atoms.h"
-#include "actors/rendezvous.h"
-#include "actors/worker.h"
+#include "actors/node.h"
 #include "comm/tags.h"
 #include "comm/transport/ucx/transport.h"
 #include "rank/fault.h"
@@ -120,14 +117,8 @@ class ProcessName {
 struct Runtime::Impl {
   RuntimeOptions options;
   RankInfo info;
-  caf::actor_system_config config;
-  std::unique_ptr<caf::actor_system> system;
+  std::unique_ptr<actors::Node> node;  // the actor system, worker and directory
   std::shared_ptr<comm::Transport> transport;
-  caf::actor worker;
-  caf::actor directory;  // on every rank: the directory (local on rank 0)
-  bool owns_directory = false;
-  std::unique_ptr<actors::FrontDoor> door;                  // rank 0 of a world > 1
-  std::shared_ptr<actors::DirectoryConnection> connection;  // the other ranks
   std::vector<std::string> hosts;
   std::vector<int> host_index;          // each rank's real host (rank/host_identity.h)
   std::vector<std::string> peer_paths;  // how this rank reaches each rank
@@ -201,14 +192,7 @@ void Runtime::Impl::start() {
   } catch (const comm::Error& e) {
     throw comm::Error(std::string("RuntimeOptions.links: ") + e.what());
   }
-  config.set("scheduler.max-threads", threads);
-  // CAF's workers poll for work (100 spins, then 500 sleeps of 50 us) before they wait on a
-  // condition variable; on a 2-core machine that polling took ~4% of a core from training, so
-  // they go straight to the condition variable (a new message wakes them at once).
-  config.set("work-stealing.aggressive-poll-attempts", 0);
-  config.set("work-stealing.moderate-poll-attempts", 0);
-  config.set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(100)});
-  system = std::make_unique<caf::actor_system>(config);
+  node = std::make_unique<actors::Node>(threads);
 
   slot = info.rank;
   launch_single_host = info.local_world_size == info.world_size;
@@ -260,20 +244,19 @@ void Runtime::Impl::start() {
   }
   if (links.active()) transport = std::make_shared<comm::EmulatedTransport>(transport, shapes);
 
-  worker = actors::spawn_worker(*system, info.rank, transport,
-                                [this](int rank, const std::string& reason, bool fatal) {
-                                  std::lock_guard<std::mutex> lock(dead_mutex);
-                                  dead.push_back(rank);
-                                  if (fatal && death.empty()) {
-                                    death = reason;
-                                    death_rank = rank;
-                                    if (comm) comm->abort(reason, rank);
+  node->start_worker(info.rank, transport, [this](int rank, const std::string& reason, bool fatal) {
+    std::lock_guard<std::mutex> lock(dead_mutex);
+    dead.push_back(rank);
+    if (fatal && death.empty()) {
+      death = reason;
+      death_rank = rank;
+      if (comm) comm->abort(reason, rank);
 #ifdef TROUPE_HAVE_NCCL
-                                    if (nccl) nccl->abort(reason);
+      if (nccl) nccl->abort(reason);
 #endif
-                                    for (auto& [id, listener] : listeners) listener(rank, reason);
-                                  }
-                                });
+      for (auto& [id, listener] : listeners) listener(rank, reason);
+    }
+  });
 
   actors::RendezvousRequest request;
   request.rank = info.rank;
@@ -299,7 +282,6 @@ void Runtime::Impl::start() {
   }
   hosts = table.hosts;
   if (!table.extras.empty()) nccl_id = table.extras[0];
-  if (directory) actors::watch_directory(worker, directory);
 
   if (ucx) ucx->connect(table.addresses);
   {
@@ -329,28 +311,20 @@ actors::PeerTable Runtime::Impl::meet(actors::RendezvousRequest& request) {
                                            agent_store->get(port_key, options.rendezvous_timeout));
     }
   }
-  caf::actor local;
   if (info.rank == 0) {
-    auto published = actors::publish_directory(*system, request);
-    door = std::move(published.door);
-    local = published.directory;
-    owns_directory = true;
-    directory = local;
-    request.master_port = door->port();
+    const auto& door = node->publish(request);
+    request.master_port = door.port();
     if (agent_store) agent_store->set(port_key, std::to_string(request.master_port));
-    const bool loopback = door->address().rfind("127.", 0) == 0;
+    const bool loopback = door.address().rfind("127.", 0) == 0;
     if (info.job_secret.empty() && !loopback)
-      std::cerr << "troupe: rank 0: the rendezvous at " << door->address() << ":"
+      std::cerr << "troupe: rank 0: the rendezvous at " << door.address() << ":"
                 << request.master_port
                 << " accepts any process that reaches it: no TROUPE_JOB_SECRET is set (troupe "
                    "launch sets one; under torchrun, Slurm or mpirun export the same value of 16 "
                    "or more characters to every rank)\n";
   }
   agent_store.reset();
-  auto table = actors::rendezvous(*system, request, worker, local);
-  directory = table.directory;
-  connection = table.connection;
-  return table;
+  return node->rendezvous(request);
 }
 
 void Runtime::Impl::find_real_hosts(const comm::UcxTransport* ucx) {
@@ -406,14 +380,10 @@ void Runtime::Impl::publish_nccl_id(actors::RendezvousRequest& request) {
 }
 
 void Runtime::Impl::announce_failure(const std::string& reason) {
-  if (!system || failure_announced.exchange(true)) return;
-  if (directory && worker && !hosts.empty()) {
-    // The directory tells every other rank at once, as a death: their waits on this rank end now
-    // instead of at their deadlines, with this reason.
-    caf::scoped_actor self{*system};
-    self->request(directory, std::chrono::seconds(2), actors::failed_atom::value, info.rank, reason)
-        .receive([](bool) {}, [](caf::error&) {});
-  }
+  if (!node || failure_announced.exchange(true)) return;
+  // The directory tells every other rank at once, as a death: their waits on this rank end now
+  // instead of at their deadlines, with this reason.
+  if (!hosts.empty()) node->tell_failed(info.rank, reason);
   // This rank's own operations end too: its collectives, and what its modules (buckets, gossip
   // rounds, background averages) still wait for from its peers.
   const std::string why = "rank " + std::to_string(info.rank) + " (this rank) failed: " + reason;
@@ -456,8 +426,7 @@ void Runtime::Impl::teardown() {
         0;  // the modules were destroyed before a reform (runtime.h), each giving its id back
     old = std::move(transport);
   }
-  if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
-  worker = nullptr;
+  node->stop_worker();
   old.reset();
 }
 
@@ -506,8 +475,7 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
       ++info.local_world_size;
     }
     hosts = table->hosts;
-    worker =
-        actors::spawn_worker(*system, info.rank, transport, [](int, const std::string&, bool) {});
+    node->start_worker(info.rank, transport, [](int, const std::string&, bool) {});
     try {
       ucx->connect(table->addresses);
       {
@@ -533,14 +501,10 @@ void Runtime::Impl::form(int64_t completed_steps, std::chrono::seconds standby) 
 }
 
 void Runtime::Impl::stop() {
-  if (!system) return;
+  if (!node) return;
   if (membership && !failure_announced) membership->leave();
-  if (directory && worker && !hosts.empty() && !failure_announced) {
-    // Tell the directory we leave on purpose, so survivors hear "left" rather than "died".
-    caf::scoped_actor self{*system};
-    self->request(directory, std::chrono::seconds(2), actors::leave_atom::value, info.rank)
-        .receive([](bool) {}, [](caf::error&) {});
-  }
+  // Tell the directory we leave on purpose, so survivors hear "left" rather than "died".
+  if (!hosts.empty() && !failure_announced) node->tell_leaving(info.rank);
   std::shared_ptr<comm::NcclCommunicator> nccl_comm;
   std::shared_ptr<comm::Transport> old_transport;  // destroyed last, as before
   {
@@ -550,14 +514,9 @@ void Runtime::Impl::stop() {
     old_transport = std::move(transport);
   }
   nccl_comm.reset();  // may wait for its operations in flight, up to their deadlines
-  if (worker) caf::anon_send_exit(worker, caf::exit_reason::user_shutdown);
-  door.reset();  // sends what the directory told the others (this rank left) first
-  connection.reset();
-  if (owns_directory && directory) caf::anon_send_exit(directory, caf::exit_reason::user_shutdown);
-  worker = nullptr;
-  directory = nullptr;
+  node->close();
   old_transport.reset();
-  system.reset();
+  node.reset();
   membership.reset();
 }
 
@@ -607,10 +566,7 @@ std::vector<int> host_indices(const std::vector<std::string>& hosts) {
   return out;
 }
 caf::actor_system& detail::RuntimeAccess::system(Runtime& runtime) {
-  return *runtime.impl_->system;
-}
-const caf::actor& detail::RuntimeAccess::worker(const Runtime& runtime) {
-  return runtime.impl_->worker;
+  return runtime.impl_->node->system();
 }
 std::chrono::milliseconds detail::RuntimeAccess::collective_timeout(const Runtime& runtime) {
   return runtime.impl_->options.collective_timeout;

@@ -1,7 +1,7 @@
 #pragma once
-/// What troupe's own code reaches inside a Runtime and an embedder does not: its CAF actor system
-/// and this rank's worker actor. The modules spawn their actors in that system. Not installed:
-/// the public runtime.h names no CAF type.
+/// What troupe's own code reaches inside a Runtime and an embedder does not: its CAF actor system,
+/// in which the modules spawn their actors (through the handles of actors/). Not installed: the
+/// public runtime.h names no CAF type.
 #include <caf/fwd.hpp>
 
 #include <chrono>
@@ -12,8 +12,6 @@ namespace troupe::detail {
 
 struct RuntimeAccess {
   static caf::actor_system& system(Runtime& runtime);
-  /// This rank's worker actor.
-  static const caf::actor& worker(const Runtime& runtime);
   /// The deadline of each collective (RuntimeOptions::collective_timeout).
   static std::chrono::milliseconds collective_timeout(const Runtime& runtime);
   /// Elastic: whether the membership service has announced a generation after the one in force,

@@ -2,12 +2,12 @@
 #include <torch/version.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
-#include <caf/config.hpp>
 
 #include <climits>
 #include <iostream>
 #include <limits>
 
+#include "actors/node.h"
 #include "comm/transport/ucx/transport.h"
 #include "elastic/launch.h"
 #include "rank/env.h"
@@ -64,8 +64,7 @@ int run_job(const std::string& path, const std::string& self) {
 
 void print_info() {
   std::cout << "troupe " << TROUPE_VERSION << "\n";
-  std::cout << "CAF " << CAF_MAJOR_VERSION << "." << CAF_MINOR_VERSION << "." << CAF_PATCH_VERSION
-            << "\n";
+  std::cout << "CAF " << troupe::actors::caf_version() << "\n";
   std::cout << "UCX " << troupe::comm::UcxTransport::version()
             << " (transports: " << troupe::comm::UcxTransport::available_transports() << ")\n";
   std::cout << "LibTorch " << TORCH_VERSION << "\n";
