@@ -30,7 +30,7 @@ DiLoCo checked(DiLoCo c) {
 
 }  // namespace
 
-struct DiLoCoModule::Impl : Algorithm {
+struct DiLoCoModule::Impl : PeriodicAlgorithm {
   Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, DiLoCo c)
       : config(checked(std::move(c))),
         sgd{config.outer_lr, config.outer_momentum, config.nesterov},
@@ -53,7 +53,7 @@ struct DiLoCoModule::Impl : Algorithm {
 
   // The outer step: the pseudo-gradient averaged over the ranks; global steps by it; every rank
   // continues from global.
-  void synchronise() {
+  void synchronise() override {
     std::lock_guard<std::mutex> lock(core.flat.mutex());
     auto local = core.local();
     core.take_pseudo_gradient(local);
@@ -73,18 +73,7 @@ struct DiLoCoModule::Impl : Algorithm {
 
   std::string name() const override { return diloco_name(config); }
   OuterStep& outer_step() override { return core; }
-  void after_step(int64_t t) override {
-    if (t % config.inner_steps == 0) {
-      synchronise();
-      landed();
-    }
-  }
-  void land_missed(int64_t t) override {
-    if (t % config.inner_steps != 0)
-      throw comm::Error("DiLoCo: no synchronisation lands after inner step " + std::to_string(t) +
-                        " (expected a multiple of h = " + std::to_string(config.inner_steps) + ")");
-    Algorithm::land_missed(t);
-  }
+  int period() const override { return config.inner_steps; }
   void save_rest(comm::StateWriter& out) override { reduction->save_state(out); }
   std::function<void(comm::StateReader&)> read_rest(comm::StateReader&) override {
     return [this](comm::StateReader& in) { reduction->load_state(in); };

@@ -40,6 +40,21 @@ void LocalUpdateModule::Algorithm::land_missed(int64_t) {
   core.flat.push();
 }
 
+void LocalUpdateModule::PeriodicAlgorithm::after_step(int64_t t) {
+  if (t % period() == 0) {
+    synchronise();
+    landed();
+  }
+}
+
+void LocalUpdateModule::PeriodicAlgorithm::land_missed(int64_t t) {
+  if (t % period() != 0)
+    throw comm::Error(outer_step().what + ": no synchronisation lands after inner step " +
+                      std::to_string(t) +
+                      " (expected a multiple of h = " + std::to_string(period()) + ")");
+  Algorithm::land_missed(t);
+}
+
 std::string LocalUpdateModule::algorithm_name() const { return algorithm_->name(); }
 
 CommStats LocalUpdateModule::stats() const { return algorithm_->outer_step().totals; }

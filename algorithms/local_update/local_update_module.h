@@ -102,6 +102,19 @@ class LocalUpdateModule : public DataParallel {
     virtual std::function<void(comm::StateReader&)> read_shared_rest(comm::StateReader& in);
   };
 
+  /// An Algorithm whose synchronisation lands whole after every `period()`-th inner step (DiLoCo,
+  /// SparseLoCo): it adds what that synchronisation does, and land_missed_sync() is refused after
+  /// any other step.
+  struct PeriodicAlgorithm : Algorithm {
+    /// h, the inner steps from one synchronisation to the next.
+    virtual int period() const = 0;
+    /// The outer step (it takes the model's lock), after which every rank continues from the
+    /// global weights.
+    virtual void synchronise() = 0;
+    void after_step(int64_t t) override;
+    void land_missed(int64_t t) override;
+  };
+
   explicit LocalUpdateModule(std::unique_ptr<Algorithm> algorithm);
   std::unique_ptr<Algorithm> algorithm_;
 };

@@ -74,7 +74,7 @@ size_t sparseloco_message_bytes(const SparseLoCo& config, size_t count) {
   return Layout(checked(config), count).bytes;
 }
 
-struct SparseLoCoModule::Impl : Algorithm {
+struct SparseLoCoModule::Impl : PeriodicAlgorithm {
   Impl(Runtime& rt, std::shared_ptr<torch::nn::Module> m, SparseLoCo c)
       : config(checked(std::move(c))),
         core(rt, std::move(m), "SparseLoCo", /*with_momentum=*/false),
@@ -160,7 +160,7 @@ struct SparseLoCoModule::Impl : Algorithm {
 
   size_t count() const { return core.flat.count(); }
 
-  void synchronise() {
+  void synchronise() override {
     std::lock_guard<std::mutex> lock(core.flat.mutex());
     auto local = core.local();
     const float* delta = core.take_pseudo_gradient(local).data_ptr<float>();
@@ -202,19 +202,7 @@ struct SparseLoCoModule::Impl : Algorithm {
 
   std::string name() const override { return sparseloco_name(config); }
   OuterStep& outer_step() override { return core; }
-  void after_step(int64_t t) override {
-    if (t % config.inner_steps == 0) {
-      synchronise();
-      landed();
-    }
-  }
-  void land_missed(int64_t t) override {
-    if (t % config.inner_steps != 0)
-      throw comm::Error("SparseLoCo: no synchronisation lands after inner step " +
-                        std::to_string(t) +
-                        " (expected a multiple of h = " + std::to_string(config.inner_steps) + ")");
-    Algorithm::land_missed(t);
-  }
+  int period() const override { return config.inner_steps; }
   void save_rest(comm::StateWriter& out) override { out.vector(error); }
   std::function<void(comm::StateReader&)> read_rest(comm::StateReader& in) override {
     auto saved = in.vector<float>(error.size(), "SparseLoCo's error-feedback memory");

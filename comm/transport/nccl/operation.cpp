@@ -2,7 +2,11 @@
 // one) and queues the NCCL calls that communicator.cpp's thread enqueues on the stream.
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "comm/reduce.h"
 #include "comm/transport/nccl/communicator.h"
@@ -14,21 +18,25 @@ namespace troupe::comm {
 
 namespace {
 
-ncclDataType_t nccl_type(DataType type, const std::string& op) {
-  switch (type) {
-    case DataType::float32:
-      return ncclFloat32;
-    case DataType::float64:
-      return ncclFloat64;
-    case DataType::float16:
-      return ncclFloat16;
-    case DataType::bfloat16:
-      return ncclBfloat16;
-    case DataType::int32:
-      return ncclInt32;
-    case DataType::int64:
-      return ncclInt64;
-  }
+// A DataType's names in NCCL and in troupe's CUDA kernels.
+struct TypeNames {
+  DataType type;
+  ncclDataType_t nccl;
+  cuda::DType cuda;
+};
+
+constexpr TypeNames kTypeNames[] = {
+    {DataType::float32, ncclFloat32, cuda::DType::float32},
+    {DataType::float64, ncclFloat64, cuda::DType::float64},
+    {DataType::float16, ncclFloat16, cuda::DType::float16},
+    {DataType::bfloat16, ncclBfloat16, cuda::DType::bfloat16},
+    {DataType::int32, ncclInt32, cuda::DType::int32},
+    {DataType::int64, ncclInt64, cuda::DType::int64},
+};
+
+const TypeNames& type_names(DataType type, const std::string& op) {
+  for (const TypeNames& names : kTypeNames)
+    if (names.type == type) return names;
   throw Error("NCCL " + op + ": data type " + std::to_string(static_cast<int>(type)) +
               " (expected float32, float64, float16, bfloat16, int32 or int64)");
 }
@@ -36,24 +44,6 @@ ncclDataType_t nccl_type(DataType type, const std::string& op) {
 bool is_float(DataType type) {
   return type == DataType::float32 || type == DataType::float64 || type == DataType::float16 ||
          type == DataType::bfloat16;
-}
-
-cuda::DType cuda_type(DataType type) {
-  switch (type) {
-    case DataType::float32:
-      return cuda::DType::float32;
-    case DataType::float64:
-      return cuda::DType::float64;
-    case DataType::float16:
-      return cuda::DType::float16;
-    case DataType::bfloat16:
-      return cuda::DType::bfloat16;
-    case DataType::int32:
-      return cuda::DType::int32;
-    case DataType::int64:
-      return cuda::DType::int64;
-  }
-  return cuda::DType::float32;  // checked by nccl_type before
 }
 
 ncclRedOp_t nccl_op(ReduceOp op, const std::string& name) {
@@ -132,40 +122,78 @@ NcclOperation named(const std::string& name, const ReadyEvents& ready, Callback 
 ncclRedOp_t with_integer_average(ReduceOp op, ncclRedOp_t o, DataType type, void* out, size_t count,
                                  int world, NcclOperation& operation) {
   if (op != ReduceOp::avg || is_float(type)) return o;
-  const cuda::DType ct = cuda_type(type);
+  const cuda::DType ct = type_names(type, operation.name).cuda;
   operation.after = [=](ncclComm_t, cudaStream_t stream) {
     cuda::divide(out, count, ct, world, stream);
   };
   return ncclSum;
 }
 
+/// A buffer an operation checks: `count` elements of device memory, `name`d in its errors.
+struct Buffer {
+  const void* data;
+  size_t count;
+  const char* name;
+};
+
+/// allreduce, broadcast, allgather, reduce_scatter and alltoall: one NCCL call (or group) between
+/// buffers, as submit() checks and queues it.
+struct Collective {
+  Collective(std::string name, DataType type, std::optional<ReduceOp> op = std::nullopt,
+             std::optional<int> root = std::nullopt)
+      : name(std::move(name)), type(type), op(op), root(root) {}
+
+  std::string name;  // describe()'s; a reduction's operator is added to it
+  DataType type;
+  std::optional<ReduceOp> op;  // a reduction's; an integer avg sums, then divides its result
+  std::optional<int> root;     // broadcast's
+};
+
+/// Enqueues a collective's NCCL calls, given its NCCL data type and (a reduction's) operator.
+using Call = std::function<ncclResult_t(ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t)>;
+
+// Checks the collective's arguments and `buffers`, in order (comm::Error naming the bad one,
+// nothing queued), and queues `call` on `impl`'s thread: it moves `count` elements per rank (0:
+// nothing to issue, the operation completes in order), its result in the last buffer.
+void submit(NcclCommunicator::Impl& impl, Collective c, const std::vector<Buffer>& buffers,
+            size_t count, const ReadyEvents& ready, Callback done, Call call) {
+  const ncclDataType_t t = type_names(c.type, c.name).nccl;
+  ncclRedOp_t o = ncclSum;
+  if (c.op) {
+    o = nccl_op(*c.op, c.name);
+    c.name += std::string(" (") + to_string(*c.op) + ")";
+  }
+  Check check(impl, c.name);
+  if (c.root) check.peer(*c.root, "root");
+  for (const Buffer& b : buffers) check.buffer(b.data, b.count, b.name);
+  check.ready(ready);
+  NcclOperation operation = named(c.name, ready, std::move(done));
+  if (count > 0) {
+    void* out = const_cast<void*>(buffers.back().data);
+    if (c.op) o = with_integer_average(*c.op, o, c.type, out, count, impl.world, operation);
+    operation.issue = [call = std::move(call), t, o](ncclComm_t comm, cudaStream_t stream) {
+      return call(t, o, comm, stream);
+    };
+  }
+  impl.submit(std::move(operation));
+}
+
 }  // namespace
 
 void NcclCommunicator::allreduce(const void* in, void* out, size_t count, DataType type,
                                  ReduceOp op, const ReadyEvents& ready, Callback done) {
-  std::string name = describe("allreduce", count, type);
-  const ncclDataType_t t = nccl_type(type, name);
-  ncclRedOp_t o = nccl_op(op, name);
-  name += std::string(" (") + to_string(op) + ")";
-  Check check(*impl_, name);
-  check.buffer(in, count, "input");
-  check.buffer(out, count, "output");
-  check.ready(ready);
-  NcclOperation operation = named(name, ready, std::move(done));
-  if (count > 0) {
-    o = with_integer_average(op, o, type, out, count, impl_->world, operation);
-    operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      return nccl_library().AllReduce(in, out, count, t, o, comm, stream);
-    };
-  }
-  impl_->submit(std::move(operation));
+  submit(*impl_, {describe("allreduce", count, type), type, op},
+         {{in, count, "input"}, {out, count, "output"}}, count, ready, std::move(done),
+         [=](ncclDataType_t t, ncclRedOp_t o, ncclComm_t comm, cudaStream_t stream) {
+           return nccl_library().AllReduce(in, out, count, t, o, comm, stream);
+         });
 }
 
 void NcclCommunicator::allreduce_scaled(const void* in, void* out, size_t count, DataType type,
                                         double scale, const ReadyEvents& ready, Callback done) {
   const std::string name =
       describe("allreduce", count, type) + " (sum of " + number_text(scale) + " x)";
-  const ncclDataType_t t = nccl_type(type, name);
+  const ncclDataType_t t = type_names(type, name).nccl;
   if (!is_float(type))
     throw Error("NCCL " + name + ": a scaled sum needs a float type (got " + to_string(type) + ")");
   if (!(scale == scale) || scale == 1.0 / 0.0 || scale == -1.0 / 0.0)
@@ -202,88 +230,58 @@ void NcclCommunicator::broadcast(void* data, size_t count, DataType type, int ro
                                  const ReadyEvents& ready, Callback done) {
   const std::string name =
       describe("broadcast", count, type) + " from rank " + std::to_string(root);
-  const ncclDataType_t t = nccl_type(type, name);
-  Check check(*impl_, name);
-  check.peer(root, "root");
-  check.buffer(data, count, "data");
-  check.ready(ready);
-  NcclOperation operation = named(name, ready, std::move(done));
-  if (count > 0)
-    operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      return nccl_library().Broadcast(data, data, count, t, root, comm, stream);
-    };
-  impl_->submit(std::move(operation));
+  submit(*impl_, {name, type, std::nullopt, root}, {{data, count, "data"}}, count, ready,
+         std::move(done), [=](ncclDataType_t t, ncclRedOp_t, ncclComm_t comm, cudaStream_t stream) {
+           return nccl_library().Broadcast(data, data, count, t, root, comm, stream);
+         });
 }
 
 void NcclCommunicator::allgather(const void* in, void* out, size_t count_per_rank, DataType type,
                                  const ReadyEvents& ready, Callback done) {
-  const std::string name = describe("allgather", count_per_rank, type) + " per rank";
-  const ncclDataType_t t = nccl_type(type, name);
-  Check check(*impl_, name);
-  check.buffer(in, count_per_rank, "input");
-  check.buffer(out, count_per_rank * static_cast<size_t>(impl_->world), "output");
-  check.ready(ready);
-  NcclOperation operation = named(name, ready, std::move(done));
-  if (count_per_rank > 0)
-    operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      return nccl_library().AllGather(in, out, count_per_rank, t, comm, stream);
-    };
-  impl_->submit(std::move(operation));
+  const size_t total = count_per_rank * static_cast<size_t>(impl_->world);
+  submit(*impl_, {describe("allgather", count_per_rank, type) + " per rank", type},
+         {{in, count_per_rank, "input"}, {out, total, "output"}}, count_per_rank, ready,
+         std::move(done), [=](ncclDataType_t t, ncclRedOp_t, ncclComm_t comm, cudaStream_t stream) {
+           return nccl_library().AllGather(in, out, count_per_rank, t, comm, stream);
+         });
 }
 
 void NcclCommunicator::reduce_scatter(const void* in, void* out, size_t count_per_rank,
                                       DataType type, ReduceOp op, const ReadyEvents& ready,
                                       Callback done) {
-  std::string name = describe("reduce_scatter", count_per_rank, type) + " per rank";
-  const ncclDataType_t t = nccl_type(type, name);
-  ncclRedOp_t o = nccl_op(op, name);
-  name += std::string(" (") + to_string(op) + ")";
-  Check check(*impl_, name);
-  check.buffer(in, count_per_rank * static_cast<size_t>(impl_->world), "input");
-  check.buffer(out, count_per_rank, "output");
-  check.ready(ready);
-  NcclOperation operation = named(name, ready, std::move(done));
-  if (count_per_rank > 0) {
-    o = with_integer_average(op, o, type, out, count_per_rank, impl_->world, operation);
-    operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      return nccl_library().ReduceScatter(in, out, count_per_rank, t, o, comm, stream);
-    };
-  }
-  impl_->submit(std::move(operation));
+  const size_t total = count_per_rank * static_cast<size_t>(impl_->world);
+  submit(*impl_, {describe("reduce_scatter", count_per_rank, type) + " per rank", type, op},
+         {{in, total, "input"}, {out, count_per_rank, "output"}}, count_per_rank, ready,
+         std::move(done),
+         [=](ncclDataType_t t, ncclRedOp_t o, ncclComm_t comm, cudaStream_t stream) {
+           return nccl_library().ReduceScatter(in, out, count_per_rank, t, o, comm, stream);
+         });
 }
 
 void NcclCommunicator::alltoall(const void* in, void* out, size_t count_per_rank, DataType type,
                                 const ReadyEvents& ready, Callback done) {
-  const std::string name = describe("alltoall", count_per_rank, type) + " per rank";
-  const ncclDataType_t t = nccl_type(type, name);
-  const size_t total = count_per_rank * static_cast<size_t>(impl_->world);
-  Check check(*impl_, name);
-  check.buffer(in, total, "input");
-  check.buffer(out, total, "output");
-  check.ready(ready);
-  NcclOperation operation = named(name, ready, std::move(done));
-  if (count_per_rank > 0) {
-    const int world = impl_->world;
-    const size_t block = count_per_rank * element_size(type);
-    operation.issue = [=](ncclComm_t comm, cudaStream_t stream) {
-      ncclResult_t r = nccl_library().GroupStart();
-      if (r != ncclSuccess) return r;
-      for (int peer = 0; peer < world; ++peer) {
-        const auto offset = static_cast<size_t>(peer) * block;
-        ncclResult_t s = nccl_library().Send(static_cast<const char*>(in) + offset, count_per_rank,
-                                             t, peer, comm, stream);
-        if (s == ncclSuccess)
-          s = nccl_library().Recv(static_cast<char*>(out) + offset, count_per_rank, t, peer, comm,
-                                  stream);
-        if (s != ncclSuccess) {
-          nccl_library().GroupEnd();
-          return s;
-        }
-      }
-      return nccl_library().GroupEnd();
-    };
-  }
-  impl_->submit(std::move(operation));
+  const int world = impl_->world;
+  const size_t total = count_per_rank * static_cast<size_t>(world);
+  submit(*impl_, {describe("alltoall", count_per_rank, type) + " per rank", type},
+         {{in, total, "input"}, {out, total, "output"}}, count_per_rank, ready, std::move(done),
+         [=](ncclDataType_t t, ncclRedOp_t, ncclComm_t comm, cudaStream_t stream) {
+           const size_t block = count_per_rank * element_size(type);
+           ncclResult_t r = nccl_library().GroupStart();
+           if (r != ncclSuccess) return r;
+           for (int peer = 0; peer < world; ++peer) {
+             const auto offset = static_cast<size_t>(peer) * block;
+             ncclResult_t s = nccl_library().Send(static_cast<const char*>(in) + offset,
+                                                  count_per_rank, t, peer, comm, stream);
+             if (s == ncclSuccess)
+               s = nccl_library().Recv(static_cast<char*>(out) + offset, count_per_rank, t, peer,
+                                       comm, stream);
+             if (s != ncclSuccess) {
+               nccl_library().GroupEnd();
+               return s;
+             }
+           }
+           return nccl_library().GroupEnd();
+         });
 }
 
 void NcclCommunicator::exchange(const void* send, size_t count, DataType type,
@@ -293,7 +291,7 @@ void NcclCommunicator::exchange(const void* send, size_t count, DataType type,
   const std::string name = describe("exchange", count, type) + " with " +
                            std::to_string(send_to.size()) + " + " +
                            std::to_string(recv_from.size()) + " peers";
-  const ncclDataType_t t = nccl_type(type, name);
+  const ncclDataType_t t = type_names(type, name).nccl;
   Check check(*impl_, name);
   if (recv_buffers.size() != recv_from.size())
     throw Error("NCCL " + name + ": " + std::to_string(recv_buffers.size()) +
