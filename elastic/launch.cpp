@@ -162,6 +162,8 @@ class Launcher {
   PollSet poll_set() const;
   /// Waits for the next event or deadline and handles what became ready.
   void poll_once(Clock::time_point now, std::vector<char>& buffer);
+  /// SIGINT or SIGTERM reached the launcher: the first starts the stop sequence, a second ends
+  /// its grace period.
   void on_signal(Clock::time_point now);
 
   /// After the ranks: forwards their last partial lines, records their exit codes and the ranks
@@ -169,12 +171,15 @@ class Launcher {
   int close_outputs(std::vector<int>& not_started);
   /// The rank slots of this node that finished with status 0.
   int finished_here() const;
+  /// Elastic, a node other than 0: the result as its relay to node 0's service saw the job.
   LaunchResult node_result(int dismissed);
+  /// Elastic, node 0 (or the only node): the result as the membership service saw the job.
   LaunchResult service_result(int dismissed);
   /// An elastic launch's result: `what` with the spares stopped and the slots lost; a launch not
   /// `ok` fails, and one whose membership `stopped` says why first.
   LaunchResult elastic_result(std::string what, int dismissed, bool ok, bool stopped,
                               const std::string& stop_reason);
+  /// Not elastic: every rank's status, or the first failure and what became of the other ranks.
   LaunchResult local_result(const std::vector<int>& not_started);
 
   /// Elastic: restarts slot `r` when the launch allows it; false when it does not.
