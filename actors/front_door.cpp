@@ -158,6 +158,16 @@ struct FrontDoor::Impl {
     ++(counts.*field);
   }
   void run();
+  // The steps of one turn of run(): the frames queued for the connections, what to poll and until
+  // when, and what one connection does with the events `ev` it got.
+  void take_outbox();
+  Clock::time_point poll_set(std::vector<pollfd>& fds, std::vector<uint64_t>& ids);
+  void serve(Connection& c, short ev, Clock::time_point now);
+  // The TLS handshake's step; false when the connection was closed.
+  bool tls_step(Connection& c, short ev);
+  // Reads and handles whole units while the stream has them; false when the connection must be
+  // closed.
+  bool read_units(Connection& c);
   void accept_all();
   void close(Connection& c, long FrontDoorCounts::*why);
   // Handles the unit `c.in` now holds; false when the connection must be closed.
@@ -378,29 +388,8 @@ void FrontDoor::Impl::run() {
   std::vector<pollfd> fds;
   std::vector<uint64_t> ids;
   while (!stopping) {
-    {
-      std::lock_guard<std::mutex> lock(outbox->mutex);
-      for (auto& [id, bytes] : outbox->pending) {
-        auto it = connections.find(id);
-        if (it != connections.end() && it->second.stream) it->second.out += bytes;
-      }
-      outbox->pending.clear();
-      long unsent = 0;
-      for (auto& [id, c] : connections) unsent += static_cast<long>(c.out.size());
-      outbox->unsent = unsent;
-      if (unsent == 0) outbox->drained.notify_all();
-    }
-    fds.clear();
-    ids.clear();
-    fds.push_back({outbox->wake_fd, POLLIN, 0});
-    fds.push_back({listener, POLLIN, 0});
-    auto next_deadline = Clock::now() + std::chrono::seconds(1);
-    for (auto& [id, c] : connections) {
-      const bool write = !c.out.empty() || c.wants_write;
-      fds.push_back({c.stream->fd(), static_cast<short>(POLLIN | (write ? POLLOUT : 0)), 0});
-      ids.push_back(id);
-      if (c.stage != Stage::open) next_deadline = std::min(next_deadline, c.deadline);
-    }
+    take_outbox();
+    const auto next_deadline = poll_set(fds, ids);
     const auto wait =
         std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline - Clock::now());
     const int r =
@@ -411,72 +400,107 @@ void FrontDoor::Impl::run() {
       [[maybe_unused]] auto n = ::read(outbox->wake_fd, &v, sizeof(v));
     }
     const auto now = Clock::now();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      auto& c = connections.at(ids[i]);
-      const short ev = fds[i + 2].revents;
-      if (ev) c.wants_write = false;
-      if (c.stage == Stage::tls && (ev & POLLIN) && !c.tls_record_seen) {
-        // A TLS connection opens with a handshake record (type 22). Anything else would make
-        // OpenSSL wait for however long a record its first bytes announce: close it now.
-        unsigned char first = 0;
-        const ssize_t n = ::recv(c.stream->fd(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0 || (n == 1 && first != 22)) {
-          close(c, &FrontDoorCounts::failed);
-          continue;
-        }
-        c.tls_record_seen = n == 1;
-      }
-      if (c.stage == Stage::tls && ev) {
-        const auto io = c.stream->handshake();
-        if (io == wire::Stream::Io::done) {
-          c.stage = Stage::hello;  // a hello may already be buffered: read on
-        } else if (io == wire::Stream::Io::want_write) {
-          c.wants_write = true;
-        } else if (io != wire::Stream::Io::want_read) {
-          close(c, &FrontDoorCounts::failed);
-          continue;
-        }
-      }
-      if (c.stage != Stage::tls && ((ev & (POLLIN | POLLHUP | POLLERR)) || c.stream->buffered())) {
-        // Read what the current unit still needs, never more: a unit's size is known and capped.
-        bool ok = true;
-        while (ok && c.stream) {
-          const size_t need = c.want - c.in.size();
-          if (need == 0) {
-            ok = handle(c);
-            if (ok) c.in.clear();
-            continue;
-          }
-          const size_t before = c.in.size();
-          c.in.resize(c.want);
-          size_t got = 0;
-          const auto io = c.stream->read_some(c.in.data() + before, need, got);
-          c.in.resize(before + got);
-          if (io == wire::Stream::Io::done) continue;
-          if (io == wire::Stream::Io::want_write) c.wants_write = true;
-          if (io == wire::Stream::Io::closed || io == wire::Stream::Io::failed) ok = false;
-          break;
-        }
-        if (!ok) {
-          close(c, c.stage == Stage::open
-                       ? (c.in.empty() && c.header ? nullptr : &FrontDoorCounts::dropped)
-                       : &FrontDoorCounts::failed);
-          continue;
-        }
-      }
-      if (c.stream && !c.out.empty() && (ev & (POLLOUT | POLLIN))) {
-        size_t moved = 0;
-        const auto io = c.stream->write_some(c.out.data(), c.out.size(), moved);
-        c.out.erase(0, moved);
-        if (io == wire::Stream::Io::closed || io == wire::Stream::Io::failed) close(c, nullptr);
-      }
-      if (c.stream && c.stage != Stage::open && now >= c.deadline)
-        close(c, &FrontDoorCounts::failed);
-    }
+    for (size_t i = 0; i < ids.size(); ++i) serve(connections.at(ids[i]), fds[i + 2].revents, now);
     for (auto it = connections.begin(); it != connections.end();)
       it = it->second.stream ? std::next(it) : connections.erase(it);
     if (fds[1].revents & POLLIN) accept_all();
   }
+}
+
+void FrontDoor::Impl::take_outbox() {
+  std::lock_guard<std::mutex> lock(outbox->mutex);
+  for (auto& [id, bytes] : outbox->pending) {
+    auto it = connections.find(id);
+    if (it != connections.end() && it->second.stream) it->second.out += bytes;
+  }
+  outbox->pending.clear();
+  long unsent = 0;
+  for (auto& [id, c] : connections) unsent += static_cast<long>(c.out.size());
+  outbox->unsent = unsent;
+  if (unsent == 0) outbox->drained.notify_all();
+}
+
+Clock::time_point FrontDoor::Impl::poll_set(std::vector<pollfd>& fds, std::vector<uint64_t>& ids) {
+  fds.clear();
+  ids.clear();
+  fds.push_back({outbox->wake_fd, POLLIN, 0});
+  fds.push_back({listener, POLLIN, 0});
+  auto next_deadline = Clock::now() + std::chrono::seconds(1);
+  for (auto& [id, c] : connections) {
+    const bool write = !c.out.empty() || c.wants_write;
+    fds.push_back({c.stream->fd(), static_cast<short>(POLLIN | (write ? POLLOUT : 0)), 0});
+    ids.push_back(id);
+    if (c.stage != Stage::open) next_deadline = std::min(next_deadline, c.deadline);
+  }
+  return next_deadline;
+}
+
+void FrontDoor::Impl::serve(Connection& c, short ev, Clock::time_point now) {
+  if (ev) c.wants_write = false;
+  if (c.stage == Stage::tls && !tls_step(c, ev)) return;
+  if (c.stage != Stage::tls && ((ev & (POLLIN | POLLHUP | POLLERR)) || c.stream->buffered())) {
+    if (!read_units(c)) {
+      close(c, c.stage == Stage::open
+                   ? (c.in.empty() && c.header ? nullptr : &FrontDoorCounts::dropped)
+                   : &FrontDoorCounts::failed);
+      return;
+    }
+  }
+  if (c.stream && !c.out.empty() && (ev & (POLLOUT | POLLIN))) {
+    size_t moved = 0;
+    const auto io = c.stream->write_some(c.out.data(), c.out.size(), moved);
+    c.out.erase(0, moved);
+    if (io == wire::Stream::Io::closed || io == wire::Stream::Io::failed) close(c, nullptr);
+  }
+  if (c.stream && c.stage != Stage::open && now >= c.deadline) close(c, &FrontDoorCounts::failed);
+}
+
+bool FrontDoor::Impl::tls_step(Connection& c, short ev) {
+  if ((ev & POLLIN) && !c.tls_record_seen) {
+    // A TLS connection opens with a handshake record (type 22). Anything else would make
+    // OpenSSL wait for however long a record its first bytes announce: close it now.
+    unsigned char first = 0;
+    const ssize_t n = ::recv(c.stream->fd(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n == 1 && first != 22)) {
+      close(c, &FrontDoorCounts::failed);
+      return false;
+    }
+    c.tls_record_seen = n == 1;
+  }
+  if (!ev) return true;
+  const auto io = c.stream->handshake();
+  if (io == wire::Stream::Io::done) {
+    c.stage = Stage::hello;  // a hello may already be buffered: read on
+  } else if (io == wire::Stream::Io::want_write) {
+    c.wants_write = true;
+  } else if (io != wire::Stream::Io::want_read) {
+    close(c, &FrontDoorCounts::failed);
+    return false;
+  }
+  return true;
+}
+
+bool FrontDoor::Impl::read_units(Connection& c) {
+  // Read what the current unit still needs, never more: a unit's size is known and capped.
+  bool ok = true;
+  while (ok && c.stream) {
+    const size_t need = c.want - c.in.size();
+    if (need == 0) {
+      ok = handle(c);
+      if (ok) c.in.clear();
+      continue;
+    }
+    const size_t before = c.in.size();
+    c.in.resize(c.want);
+    size_t got = 0;
+    const auto io = c.stream->read_some(c.in.data() + before, need, got);
+    c.in.resize(before + got);
+    if (io == wire::Stream::Io::done) continue;
+    if (io == wire::Stream::Io::want_write) c.wants_write = true;
+    if (io == wire::Stream::Io::closed || io == wire::Stream::Io::failed) ok = false;
+    break;
+  }
+  return ok;
 }
 
 }  // namespace troupe::actors

@@ -241,35 +241,41 @@ PublishedDirectory publish_directory(caf::actor_system& system, const Rendezvous
   return out;
 }
 
-PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request,
-                     const caf::actor& worker, caf::actor directory) {
-  const auto deadline = Clock::now() + request.timeout;
-  // The directory answers by its own deadline, which names the missing ranks; a little slack lets
-  // that answer arrive when rank 0 started after this rank.
-  constexpr auto slack = std::chrono::seconds(1);
+namespace {
+
+// The directory answers by its own deadline, which names the missing ranks; a little slack lets
+// that answer arrive when rank 0 started after this rank.
+constexpr auto kAnswerSlack = std::chrono::seconds(1);
+
+// Rank 0: registers with the directory in this process.
+PeerTable register_locally(caf::actor_system& system, const RendezvousRequest& request,
+                           const caf::actor& worker, const caf::actor& directory,
+                           Clock::time_point deadline) {
   PeerTable table;
   std::string failure;
-  if (directory) {  // rank 0: the directory is local
-    auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    caf::scoped_actor self{system};
-    self->request(directory, std::max(remaining, std::chrono::milliseconds(0)) + slack,
-                  register_atom::value, request.rank, request.world_size, request.host,
-                  request.address, request.extra, worker)
-        .receive(
-            [&](table_atom, bool ok, const std::string& error,
-                const std::vector<std::string>& hosts, const std::vector<std::string>& addresses,
-                const std::vector<std::string>& extras) {
-              if (!ok) failure = error;
-              table.hosts = hosts;
-              table.addresses = addresses;
-              table.extras = extras;
-            },
-            [&](caf::error& e) { failure = "rendezvous failed for rank 0: " + system.render(e); });
-    if (!failure.empty()) throw comm::Error(failure);
-    table.directory = directory;
-    return table;
-  }
+  auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  caf::scoped_actor self{system};
+  self->request(directory, std::max(remaining, std::chrono::milliseconds(0)) + kAnswerSlack,
+                register_atom::value, request.rank, request.world_size, request.host,
+                request.address, request.extra, worker)
+      .receive(
+          [&](table_atom, bool ok, const std::string& error, const std::vector<std::string>& hosts,
+              const std::vector<std::string>& addresses, const std::vector<std::string>& extras) {
+            if (!ok) failure = error;
+            table.hosts = hosts;
+            table.addresses = addresses;
+            table.extras = extras;
+          },
+          [&](caf::error& e) { failure = "rendezvous failed for rank 0: " + system.render(e); });
+  if (!failure.empty()) throw comm::Error(failure);
+  table.directory = directory;
+  return table;
+}
 
+// Another rank: a connection to rank 0's front door that passed the handshake, trying again until
+// the deadline (rank 0 may not be up yet, or busy).
+std::shared_ptr<wire::Stream> join_front_door(const RendezvousRequest& request,
+                                              Clock::time_point deadline) {
   const std::string ip = wire::resolve_ipv4(request.master_addr, "MASTER_ADDR");
   const auto fail = [&](const std::string& why) {
     return comm::Error("rank " + std::to_string(request.rank) + " cannot reach the rendezvous at " +
@@ -277,17 +283,16 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
                        " ms (last error: " + why + ")");
   };
   const auto tls = request.tls.enabled() ? wire::tls_context(request.tls, false) : nullptr;
-  std::shared_ptr<wire::Stream> stream;
   std::string last_error;
   auto backoff = std::chrono::milliseconds(20);
   while (true) {
     const int fd = connect_to(ip, request.master_port, deadline, last_error);
     if (fd >= 0) {
-      stream = std::make_shared<wire::Stream>(fd, tls);
+      auto stream = std::make_shared<wire::Stream>(fd, tls);
       Refusal refusal;
       if (handshake(*stream, wire::job_key(request.secret, request.job_id), request.job_id,
                     deadline, refusal))
-        break;
+        return stream;
       stream.reset();
       last_error = refusal.why;
       if (!refusal.retry)
@@ -302,7 +307,13 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     if (Clock::now() >= deadline) throw fail(last_error);
   }
+}
 
+// Registers over `stream` and returns the peer table rank 0's directory sent back.
+PeerTable register_remotely(wire::Stream& stream, const RendezvousRequest& request,
+                            Clock::time_point deadline) {
+  PeerTable table;
+  std::string failure;
   const std::string at =
       "rendezvous at " + where(request) + " failed for rank " + std::to_string(request.rank) + ": ";
   try {
@@ -313,14 +324,14 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
         .str(request.address)
         .str(request.extra);
     const auto bytes = wire::frame(Frame::register_rank, w.bytes());
-    wire::send_all(*stream, bytes.data(), bytes.size(), deadline + slack, "registering");
+    wire::send_all(stream, bytes.data(), bytes.size(), deadline + kAnswerSlack, "registering");
     // The table grows with the world: each rank's host, address and extra bytes, within the
     // caps rank 0 checked them against.
     const uint64_t cap =
         1024 + static_cast<uint64_t>(request.world_size) * (12 + wire::kMaxHostBytes + 16 * 1024);
     auto [type, body] =
-        wire::recv_frame(*stream, static_cast<uint32_t>(std::min<uint64_t>(cap, 1u << 30)),
-                         deadline + slack, "waiting for the peer table");
+        wire::recv_frame(stream, static_cast<uint32_t>(std::min<uint64_t>(cap, 1u << 30)),
+                         deadline + kAnswerSlack, "waiting for the peer table");
     if (type != Frame::table) throw comm::Error("rank 0 sent something other than the peer table");
     wire::Reader r(body, "the peer table");
     const bool ok = r.u8() != 0;
@@ -340,6 +351,18 @@ PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request
                         : what);
   }
   if (!failure.empty()) throw comm::Error(failure);
+  return table;
+}
+
+}  // namespace
+
+PeerTable rendezvous(caf::actor_system& system, const RendezvousRequest& request,
+                     const caf::actor& worker, caf::actor directory) {
+  const auto deadline = Clock::now() + request.timeout;
+  if (directory)  // rank 0: the directory is local
+    return register_locally(system, request, worker, directory, deadline);
+  std::shared_ptr<wire::Stream> stream = join_front_door(request, deadline);
+  PeerTable table = register_remotely(*stream, request, deadline);
   table.connection = std::make_shared<DirectoryConnection>(system, std::move(stream), worker);
   table.directory = table.connection->link();
   return table;

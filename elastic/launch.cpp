@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "comm/status.h"
@@ -137,6 +138,50 @@ class Launcher {
   LaunchResult run(int port);
 
  private:
+  /// Elastic: node 0's membership service and, with several nodes, the link between the nodes'
+  /// launchers (node 0's hub, the others' relays).
+  void start_membership(int port);
+  void link_nodes(int port, std::chrono::milliseconds membership_timeout);
+
+  /// Forwards the ranks' output and reaps them until neither ranks nor their output remain, or
+  /// until the stop sequence gives up on them.
+  void supervise();
+  bool local_running() const;
+  /// Node 0 of several: whether a rank of another node lives.
+  bool remote_alive() const;
+  /// Whether a rank runs here, or (node 0 of several) the other nodes still need the service.
+  bool running();
+  /// The job's timeout, the membership's news and the stop sequence's phases, at `now`.
+  void check_deadlines(Clock::time_point now);
+  /// What one poll watches: the signal pipe first, then each descriptor's owner (slot and
+  /// stdout/stderr, a membership socket's slot, or a membership link's tag).
+  struct PollSet {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, int>> owners;
+  };
+  PollSet poll_set() const;
+  /// Waits for the next event or deadline and handles what became ready.
+  void poll_once(Clock::time_point now, std::vector<char>& buffer);
+  /// SIGINT or SIGTERM reached the launcher: the first starts the stop sequence, a second ends
+  /// its grace period.
+  void on_signal(Clock::time_point now);
+
+  /// After the ranks: forwards their last partial lines, records their exit codes and the ranks
+  /// never started; returns how many waiting spares were stopped.
+  int close_outputs(std::vector<int>& not_started);
+  /// The rank slots of this node that finished with status 0.
+  int finished_here() const;
+  /// Elastic, a node other than 0: the result as its relay to node 0's service saw the job.
+  LaunchResult node_result(int dismissed);
+  /// Elastic, node 0 (or the only node): the result as the membership service saw the job.
+  LaunchResult service_result(int dismissed);
+  /// An elastic launch's result: `what` with the spares stopped and the slots lost; a launch not
+  /// `ok` fails, and one whose membership `stopped` says why first.
+  LaunchResult elastic_result(std::string what, int dismissed, bool ok, bool stopped,
+                              const std::string& stop_reason);
+  /// Not elastic: every rank's status, or the first failure and what became of the other ranks.
+  LaunchResult local_result(const std::vector<int>& not_started);
+
   /// Elastic: restarts slot `r` when the launch allows it; false when it does not.
   bool restart(int r);
 
@@ -212,6 +257,11 @@ class Launcher {
   }
 
   void start_rank(int r, int port, bool spare = false);
+  /// Elastic: attaches slot `r`'s process to the membership and adds what it reads to `env`;
+  /// returns the process's end of the membership socket.
+  int attach_membership(int r, bool spare, std::vector<std::string>& env);
+  /// Slot `r`'s program could not be executed (`error`, an errno, `why`): the launch fails.
+  void cannot_start(int r, int error, const std::string& why);
   int slot_count() const { return static_cast<int>(ranks_.size()); }
   /// Elastic with spares: once no rank (a process a generation took) runs, stops the spares.
   void dismiss_spares();
@@ -328,7 +378,17 @@ class Launcher {
   bool dismiss_sent_ = false;  // node 0 told the other nodes to stop their waiting spares
   std::string reason_;
   std::vector<int> stopped_;
+  // Phases: running (until timeout_at_), SIGTERM sent (until kill_at_), SIGKILL sent (until
+  // give_up_at_). Once no rank runs, descendants may still hold the pipes: drain until
+  // drain_until_, or until give_up_at_ when stopping.
+  Clock::time_point timeout_at_ = kNever;
   Clock::time_point kill_at_ = kNever;
+  Clock::time_point give_up_at_ = kNever;
+  Clock::time_point drain_until_ = kNever;
+  // Node 0 of several serves the other nodes until their launchers said bye: while a rank of
+  // theirs lives, and then at most a grace period (their launchers end their ranks by then).
+  Clock::time_point bye_by_ = kNever;
+  std::vector<int> unreaped_;  // abandoned: still running when the stop sequence gave up
 };
 
 /// The file that exec would run for `program`: itself when it holds a '/', else the first
@@ -367,6 +427,55 @@ std::string find_program(const std::string& program, int& error) {
   return "";
 }
 
+/// A starting rank's pipes, each read end first: its stdout, its stderr, and the one on which its
+/// exec reports a failure.
+struct StartPipes {
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+  int exec[2] = {-1, -1};
+};
+
+/// The forked child of start_rank, until exec: only async-signal-safe calls. It takes its own
+/// process group (so stopping it reaches its descendants), default signal handling, and stdin
+/// from /dev/null (a background group reading the terminal would stop).
+[[noreturn]] void exec_rank(const std::string& file, char* const* argv, char* const* envp,
+                            const StartPipes& pipes, int membership_fd, pid_t launcher) {
+  struct sigaction defaults {};
+  defaults.sa_handler = SIG_DFL;
+  sigemptyset(&defaults.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGXFSZ}) sigaction(sig, &defaults, nullptr);
+  setpgid(0, 0);
+  // Die with the launcher: a SIGKILLed launcher cannot stop its ranks, and they would run on as
+  // orphans. The signal comes when the thread that forked exits, which launch() outlives; a
+  // launcher that died before prctl is seen by getppid().
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) _exit(128 + SIGKILL);
+  if (membership_fd >= 0) fcntl(membership_fd, F_SETFD, 0);  // the rank keeps its end
+  const int null_fd = open("/dev/null", O_RDONLY);
+  if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(pipes.out[1], 1) < 0 ||
+      dup2(pipes.err[1], 2) < 0) {
+    const int e = errno;
+    (void)!write(pipes.exec[1], &e, sizeof e);
+    _exit(126);
+  }
+  execve(file.c_str(), argv, envp);
+  const int e = errno;
+  (void)!write(pipes.exec[1], &e, sizeof e);
+  _exit(e == ENOENT ? 127 : 126);
+}
+
+/// The errno that a child's failed exec wrote on `fd` (closed here); none when the exec succeeded.
+std::optional<int> exec_error(int& fd) {
+  int error = 0;
+  ssize_t got = 0;
+  do {
+    got = read(fd, &error, sizeof error);
+  } while (got < 0 && errno == EINTR);
+  close_fd(fd);
+  if (got != static_cast<ssize_t>(sizeof error)) return std::nullopt;
+  return error;
+}
+
 void Launcher::start_rank(int r, int port, bool spare) {
   Rank& rank = ranks_[r];
   const std::string& program = options_.command[0];
@@ -374,105 +483,78 @@ void Launcher::start_rank(int r, int port, bool spare) {
   const std::string file = find_program(program, error);
   if (file.empty()) {
     bool searched = error == ENOENT && program.find('/') == std::string::npos;
-    rank.exit_code = error == ENOENT ? 127 : 126;
-    fail("cannot start '" + program + "' for rank " + std::to_string(global(r)) + ": " +
-             (searched ? "not found in PATH" : strerror(error)) + " (expected an executable file)",
-         rank.exit_code, global(r));
+    cannot_start(r, error, searched ? "not found in PATH" : strerror(error));
     return;
   }
   // Everything the child needs is built before fork: between fork and exec it may only make
   // async-signal-safe calls (another thread may hold malloc's lock).
   std::vector<std::string> env = child_env(r, port), args = options_.command;
-  int membership_fd = -1;
-  if (options_.elastic) {
-    membership_fd = relay_ ? relay_->attach(r, spare) : membership_->attach(global(r), spare);
-    env.push_back("TROUPE_ELASTIC_FD=" + std::to_string(membership_fd));
-    // The service's round, from which a rank derives how long it waits for a generation.
-    env.push_back("TROUPE_MEMBERSHIP_TIMEOUT_MS=" +
-                  std::to_string(static_cast<long long>(options_.membership_timeout_sec * 1000)));
-    if (spare) {
-      // A week without a job deadline: a spare outlives no launcher (it dies with it), but its
-      // wait still ends.
-      const double wait = options_.timeout_sec > 0 ? options_.timeout_sec : 7 * 24 * 3600.0;
-      env.push_back("TROUPE_ELASTIC_SPARE=" +
-                    std::to_string(static_cast<long long>(std::ceil(wait))));
-    }
-    env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restarts_of_[static_cast<size_t>(r)]));
-  }
+  const int membership_fd = options_.elastic ? attach_membership(r, spare, env) : -1;
   std::vector<char*> envp, argv;
   for (std::string& entry : env) envp.push_back(entry.data());
   for (std::string& arg : args) argv.push_back(arg.data());
   envp.push_back(nullptr);
   argv.push_back(nullptr);
-  int out_pipe[2], err_pipe[2], exec_pipe[2];
-  make_pipe(out_pipe);
-  make_pipe(err_pipe);
-  make_pipe(exec_pipe);  // close-on-exec: EOF means the exec succeeded, an int its errno
+  StartPipes pipes;
+  make_pipe(pipes.out);
+  make_pipe(pipes.err);
+  make_pipe(pipes.exec);  // close-on-exec: EOF means the exec succeeded, an int its errno
   const pid_t launcher = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     const int fork_error = errno;
-    for (int* fds : {out_pipe, err_pipe, exec_pipe}) {
+    for (int* fds : {pipes.out, pipes.err, pipes.exec}) {
       close_fd(fds[0]);
       close_fd(fds[1]);
     }
     throw Error("cannot start rank " + std::to_string(global(r)) +
                 ": fork: " + strerror(fork_error));
   }
-  if (pid == 0) {
-    // The child: its own process group (so stopping it reaches its descendants), default signal
-    // handling, stdin from /dev/null (a background group reading the terminal would stop).
-    struct sigaction defaults {};
-    defaults.sa_handler = SIG_DFL;
-    sigemptyset(&defaults.sa_mask);
-    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGXFSZ}) sigaction(sig, &defaults, nullptr);
-    setpgid(0, 0);
-    // Die with the launcher: a SIGKILLed launcher cannot stop its ranks, and they would run on as
-    // orphans. The signal comes when the thread that forked exits, which launch() outlives; a
-    // launcher that died before prctl is seen by getppid().
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != launcher) _exit(128 + SIGKILL);
-    if (membership_fd >= 0) fcntl(membership_fd, F_SETFD, 0);  // the rank keeps its end
-    const int null_fd = open("/dev/null", O_RDONLY);
-    if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 ||
-        dup2(err_pipe[1], 2) < 0) {
-      const int e = errno;
-      (void)!write(exec_pipe[1], &e, sizeof e);
-      _exit(126);
-    }
-    execve(file.c_str(), argv.data(), envp.data());
-    const int e = errno;
-    (void)!write(exec_pipe[1], &e, sizeof e);
-    _exit(e == ENOENT ? 127 : 126);
-  }
+  if (pid == 0) exec_rank(file, argv.data(), envp.data(), pipes, membership_fd, launcher);
   setpgid(pid, pid);  // also here, so that a stop sent at once reaches the group
   if (membership_) membership_->started(global(r));
   if (relay_) relay_->started(r);
-  close_fd(out_pipe[1]);
-  close_fd(err_pipe[1]);
-  close_fd(exec_pipe[1]);
-  int exec_error = 0;
-  ssize_t got = 0;
-  do {
-    got = read(exec_pipe[0], &exec_error, sizeof exec_error);
-  } while (got < 0 && errno == EINTR);
-  close_fd(exec_pipe[0]);
-  if (got == static_cast<ssize_t>(sizeof exec_error)) {
+  close_fd(pipes.out[1]);
+  close_fd(pipes.err[1]);
+  close_fd(pipes.exec[1]);
+  if (const std::optional<int> failed = exec_error(pipes.exec[0])) {
     // No rank runs a program that could not be executed: reap the child and report it.
     while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
-    close_fd(out_pipe[0]);
-    close_fd(err_pipe[0]);
-    rank.exit_code = exec_error == ENOENT ? 127 : 126;
-    fail("cannot start '" + program + "' for rank " + std::to_string(global(r)) + ": " +
-             strerror(exec_error) + " (expected an executable file)",
-         rank.exit_code, global(r));
+    close_fd(pipes.out[0]);
+    close_fd(pipes.err[0]);
+    cannot_start(r, *failed, strerror(*failed));
     return;
   }
   rank.pid = pid;
   rank.running = true;
-  rank.fds[0] = out_pipe[0];
-  rank.fds[1] = err_pipe[0];
+  rank.fds[0] = pipes.out[0];
+  rank.fds[1] = pipes.err[0];
+}
+
+int Launcher::attach_membership(int r, bool spare, std::vector<std::string>& env) {
+  const int membership_fd =
+      relay_ ? relay_->attach(r, spare) : membership_->attach(global(r), spare);
+  env.push_back("TROUPE_ELASTIC_FD=" + std::to_string(membership_fd));
+  // The service's round, from which a rank derives how long it waits for a generation.
+  env.push_back("TROUPE_MEMBERSHIP_TIMEOUT_MS=" +
+                std::to_string(static_cast<long long>(options_.membership_timeout_sec * 1000)));
+  if (spare) {
+    // A week without a job deadline: a spare outlives no launcher (it dies with it), but its
+    // wait still ends.
+    const double wait = options_.timeout_sec > 0 ? options_.timeout_sec : 7 * 24 * 3600.0;
+    env.push_back("TROUPE_ELASTIC_SPARE=" +
+                  std::to_string(static_cast<long long>(std::ceil(wait))));
+  }
+  env.push_back("TROUPE_RESTART_COUNT=" + std::to_string(restarts_of_[static_cast<size_t>(r)]));
+  return membership_fd;
+}
+
+void Launcher::cannot_start(int r, int error, const std::string& why) {
+  ranks_[r].exit_code = error == ENOENT ? 127 : 126;
+  fail("cannot start '" + options_.command[0] + "' for rank " + std::to_string(global(r)) + ": " +
+           why + " (expected an executable file)",
+       ranks_[r].exit_code, global(r));
 }
 
 bool Launcher::restart(int r) {
@@ -539,9 +621,22 @@ void Launcher::dismiss_spares() {
 LaunchResult Launcher::run(int port) {
   port_ = port;
   restarts_of_.assign(static_cast<size_t>(slot_count()), 0);
+  if (options_.elastic) start_membership(port);
+  timeout_at_ =
+      options_.timeout_sec > 0 ? Clock::now() + as_duration(options_.timeout_sec) : kNever;
+  for (int r = 0; r < slot_count() && !stopping_; ++r) start_rank(r, port, r >= options_.nprocs);
+  supervise();
+  std::vector<int> not_started;
+  const int dismissed = close_outputs(not_started);
+  if (relay_) return node_result(dismissed);
+  if (membership_) return service_result(dismissed);
+  return local_result(not_started);
+}
+
+void Launcher::start_membership(int port) {
   const std::chrono::milliseconds membership_timeout(
       static_cast<int64_t>(options_.membership_timeout_sec * 1000));
-  if (options_.elastic && options_.node_rank == 0) {
+  if (options_.node_rank == 0) {
     // Slots span the nodes: node i's local rank r is slot i * nprocs + r (its RANK); the spares'
     // slots follow every node's ranks (elastic::NodeShape::slot()).
     membership_ = std::make_unique<elastic::MembershipServer>(shape().slots(), options_.min_ranks,
@@ -553,168 +648,179 @@ LaunchResult Launcher::run(int port) {
       membership_->set_slot_nodes(std::move(nodes));
     }
   }
-  if (options_.elastic && options_.nnodes > 1) {
-    const elastic::NodeShape shape = this->shape();
-    std::string secret;
-    for (const auto& [name, value] : options_.extra_env)
-      if (name == "TROUPE_JOB_SECRET") secret = value;
-    if (const char* env = std::getenv("TROUPE_JOB_SECRET"); secret.empty() && env) secret = env;
-    const auto silence = elastic::node_silence(membership_timeout);
-    if (job_id_.empty()) {
-      *streams_[1] << "troupe: warning: node " << options_.node_rank << " of an elastic job of "
-                   << options_.nnodes << " nodes has no job id (--job-id, TROUPE_JOB_ID): "
-                   << "another job that shares its TROUPE_JOB_SECRET and master address could "
-                      "take its place; give every node of a job the same --job-id\n";
-      streams_[1]->flush();
-    }
-    if (options_.node_rank == 0) {
-      elastic::HandshakeLimits limits;
-      limits.hello_within =
-          std::min<std::chrono::milliseconds>(limits.hello_within, membership_timeout);
-      limits.in_all = std::max(limits.in_all, 2 * options_.nnodes);
-      hub_ =
-          std::make_unique<elastic::MembershipHub>(*membership_, shape, options_.master_addr, port,
-                                                   secret, *streams_[1], job_id_, limits, silence);
-    } else {
-      relay_ = std::make_unique<elastic::MembershipRelay>(shape, options_.master_addr, port, secret,
-                                                          membership_timeout, job_id_, silence);
-    }
-  }
-  auto timeout_at =
-      options_.timeout_sec > 0 ? Clock::now() + as_duration(options_.timeout_sec) : kNever;
-  for (int r = 0; r < slot_count() && !stopping_; ++r) start_rank(r, port, r >= options_.nprocs);
+  if (options_.nnodes > 1) link_nodes(port, membership_timeout);
+}
 
-  // Phases: running (until timeout_at), SIGTERM sent (until kill_at_), SIGKILL sent (until
-  // give_up_at). Once no rank runs, descendants may still hold the pipes: drain until
-  // drain_until, or until give_up_at when stopping.
-  auto give_up_at = kNever, drain_until = kNever;
-  std::vector<int> unreaped;
+void Launcher::link_nodes(int port, std::chrono::milliseconds membership_timeout) {
+  const elastic::NodeShape shape = this->shape();
+  std::string secret;
+  for (const auto& [name, value] : options_.extra_env)
+    if (name == "TROUPE_JOB_SECRET") secret = value;
+  if (const char* env = std::getenv("TROUPE_JOB_SECRET"); secret.empty() && env) secret = env;
+  const auto silence = elastic::node_silence(membership_timeout);
+  if (job_id_.empty()) {
+    *streams_[1] << "troupe: warning: node " << options_.node_rank << " of an elastic job of "
+                 << options_.nnodes << " nodes has no job id (--job-id, TROUPE_JOB_ID): "
+                 << "another job that shares its TROUPE_JOB_SECRET and master address could "
+                    "take its place; give every node of a job the same --job-id\n";
+    streams_[1]->flush();
+  }
+  if (options_.node_rank == 0) {
+    elastic::HandshakeLimits limits;
+    limits.hello_within =
+        std::min<std::chrono::milliseconds>(limits.hello_within, membership_timeout);
+    limits.in_all = std::max(limits.in_all, 2 * options_.nnodes);
+    hub_ = std::make_unique<elastic::MembershipHub>(*membership_, shape, options_.master_addr, port,
+                                                    secret, *streams_[1], job_id_, limits, silence);
+  } else {
+    relay_ = std::make_unique<elastic::MembershipRelay>(shape, options_.master_addr, port, secret,
+                                                        membership_timeout, job_id_, silence);
+  }
+}
+
+bool Launcher::local_running() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
+}
+
+bool Launcher::remote_alive() const {
+  if (!hub_) return false;
+  for (int s = 0; s < shape().slots(); ++s)
+    if (shape().node_of(s) != 0 && membership_->alive(s)) return true;
+  return false;
+}
+
+bool Launcher::running() {
+  if (local_running()) return true;
+  if (!hub_ || !hub_->connected()) return false;
+  if (remote_alive()) {
+    bye_by_ = kNever;
+    return true;
+  }
+  if (bye_by_ == kNever)
+    bye_by_ = Clock::now() + as_duration(options_.grace_sec + kReapAfterKillSec);
+  if (Clock::now() < bye_by_) return true;
+  hub_->drop_all("no bye within " + seconds_text(options_.grace_sec + kReapAfterKillSec) +
+                 " of its ranks' end");
+  return false;
+}
+
+void Launcher::supervise() {
   std::vector<char> buffer(kMaxLine);
-  auto local_running = [&] {
-    return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
-  };
-  // Node 0 of several serves the other nodes until their launchers said bye: while a rank of
-  // theirs lives, and then at most a grace period (their launchers end their ranks by then).
-  auto remote_alive = [&] {
-    if (!hub_) return false;
-    for (int s = 0; s < shape().slots(); ++s)
-      if (shape().node_of(s) != 0 && membership_->alive(s)) return true;
-    return false;
-  };
-  auto bye_by = kNever;
-  auto running = [&] {
-    if (local_running()) return true;
-    if (!hub_ || !hub_->connected()) return false;
-    if (remote_alive()) {
-      bye_by = kNever;
-      return true;
-    }
-    if (bye_by == kNever)
-      bye_by = Clock::now() + as_duration(options_.grace_sec + kReapAfterKillSec);
-    if (Clock::now() < bye_by) return true;
-    hub_->drop_all("no bye within " + seconds_text(options_.grace_sec + kReapAfterKillSec) +
-                   " of its ranks' end");
-    return false;
-  };
   while (running() ||
          std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.output_open(); })) {
     auto now = Clock::now();
-    if (!running() && drain_until == kNever) {
-      drain_until = stopping_ ? kNever : now + as_duration(options_.grace_sec);
+    if (!running() && drain_until_ == kNever) {
+      drain_until_ = stopping_ ? kNever : now + as_duration(options_.grace_sec);
     }
-    if (now >= drain_until || (!running() && now >= give_up_at)) break;
-    if (!stopping_ && now >= timeout_at) {
-      fail("timed out after " + seconds_text(options_.timeout_sec), 124, -1);
-    }
-    if (membership_) membership_->tick();
-    if (hub_) hub_->tick();
-    if (relay_) relay_->tick();
-    if (job_stopped() && !stopping_) {
-      // Every member was told to stop; those that do not end in the grace period are stopped.
-      const std::string why = membership_ ? membership_->stop_reason() : relay_->stop_reason();
-      if (hub_) hub_->stopped(why);
-      fail("elastic membership: " + why, 1, -1, false);
-      kill_at_ = std::min(kill_at_, now + as_duration(options_.grace_sec));
-      stopping_ = true;
-    }
-    if (relay_ && relay_->lost() && !lost_reported_) {
-      // Node 0's launcher is gone: nothing can form a generation; this node's ranks end.
-      lost_reported_ = true;
-      fail(relay_->lost_reason(), 1, -1, !stopping_);
-    }
-    if (give_up_at == kNever && now >= kill_at_) {
-      signal_groups(SIGKILL);
-      give_up_at = now + as_duration(kReapAfterKillSec);
-    }
-    if (running() && now >= give_up_at) {
+    if (now >= drain_until_ || (!running() && now >= give_up_at_)) break;
+    check_deadlines(now);
+    if (running() && now >= give_up_at_) {
       for (int r = 0; r < slot_count(); ++r) {
-        if (ranks_[r].running) unreaped.push_back(global(r));
+        if (ranks_[r].running) unreaped_.push_back(global(r));
         ranks_[r].running = false;  // abandoned: waiting longer would break the deadline
       }
       break;
     }
-
-    std::vector<pollfd> fds{{signal_pipe_[0], POLLIN, 0}};
-    std::vector<std::pair<int, int>> owners{{-1, -1}};
-    for (int r = 0; r < slot_count(); ++r) {
-      for (int which = 0; which < 2; ++which) {
-        if (ranks_[r].fds[which] < 0) continue;
-        fds.push_back({ranks_[r].fds[which], POLLIN, 0});
-        owners.emplace_back(r, which);
-      }
-    }
-    if (membership_) {
-      std::vector<int> slots;
-      membership_->add_poll_fds(fds, slots);
-      for (int slot : slots) owners.emplace_back(slot, 2);  // 2: the membership socket
-    }
-    if (hub_ || relay_) {
-      std::vector<int> tags;
-      if (hub_) hub_->add_poll_fds(fds, tags);
-      if (relay_) relay_->add_poll_fds(fds, tags);
-      for (int tag : tags) owners.emplace_back(tag, 3);  // 3: the membership link
-    }
-    auto next = std::min(
-        {running() ? now + std::chrono::milliseconds(kTickMs) : kNever,
-         stopping_ ? kNever : timeout_at, give_up_at == kNever ? kill_at_ : give_up_at, drain_until,
-         membership_ ? membership_->next_deadline() : kNever, hub_ ? hub_->next_deadline() : kNever,
-         relay_ ? relay_->next_deadline() : kNever});
-    auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
-    poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait_ms, 0, 1000)));
-
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      if (i == 0) {
-        unsigned char sig = 0;
-        if (read(signal_pipe_[0], &sig, 1) != 1) continue;
-        if (stopping_) {
-          kill_at_ = now;  // a second signal: do not wait out the grace period
-        } else {
-          fail(std::string("launcher received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM"),
-               128 + sig, -1);
-        }
-        continue;
-      }
-      auto [r, which] = owners[i];
-      if (which == 2) {
-        membership_->on_readable(r);
-        continue;
-      }
-      if (which == 3) {
-        if (hub_) hub_->on_ready(r, fds[i].revents);
-        if (relay_) relay_->on_ready(r, fds[i].revents);
-        continue;
-      }
-      ssize_t got = read(fds[i].fd, buffer.data(), buffer.size());
-      if (got >= 0 || (errno != EINTR && errno != EAGAIN)) {
-        forward(r, which, buffer.data(), got > 0 ? static_cast<size_t>(got) : 0, got <= 0);
-      }
-    }
+    poll_once(now, buffer);
     reap();
     dismiss_spares();
   }
+}
 
-  std::vector<int> not_started;
+void Launcher::check_deadlines(Clock::time_point now) {
+  if (!stopping_ && now >= timeout_at_) {
+    fail("timed out after " + seconds_text(options_.timeout_sec), 124, -1);
+  }
+  if (membership_) membership_->tick();
+  if (hub_) hub_->tick();
+  if (relay_) relay_->tick();
+  if (job_stopped() && !stopping_) {
+    // Every member was told to stop; those that do not end in the grace period are stopped.
+    const std::string why = membership_ ? membership_->stop_reason() : relay_->stop_reason();
+    if (hub_) hub_->stopped(why);
+    fail("elastic membership: " + why, 1, -1, false);
+    kill_at_ = std::min(kill_at_, now + as_duration(options_.grace_sec));
+    stopping_ = true;
+  }
+  if (relay_ && relay_->lost() && !lost_reported_) {
+    // Node 0's launcher is gone: nothing can form a generation; this node's ranks end.
+    lost_reported_ = true;
+    fail(relay_->lost_reason(), 1, -1, !stopping_);
+  }
+  if (give_up_at_ == kNever && now >= kill_at_) {
+    signal_groups(SIGKILL);
+    give_up_at_ = now + as_duration(kReapAfterKillSec);
+  }
+}
+
+Launcher::PollSet Launcher::poll_set() const {
+  PollSet set{{{signal_pipe_[0], POLLIN, 0}}, {{-1, -1}}};
+  for (int r = 0; r < slot_count(); ++r) {
+    for (int which = 0; which < 2; ++which) {
+      if (ranks_[r].fds[which] < 0) continue;
+      set.fds.push_back({ranks_[r].fds[which], POLLIN, 0});
+      set.owners.emplace_back(r, which);
+    }
+  }
+  if (membership_) {
+    std::vector<int> slots;
+    membership_->add_poll_fds(set.fds, slots);
+    for (int slot : slots) set.owners.emplace_back(slot, 2);  // 2: the membership socket
+  }
+  if (hub_ || relay_) {
+    std::vector<int> tags;
+    if (hub_) hub_->add_poll_fds(set.fds, tags);
+    if (relay_) relay_->add_poll_fds(set.fds, tags);
+    for (int tag : tags) set.owners.emplace_back(tag, 3);  // 3: the membership link
+  }
+  return set;
+}
+
+void Launcher::poll_once(Clock::time_point now, std::vector<char>& buffer) {
+  PollSet set = poll_set();
+  std::vector<pollfd>& fds = set.fds;
+  auto next =
+      std::min({running() ? now + std::chrono::milliseconds(kTickMs) : kNever,
+                stopping_ ? kNever : timeout_at_, give_up_at_ == kNever ? kill_at_ : give_up_at_,
+                drain_until_, membership_ ? membership_->next_deadline() : kNever,
+                hub_ ? hub_->next_deadline() : kNever, relay_ ? relay_->next_deadline() : kNever});
+  auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
+  poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait_ms, 0, 1000)));
+
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    if (i == 0) {
+      on_signal(now);
+      continue;
+    }
+    auto [r, which] = set.owners[i];
+    if (which == 2) {
+      membership_->on_readable(r);
+      continue;
+    }
+    if (which == 3) {
+      if (hub_) hub_->on_ready(r, fds[i].revents);
+      if (relay_) relay_->on_ready(r, fds[i].revents);
+      continue;
+    }
+    ssize_t got = read(fds[i].fd, buffer.data(), buffer.size());
+    if (got >= 0 || (errno != EINTR && errno != EAGAIN)) {
+      forward(r, which, buffer.data(), got > 0 ? static_cast<size_t>(got) : 0, got <= 0);
+    }
+  }
+}
+
+void Launcher::on_signal(Clock::time_point now) {
+  unsigned char sig = 0;
+  if (read(signal_pipe_[0], &sig, 1) != 1) return;
+  if (stopping_) {
+    kill_at_ = now;  // a second signal: do not wait out the grace period
+  } else {
+    fail(std::string("launcher received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM"), 128 + sig, -1);
+  }
+}
+
+int Launcher::close_outputs(std::vector<int>& not_started) {
   int dismissed = 0;
   for (int r = 0; r < slot_count(); ++r) {
     if (ranks_[r].dismissed) ++dismissed;
@@ -724,45 +830,52 @@ LaunchResult Launcher::run(int port) {
     result_.rank_exit_codes.push_back(ranks_[r].exit_code);
     if (ranks_[r].pid < 0 && global(r) != result_.failed_rank) not_started.push_back(global(r));
   }
-  if (relay_) {
-    // Another node of an elastic job: it succeeded when its service stayed, the job did not stop,
-    // and a rank of this node finished.
-    relay_->finish(std::chrono::milliseconds(static_cast<int64_t>(options_.grace_sec * 1000)));
-    const int finished = static_cast<int>(
-        std::count(result_.rank_exit_codes.begin(), result_.rank_exit_codes.end(), 0));
-    std::string what = "node " + std::to_string(options_.node_rank) + ": " +
-                       std::to_string(finished) + " of " + std::to_string(slot_count()) +
-                       " rank slots finished with status 0 after " + std::to_string(restarts_) +
-                       " restarts (membership service at " + relay_->where() + ")";
-    if (dismissed > 0) what += "; " + std::to_string(dismissed) + " waiting spares stopped";
-    if (!reason_.empty()) what += "; lost: " + reason_;
-    const bool ok =
-        !relay_->stopped() && !relay_->lost() && finished >= 1 && result_.exit_code == 0;
-    if (!ok && result_.exit_code == 0) result_.exit_code = 1;
-    if (relay_->stopped()) what = relay_->stop_reason() + "; " + what;
-    result_.message = what;
-    return result_;
-  }
-  if (membership_) {
-    // Elastic: the job succeeded when enough ranks finished and no generation lacked a quorum.
-    // With several nodes, the other nodes' ranks that finished count too.
-    const int local_finished = static_cast<int>(
-        std::count(result_.rank_exit_codes.begin(), result_.rank_exit_codes.end(), 0));
-    const int finished = local_finished + (hub_ ? hub_->finished() : 0);
-    const int all_slots = options_.nnodes > 1 ? options_.nnodes * options_.nprocs : slot_count();
-    std::string what = std::to_string(finished) + " of " + std::to_string(all_slots) +
-                       " rank slots finished with status 0 after " +
-                       std::to_string(membership_->generations()) + " generations and " +
-                       std::to_string(restarts_) + " restarts" + (hub_ ? " on node 0" : "");
-    if (dismissed > 0) what += "; " + std::to_string(dismissed) + " waiting spares stopped";
-    if (!reason_.empty()) what += "; lost: " + reason_;
-    const bool ok =
-        !membership_->stopped() && finished >= options_.min_ranks && result_.exit_code == 0;
-    if (!ok && result_.exit_code == 0) result_.exit_code = 1;
-    if (membership_->stopped()) what = membership_->stop_reason() + "; " + what;
-    result_.message = what;
-    return result_;
-  }
+  return dismissed;
+}
+
+int Launcher::finished_here() const {
+  return static_cast<int>(
+      std::count(result_.rank_exit_codes.begin(), result_.rank_exit_codes.end(), 0));
+}
+
+LaunchResult Launcher::node_result(int dismissed) {
+  // Another node of an elastic job: it succeeded when its service stayed, the job did not stop,
+  // and a rank of this node finished.
+  relay_->finish(std::chrono::milliseconds(static_cast<int64_t>(options_.grace_sec * 1000)));
+  const int finished = finished_here();
+  std::string what = "node " + std::to_string(options_.node_rank) + ": " +
+                     std::to_string(finished) + " of " + std::to_string(slot_count()) +
+                     " rank slots finished with status 0 after " + std::to_string(restarts_) +
+                     " restarts (membership service at " + relay_->where() + ")";
+  const bool ok = !relay_->stopped() && !relay_->lost() && finished >= 1;
+  return elastic_result(std::move(what), dismissed, ok, relay_->stopped(), relay_->stop_reason());
+}
+
+LaunchResult Launcher::service_result(int dismissed) {
+  // Elastic: the job succeeded when enough ranks finished and no generation lacked a quorum.
+  // With several nodes, the other nodes' ranks that finished count too.
+  const int finished = finished_here() + (hub_ ? hub_->finished() : 0);
+  const int all_slots = options_.nnodes > 1 ? options_.nnodes * options_.nprocs : slot_count();
+  std::string what = std::to_string(finished) + " of " + std::to_string(all_slots) +
+                     " rank slots finished with status 0 after " +
+                     std::to_string(membership_->generations()) + " generations and " +
+                     std::to_string(restarts_) + " restarts" + (hub_ ? " on node 0" : "");
+  const bool ok = !membership_->stopped() && finished >= options_.min_ranks;
+  return elastic_result(std::move(what), dismissed, ok, membership_->stopped(),
+                        membership_->stop_reason());
+}
+
+LaunchResult Launcher::elastic_result(std::string what, int dismissed, bool ok, bool stopped,
+                                      const std::string& stop_reason) {
+  if (dismissed > 0) what += "; " + std::to_string(dismissed) + " waiting spares stopped";
+  if (!reason_.empty()) what += "; lost: " + reason_;
+  if (!ok && result_.exit_code == 0) result_.exit_code = 1;
+  if (stopped) what = stop_reason + "; " + what;
+  result_.message = what;
+  return result_;
+}
+
+LaunchResult Launcher::local_result(const std::vector<int>& not_started) {
   if (reason_.empty()) {
     result_.message = "all " + std::to_string(options_.nprocs) + " ranks exited with status 0";
     return result_;
@@ -781,7 +894,7 @@ LaunchResult Launcher::run(int port) {
     add("failed: ", failed, "");
     add("", finished, " ran on and exited with status 0");
   }
-  add("", unreaped, " did not exit within " + seconds_text(kReapAfterKillSec) + " of SIGKILL");
+  add("", unreaped_, " did not exit within " + seconds_text(kReapAfterKillSec) + " of SIGKILL");
   return result_;
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "comm/status.h"
@@ -536,6 +537,101 @@ void MembershipHub::drop_all(const std::string& why) {
 
 // ---- MembershipRelay
 
+namespace {
+
+using Fail = std::function<comm::Error(const std::string&)>;
+
+// A bounded connect of non-blocking `fd` to `target`: 0, or -1 with errno set (ETIMEDOUT when
+// `until` came first).
+int connect_until(int fd, const sockaddr_in& target, Clock::time_point until) {
+  int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&target), sizeof target);
+  if (rc != 0 && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) == 1) {
+      int so_error = 0;
+      socklen_t length = sizeof so_error;
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &length);
+      rc = so_error == 0 ? 0 : -1;
+      errno = so_error;
+    } else {
+      errno = ETIMEDOUT;
+    }
+  }
+  return rc;
+}
+
+// The first frames `stream` reads before `until`; `open` false when the connection ended.
+std::vector<LinkStream::Frame> first_frames(LinkStream& stream, Clock::time_point until,
+                                            bool& open) {
+  std::vector<LinkStream::Frame> frames;
+  open = true;
+  while (frames.empty() && open && Clock::now() < until) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    pollfd p{stream.fd(), POLLIN, 0};
+    poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    open = stream.read(frames);
+  }
+  return frames;
+}
+
+// Connects to the hub at `target` and returns its challenge, trying again until `until`: node 0's
+// launcher may not listen yet, or may close a connection while it holds as many in handshake as
+// it takes. `stream` is left connected to the hub; `within` names the deadline in messages.
+std::string await_challenge(const sockaddr_in& target, Clock::time_point until,
+                            const std::string& within, std::unique_ptr<LinkStream>& stream,
+                            const Fail& fail) {
+  std::string last;
+  auto expired = [&] {
+    return fail("no challenge from the service" + within + "; the last try: " + last);
+  };
+  for (;;) {
+    if (Clock::now() >= until) throw expired();
+    const int fd = above_stdio(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (fd < 0) throw fail(std::string("socket: ") + strerror(errno));
+    set_nonblocking(fd);
+    if (connect_until(fd, target, until) != 0) {
+      last = strerror(errno);
+      ::close(fd);
+    } else {
+      stream = std::make_unique<LinkStream>(fd);
+      bool open = true;
+      const std::vector<LinkStream::Frame> frames = first_frames(*stream, until, open);
+      if (!frames.empty() && frames[0].type == LinkFrame::challenge &&
+          frames[0].payload.size() == actors::wire::kNonceBytes)
+        return frames[0].payload;
+      if (!frames.empty())
+        throw fail("it answered with a frame of type " +
+                   std::to_string(static_cast<int>(frames[0].type)) +
+                   " where a challenge was expected (another program, or another version of "
+                   "troupe)");
+      last = open ? std::string("connected, but no challenge came")
+                  : "the connection ended before a challenge: " + stream->error();
+      stream.reset();
+    }
+    if (Clock::now() >= until) throw expired();
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(std::chrono::milliseconds(100), until - Clock::now()));
+  }
+}
+
+// The hub's first frame after this node's hello, before `until`.
+LinkStream::Frame await_answer(LinkStream& stream, Clock::time_point until,
+                               const std::string& within, const Fail& fail) {
+  std::vector<LinkStream::Frame> frames;
+  while (frames.empty()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left.count() <= 0) throw fail("no answer to this node's hello" + within);
+    pollfd p{stream.fd(), static_cast<short>(POLLIN | (stream.wants_write() ? POLLOUT : 0)), 0};
+    poll(&p, 1, static_cast<int>(left.count()));
+    if (!stream.flush() || (!stream.read(frames) && frames.empty()))
+      throw fail("the connection ended before an answer to this node's hello: " + stream.error());
+  }
+  return frames[0];
+}
+
+}  // namespace
+
 MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, int port,
                                  std::string secret, std::chrono::milliseconds deadline,
                                  std::string job_id, std::chrono::milliseconds silence)
@@ -549,7 +645,7 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
       (shape.spares > 0 ? " --spares " + std::to_string(shape.spares) : std::string()) +
       (job_id.empty() ? std::string() : " --job-id " + job_id) +
       "`, listening at --master-addr:--master-port)";
-  auto fail = [&](const std::string& why) {
+  const Fail fail = [&](const std::string& why) {
     return comm::Error("node " + std::to_string(shape.node_rank) +
                        " cannot reach the elastic membership service at " + where_ + ": " + why +
                        expected);
@@ -560,64 +656,7 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
   const auto until = Clock::now() + deadline;
   const std::string within =
       " within " + std::to_string(deadline.count()) + " ms (--membership-timeout)";
-  std::string last;
-  std::string challenge;
-  // Connect and wait for the hub's challenge, again until the deadline: node 0's launcher may
-  // not listen yet, or may close a connection while it holds as many in handshake as it takes.
-  while (challenge.empty()) {
-    if (Clock::now() >= until)
-      throw fail("no challenge from the service" + within + "; the last try: " + last);
-    const int fd = above_stdio(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (fd < 0) throw fail(std::string("socket: ") + strerror(errno));
-    // A bounded connect: non-blocking, then poll until the deadline.
-    set_nonblocking(fd);
-    int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&target), sizeof target);
-    if (rc != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
-      if (poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) == 1) {
-        int so_error = 0;
-        socklen_t length = sizeof so_error;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &length);
-        rc = so_error == 0 ? 0 : -1;
-        errno = so_error;
-      } else {
-        errno = ETIMEDOUT;
-      }
-    }
-    if (rc != 0) {
-      last = strerror(errno);
-      ::close(fd);
-    } else {
-      stream_ = std::make_unique<LinkStream>(fd);
-      std::vector<LinkStream::Frame> frames;
-      bool open = true;
-      while (frames.empty() && open && Clock::now() < until) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
-        pollfd p{stream_->fd(), POLLIN, 0};
-        poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-        open = stream_->read(frames);
-      }
-      if (!frames.empty() && frames[0].type == LinkFrame::challenge &&
-          frames[0].payload.size() == actors::wire::kNonceBytes) {
-        challenge = frames[0].payload;
-        break;
-      }
-      if (!frames.empty())
-        throw fail("it answered with a frame of type " +
-                   std::to_string(static_cast<int>(frames[0].type)) +
-                   " where a challenge was expected (another program, or another version of "
-                   "troupe)");
-      last = open ? std::string("connected, but no challenge came")
-                  : "the connection ended before a challenge: " + stream_->error();
-      stream_.reset();
-    }
-    if (Clock::now() >= until)
-      throw fail("no challenge from the service" + within + "; the last try: " + last);
-    std::this_thread::sleep_for(
-        std::min<Clock::duration>(std::chrono::milliseconds(100), until - Clock::now()));
-  }
+  const std::string challenge = await_challenge(target, until, within, stream_, fail);
   const std::string nonce = actors::wire::random_bytes(actors::wire::kNonceBytes);
   stream_->send(LinkFrame::hello, -1,
                 encode(Message::join, {std::to_string(kVersion), std::to_string(shape.node_rank),
@@ -625,18 +664,9 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
                                        std::to_string(shape.spares), nonce, job_id,
                                        hello_proof(secret, nonce + challenge, job_id, shape)})
                     .substr(1));
-  // The answer, within the deadline.
-  std::vector<LinkStream::Frame> frames;
-  while (frames.empty()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
-    if (left.count() <= 0) throw fail("no answer to this node's hello" + within);
-    pollfd p{stream_->fd(), static_cast<short>(POLLIN | (stream_->wants_write() ? POLLOUT : 0)), 0};
-    poll(&p, 1, static_cast<int>(left.count()));
-    if (!stream_->flush() || (!stream_->read(frames) && frames.empty()))
-      throw fail("the connection ended before an answer to this node's hello: " + stream_->error());
-  }
-  if (frames[0].type == LinkFrame::refuse) {
-    const std::string& told = frames[0].payload;
+  const LinkStream::Frame answer = await_answer(*stream_, until, within, fail);
+  if (answer.type == LinkFrame::refuse) {
+    const std::string& told = answer.payload;
     const std::string prefix = "refused: ";
     throw comm::Error(
         "node " + std::to_string(shape.node_rank) + ": the elastic membership service at " +
@@ -646,10 +676,10 @@ MembershipRelay::MembershipRelay(NodeShape shape, const std::string& address, in
              : std::string(" (node 0's launcher logs why: expected the same TROUPE_JOB_SECRET, "
                            "--job-id and troupe version on every node)")));
   }
-  if (frames[0].type != LinkFrame::welcome)
+  if (answer.type != LinkFrame::welcome)
     throw fail("it answered the hello with a frame of type " +
-               std::to_string(static_cast<int>(frames[0].type)));
-  if (!actors::wire::same_mac(frames[0].payload, welcome_proof(secret, challenge + nonce, job_id)))
+               std::to_string(static_cast<int>(answer.type)));
+  if (!actors::wire::same_mac(answer.payload, welcome_proof(secret, challenge + nonce, job_id)))
     throw fail(
         "it welcomed this node without proving it holds this job's TROUPE_JOB_SECRET "
         "(another job's launcher, or not troupe's)");

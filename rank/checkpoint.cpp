@@ -818,34 +818,79 @@ void Checkpoint::save_consolidated(const std::string& dir) const {
     throw comm::Error("checkpoint " + what + ": rank 0 could not write it (see its error)");
 }
 
-void Checkpoint::load_consolidated(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kManifest).string();
-  const std::string source = "'" + path + "'";
-  auto fail = [&](const std::string& problem) {
-    throw comm::Error("checkpoint " + source + ": " + problem + "; nothing was loaded");
-  };
+namespace {
+
+// A part as the manifest holds it: its name, its kind (Checkpoint's, as a byte) and its bytes.
+struct ManifestEntry {
+  std::string name;
+  uint8_t kind;
+  std::string body;
+};
+
+// The parts of the consolidated checkpoint's manifest at `path` (`source` names it; `fail`
+// throws).
+std::vector<ManifestEntry> read_manifest(const std::string& path, const std::string& source,
+                                         const std::function<void(const std::string&)>& fail) {
   const std::string bytes = read_file(path, "the manifest save_consolidated writes last");
   const Framed framed = unframe(bytes, source, fail);
   if (framed.kind != kConsolidated)
     fail("a rank's state, not a consolidated checkpoint (expected what save_consolidated wrote)");
   comm::StateReader in(framed.payload, framed.length, source);
   const auto count = in.value<uint32_t>();
-  struct Saved {
-    std::string name;
-    Kind kind;
-    std::string body;
-  };
-  std::vector<Saved> saved;
-  std::string names, expected;
+  std::vector<ManifestEntry> entries;
   for (uint32_t i = 0; i < count; ++i) {
-    Saved s;
-    s.name = in.string();
-    s.kind = static_cast<Kind>(in.value<uint8_t>());
-    s.body = in.string();
-    names += (names.empty() ? "" : ", ") + s.name;
-    saved.push_back(std::move(s));
+    ManifestEntry e;
+    e.name = in.string();
+    e.kind = in.value<uint8_t>();
+    e.body = in.string();
+    entries.push_back(std::move(e));
   }
   in.expect_end();
+  return entries;
+}
+
+// A module's or optimizer's torch archive, from the file its manifest entry names.
+struct ArchiveFile {
+  std::string file;        // the file's path
+  std::string written_by;  // the LibTorch version that wrote it
+  std::shared_ptr<torch::serialize::InputArchive> archive;
+};
+
+// Reads the file that part `part`'s manifest entry `body` names in `dir`, checks it against the
+// entry's SHA-256 and parses it; `fail` throws.
+ArchiveFile read_archive_file(comm::StateReader& body, const std::string& dir,
+                              const std::string& part,
+                              const std::function<void(const std::string&)>& fail) {
+  ArchiveFile out;
+  out.file = (fs::path(dir) / body.string()).string();
+  const std::string digest = body.string();
+  out.written_by = body.string();
+  body.expect_end();
+  const std::string data = read_file(out.file, "the file of part '" + part + "'");
+  if (sha256(data.data(), data.size()) != digest)
+    fail("'" + out.file + "' has SHA-256 " + hex(sha256(data.data(), data.size())) +
+         ", the manifest says " + hex(digest) + " (changed after the save, or another save's)");
+  out.archive = std::make_shared<torch::serialize::InputArchive>();
+  try {
+    std::istringstream stream(data);
+    out.archive->load_from(stream);
+  } catch (const std::exception& e) {
+    fail("'" + out.file + "' does not parse as a torch archive: " + e.what());
+  }
+  return out;
+}
+
+}  // namespace
+
+void Checkpoint::load_consolidated(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kManifest).string();
+  const std::string source = "'" + path + "'";
+  auto fail = [&](const std::string& problem) {
+    throw comm::Error("checkpoint " + source + ": " + problem + "; nothing was loaded");
+  };
+  const std::vector<ManifestEntry> saved = read_manifest(path, source, fail);
+  std::string names, expected;
+  for (const ManifestEntry& s : saved) names += (names.empty() ? "" : ", ") + s.name;
   std::vector<size_t> mine;
   for (size_t i = 0; i < parts_.size(); ++i)
     if (parts_[i].kind != Kind::rank_local) {
@@ -859,44 +904,29 @@ void Checkpoint::load_consolidated(const std::string& dir) {
   std::vector<std::function<void()>> commits(parts_.size());
   for (size_t k = 0; k < mine.size(); ++k) {
     const Part& p = parts_[mine[k]];
-    const Saved& s = saved[k];
+    const ManifestEntry& s = saved[k];
     const std::string where = source + " part '" + p.name + "'";
     comm::StateReader body(s.body.data(), s.body.size(), where);
-    if (s.kind != p.kind) body.fail("saved as another kind of part");
-    if (p.kind == Kind::module || p.kind == Kind::optimizer) {
-      const std::string file = (fs::path(dir) / body.string()).string();
-      const std::string digest = body.string();
-      const std::string written_by = body.string();
-      body.expect_end();
-      const std::string data = read_file(file, "the file of part '" + p.name + "'");
-      if (sha256(data.data(), data.size()) != digest)
-        fail("'" + file + "' has SHA-256 " + hex(sha256(data.data(), data.size())) +
-             ", the manifest says " + hex(digest) + " (changed after the save, or another save's)");
-      auto archive = std::make_shared<torch::serialize::InputArchive>();
-      try {
-        std::istringstream stream(data);
-        archive->load_from(stream);
-      } catch (const std::exception& e) {
-        fail("'" + file + "' does not parse as a torch archive: " + e.what());
-      }
-      if (p.kind == Kind::module) {
-        std::vector<std::pair<torch::Tensor, torch::Tensor>> tensors;
-        read_module_tensors(*static_cast<torch::nn::Module*>(p.target), *archive, "",
-                            "'" + file + "'", tensors);
-        commits[mine[k]] = [tensors] {
-          torch::NoGradGuard no_grad;
-          for (const auto& [target, value] : tensors) target.copy_(value);
-        };
-      } else {
-        if (written_by != TORCH_VERSION)
-          fail("optimizer '" + p.name + "' was written by LibTorch " + written_by +
-               ", this build runs LibTorch " TORCH_VERSION
-               " (an optimizer's torch archive is loaded only by the LibTorch that wrote it)");
-        auto* optimizer = static_cast<torch::optim::Optimizer*>(p.target);
-        commits[mine[k]] = [optimizer, archive, file] {
-          apply_archive(*optimizer, *archive, file);
-        };
-      }
+    if (static_cast<Kind>(s.kind) != p.kind) body.fail("saved as another kind of part");
+    if (p.kind == Kind::module) {
+      const ArchiveFile f = read_archive_file(body, dir, p.name, fail);
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> tensors;
+      read_module_tensors(*static_cast<torch::nn::Module*>(p.target), *f.archive, "",
+                          "'" + f.file + "'", tensors);
+      commits[mine[k]] = [tensors] {
+        torch::NoGradGuard no_grad;
+        for (const auto& [target, value] : tensors) target.copy_(value);
+      };
+    } else if (p.kind == Kind::optimizer) {
+      const ArchiveFile f = read_archive_file(body, dir, p.name, fail);
+      if (f.written_by != TORCH_VERSION)
+        fail("optimizer '" + p.name + "' was written by LibTorch " + f.written_by +
+             ", this build runs LibTorch " TORCH_VERSION
+             " (an optimizer's torch archive is loaded only by the LibTorch that wrote it)");
+      auto* optimizer = static_cast<torch::optim::Optimizer*>(p.target);
+      commits[mine[k]] = [optimizer, archive = f.archive, file = f.file] {
+        apply_archive(*optimizer, *archive, file);
+      };
     } else {
       try {
         commits[mine[k]] = p.prepare(body);

@@ -102,15 +102,11 @@ void print_info() {
 #endif
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"troupe: an actor runtime for communication-efficient data-parallel training"};
-  app.require_subcommand(1);
-
+/// `troupe launch`: its options set `launch`, and the links to emulate `link` and `link_ranks`.
+CLI::App* add_launch_command(CLI::App& app, troupe::LaunchOptions& launch, std::string& link,
+                             std::vector<std::string>& link_ranks) {
   auto* launch_cmd = app.add_subcommand(
       "launch", "Start N local processes as the ranks of a job (on each of --nnodes hosts)");
-  troupe::LaunchOptions launch;
   launch_cmd->add_option("-n,--nprocs", launch.nprocs, "Number of processes on this host")
       ->required()
       ->check(troupe::cli::integer_in(1, troupe::kMaxLocalRanks));
@@ -156,8 +152,6 @@ int main(int argc, char** argv) {
                          "Elastic: start this many spare processes that wait, past their "
                          "start-up, to take a dead rank's place at once (default 0; per node: "
                          "each node's launcher runs its own)");
-  std::string link;
-  std::vector<std::string> link_ranks;
   launch_cmd->add_option("--link", link,
                          "Emulate every link at a bandwidth and latency, e.g. 1gbit,5ms "
                          "(sets TROUPE_LINK)");
@@ -169,20 +163,14 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   launch_cmd->add_option("command", launch.command, "Program and its arguments (after --)")
       ->required();
+  return launch_cmd;
+}
 
-  auto* run_cmd =
-      app.add_subcommand("run", "Run the training job of a TOML file (examples/configs/ has some)");
-  std::string job_path;
-  run_cmd->add_option("job", job_path, "The job file")->required();
-
-  app.add_subcommand("info", "Print the versions of troupe and its dependencies");
-
-  auto* bench_cmd = app.add_subcommand("bench", "Benchmarks");
-  bench_cmd->require_subcommand(1);
-  auto* bench_ar = bench_cmd->add_subcommand("allreduce", "Time allreduce per message size");
-  troupe::cli::AllreduceBench bench;
-  std::string sizes = "4KiB,1MiB,64MiB";
-  bool as_rank = false;
+/// `troupe bench allreduce`: `sizes` is --bytes as written, `as_rank` whether this process is one
+/// rank of the benchmark job.
+CLI::App* add_allreduce_bench(CLI::App& bench_cmd, troupe::cli::AllreduceBench& bench,
+                              std::string& sizes, bool& as_rank) {
+  auto* bench_ar = bench_cmd.add_subcommand("allreduce", "Time allreduce per message size");
   bench_ar->add_option("--world", bench.world, "Number of ranks")
       ->check(troupe::cli::integer_in(1, 1024));
   bench_ar->add_option("--bytes", sizes, "Comma-separated sizes, e.g. 4KiB,1MiB,64MiB");
@@ -214,10 +202,12 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   bench_ar->add_flag("--as-rank", as_rank, "Internal: run as one rank of the benchmark job")
       ->group("");
+  return bench_ar;
+}
 
-  auto* bench_ddp = bench_cmd->add_subcommand("ddp", "Median step time of data-parallel training");
-  troupe::cli::DdpBench ddp;
-  bool ddp_as_rank = false;
+/// `troupe bench ddp`: `as_rank` whether this process is one rank of the benchmark job.
+CLI::App* add_ddp_bench(CLI::App& bench_cmd, troupe::cli::DdpBench& ddp, bool& as_rank) {
+  auto* bench_ddp = bench_cmd.add_subcommand("ddp", "Median step time of data-parallel training");
   bench_ddp->add_option("--world", ddp.world, "Number of ranks (1: compute alone)")
       ->check(troupe::cli::integer_in(1, 1024));
   bench_ddp->add_option("--model", ddp.model,
@@ -241,7 +231,37 @@ int main(int argc, char** argv) {
   bench_ddp->add_option("--algorithm", ddp.algorithm,
                         "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk "
                         "or powersgd, with settings: powersgd:rank=2,start_iter=10");
-  bench_ddp->add_flag("--as-rank", ddp_as_rank, "Internal: run as one rank")->group("");
+  bench_ddp->add_flag("--as-rank", as_rank, "Internal: run as one rank")->group("");
+  return bench_ddp;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: an actor runtime for communication-efficient data-parallel training"};
+  app.require_subcommand(1);
+
+  troupe::LaunchOptions launch;
+  std::string link;
+  std::vector<std::string> link_ranks;
+  auto* launch_cmd = add_launch_command(app, launch, link, link_ranks);
+
+  auto* run_cmd =
+      app.add_subcommand("run", "Run the training job of a TOML file (examples/configs/ has some)");
+  std::string job_path;
+  run_cmd->add_option("job", job_path, "The job file")->required();
+
+  app.add_subcommand("info", "Print the versions of troupe and its dependencies");
+
+  auto* bench_cmd = app.add_subcommand("bench", "Benchmarks");
+  bench_cmd->require_subcommand(1);
+  troupe::cli::AllreduceBench bench;
+  std::string sizes = "4KiB,1MiB,64MiB";
+  bool as_rank = false;
+  auto* bench_ar = add_allreduce_bench(*bench_cmd, bench, sizes, as_rank);
+  troupe::cli::DdpBench ddp;
+  bool ddp_as_rank = false;
+  auto* bench_ddp = add_ddp_bench(*bench_cmd, ddp, ddp_as_rank);
 
   CLI11_PARSE(app, argc, argv);
   try {
