@@ -21,9 +21,9 @@ CommStats add(const CommStats& earlier, const CommStats& later) {
 
 }  // namespace
 
-ModelSwitch::ModelSwitch(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                         JobAlgorithm algorithm, DdpOptions options)
-    : runtime_(runtime), module_(std::move(module)), options_(std::move(options)) {
+ModelSwitch::ModelSwitch(Runtime& runtime, ModelRef module, JobAlgorithm algorithm,
+                         DdpOptions options)
+    : runtime_(runtime), module_(module.get("ModelSwitch")), options_(std::move(options)) {
   current_ = make_data_parallel(runtime_, module_, algorithm, options_);
 }
 

@@ -21,14 +21,8 @@ namespace troupe {
 
 class ModelSwitch : public DataParallel {
  public:
-  ModelSwitch(Runtime& runtime, std::shared_ptr<torch::nn::Module> module, JobAlgorithm algorithm,
-              DdpOptions options = {});
-  /// The same for a ModuleHolder (rank/module_holder.h).
-  template <typename Contained>
-  ModelSwitch(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
-              JobAlgorithm algorithm, DdpOptions options = {})
-      : ModelSwitch(runtime, shared_module(module, "ModelSwitch"), std::move(algorithm),
-                    std::move(options)) {}
+  /// `module`: a shared_ptr or a ModuleHolder (rank/module_holder.h).
+  ModelSwitch(Runtime& runtime, ModelRef module, JobAlgorithm algorithm, DdpOptions options = {});
   ~ModelSwitch() override;
 
   /// Every rank, at the same step. Each switch gives back the old module's id and takes a new one

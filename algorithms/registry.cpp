@@ -46,10 +46,10 @@ class BucketParallel : public DataParallel {
 
 }  // namespace
 
-std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
-                                                 std::shared_ptr<torch::nn::Module> module,
+std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime, ModelRef model,
                                                  const JobAlgorithm& algorithm,
                                                  DdpOptions options) {
+  auto module = model.get("make_data_parallel");
   return std::visit(
       [&](const auto& a) -> std::unique_ptr<DataParallel> {
         using A = std::decay_t<decltype(a)>;

@@ -22,18 +22,9 @@ namespace troupe {
 /// The algorithm's DataParallel over `module`: a DistributedModule (with `options`) for the
 /// bucket algorithms, the classes of algorithms/gossip/decentralized.h for the others. A
 /// collective: every rank calls it with the same algorithm.
-std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
-                                                 std::shared_ptr<torch::nn::Module> module,
+/// `module`: a shared_ptr or a ModuleHolder (rank/module_holder.h).
+std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime, ModelRef module,
                                                  const JobAlgorithm& algorithm,
                                                  DdpOptions options = {});
-/// The same for a ModuleHolder (rank/module_holder.h).
-template <typename Contained>
-std::unique_ptr<DataParallel> make_data_parallel(Runtime& runtime,
-                                                 const torch::nn::ModuleHolder<Contained>& module,
-                                                 const JobAlgorithm& algorithm,
-                                                 DdpOptions options = {}) {
-  return make_data_parallel(runtime, shared_module(module, "make_data_parallel"), algorithm,
-                            std::move(options));
-}
 
 }  // namespace troupe

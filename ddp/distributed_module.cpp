@@ -979,8 +979,9 @@ void DistributedModule::Impl::next_step() {
   requested = 0;
 }
 
-DistributedModule::DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                                     Algorithm algorithm, DdpOptions options) {
+DistributedModule::DistributedModule(Runtime& runtime, ModelRef model, Algorithm algorithm,
+                                     DdpOptions options) {
+  auto module = model.get("DistributedModule");
   if (!module) throw comm::Error("DistributedModule: module is null");
   impl_ =
       std::make_unique<Impl>(runtime, std::move(module), std::move(algorithm), std::move(options));

@@ -115,21 +115,11 @@ void await_parameters(const torch::nn::ModuleHolder<Contained>& module) {
 
 class DistributedModule {
  public:
-  /// Compressed algorithms need agg_grad (they compress gradients) and float32 parameters.
-  DistributedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                    Algorithm algorithm = GradientAllReduce{}, DdpOptions options = {});
-  /// The same for a ModuleHolder: TORCH_MODULE(Net)'s Net, torch::nn::Linear, ...
-  /// (rank/module_holder.h; a Module subclass by value does not compile).
-  template <typename Contained>
-  DistributedModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
-                    Algorithm algorithm = GradientAllReduce{}, DdpOptions options = {})
-      : DistributedModule(runtime, shared_module(module, "DistributedModule"), std::move(algorithm),
-                          std::move(options)) {}
-  template <typename M, typename = std::enable_if_t<is_module_by_value<M>>>
-  DistributedModule(Runtime& runtime, M&, Algorithm algorithm = GradientAllReduce{},
-                    DdpOptions options = {})
-      : DistributedModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
-                          std::move(options)) {}
+  /// `module`: a shared_ptr or a ModuleHolder (TORCH_MODULE(Net)'s Net, torch::nn::Linear, ...;
+  /// rank/module_holder.h). Compressed algorithms need agg_grad (they compress gradients) and
+  /// float32 parameters.
+  DistributedModule(Runtime& runtime, ModelRef module, Algorithm algorithm = GradientAllReduce{},
+                    DdpOptions options = {});
   ~DistributedModule();
   DistributedModule(const DistributedModule&) = delete;
   DistributedModule& operator=(const DistributedModule&) = delete;

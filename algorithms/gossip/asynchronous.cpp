@@ -142,7 +142,7 @@ struct AsynchronousModule::Impl {
   }
 };
 
-AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+AsynchronousModule::AsynchronousModule(Runtime& runtime, ModelRef model,
                                        AsyncModelAverage algorithm, GossipOptions options) {
   if (algorithm.warmup_steps < 0)
     throw comm::Error("AsyncModelAverage.warmup_steps = " + std::to_string(algorithm.warmup_steps) +
@@ -150,8 +150,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::
   if (algorithm.sync_interval_ms < 1)
     throw comm::Error("AsyncModelAverage.sync_interval_ms = " +
                       std::to_string(algorithm.sync_interval_ms) + ": expected an integer >= 1");
-  impl_ =
-      std::make_unique<Impl>(runtime, std::move(module), algorithm, options, "async_model_average");
+  impl_ = std::make_unique<Impl>(runtime, model.get("AsynchronousModule"), algorithm, options,
+                                 "async_model_average");
   auto& m = *impl_;
   actors::AveragerSettings settings;
   settings.interval = std::chrono::milliseconds(algorithm.sync_interval_ms);
@@ -167,8 +167,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::
   m.start_background();
 }
 
-AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                                       AsyncGossip algorithm, GossipOptions options) {
+AsynchronousModule::AsynchronousModule(Runtime& runtime, ModelRef model, AsyncGossip algorithm,
+                                       GossipOptions options) {
   if (algorithm.min_interval_ms < 0)
     throw comm::Error("AsyncGossip.min_interval_ms = " + std::to_string(algorithm.min_interval_ms) +
                       ": expected an integer >= 0");
@@ -178,7 +178,8 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::
         "asynchronous gossip averages pairwise with fixed neighbours: it needs a "
         "static undirected topology, not " +
         topology.describe());
-  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options, "async_gossip");
+  impl_ = std::make_unique<Impl>(runtime, model.get("AsynchronousModule"), algorithm, options,
+                                 "async_gossip");
   auto& m = *impl_;
   m.topology_text = topology.describe();
   actors::GossiperSettings settings;

@@ -355,25 +355,23 @@ void check_low_precision(const LowPrecisionDecentralized& l) {
 
 }  // namespace
 
-DecentralizedModule::DecentralizedModule(Runtime& runtime,
-                                         std::shared_ptr<torch::nn::Module> module,
-                                         Decentralized algorithm, GossipOptions options) {
+DecentralizedModule::DecentralizedModule(Runtime& runtime, ModelRef model, Decentralized algorithm,
+                                         GossipOptions options) {
   check_interval(algorithm);
   comm::Topology topology(algorithm.topology, runtime.world_size());
   if (!topology.doubly_stochastic())
     throw comm::Error("decentralized SGD needs a doubly stochastic mixing matrix; " +
                       topology.describe() +
                       " is not (uniform weights on an irregular graph): use mixing = metropolis");
-  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options, algorithm.topology,
-                                 "decentralized");
+  impl_ = std::make_unique<Impl>(runtime, model.get("DecentralizedModule"), algorithm, options,
+                                 algorithm.topology, "decentralized");
   if (algorithm.exchange == Decentralized::Exchange::overlap) impl_->send_weights();
   Impl* impl = impl_.get();
   impl_->listener = runtime.add_failure_listener(
       [impl](int rank, const std::string& reason) { impl->mark_dead(rank, reason); });
 }
 
-DecentralizedModule::DecentralizedModule(Runtime& runtime,
-                                         std::shared_ptr<torch::nn::Module> module,
+DecentralizedModule::DecentralizedModule(Runtime& runtime, ModelRef model,
                                          LowPrecisionDecentralized algorithm,
                                          GossipOptions options) {
   check_low_precision(algorithm);
@@ -383,8 +381,8 @@ DecentralizedModule::DecentralizedModule(Runtime& runtime,
         "low-precision decentralized SGD keeps copies of its neighbours' weights: "
         "it needs a static undirected topology, not " +
         topology.describe());
-  impl_ = std::make_unique<Impl>(runtime, std::move(module), algorithm, options, algorithm.topology,
-                                 "low_precision_decentralized");
+  impl_ = std::make_unique<Impl>(runtime, model.get("DecentralizedModule"), algorithm, options,
+                                 algorithm.topology, "low_precision_decentralized");
   auto& m = *impl_;
   const size_t n = m.flat.count();
   // Every rank starts from rank 0's weights, so every copy starts there too. Ranks that keep

@@ -65,21 +65,11 @@ struct GossipOptions {
 /// Decentralized SGD (D-PSGD) and its low-precision variant (Choco-SGD, 8-bit differences).
 class DecentralizedModule : public DataParallel {
  public:
-  DecentralizedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                      Decentralized algorithm, GossipOptions options = {});
-  DecentralizedModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                      LowPrecisionDecentralized algorithm, GossipOptions options = {});
-  /// The same for a ModuleHolder (rank/module_holder.h).
-  template <typename Contained, typename GossipAlgorithm>
-  DecentralizedModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
-                      GossipAlgorithm algorithm, GossipOptions options = {})
-      : DecentralizedModule(runtime, shared_module(module, "DecentralizedModule"),
-                            std::move(algorithm), std::move(options)) {}
-  template <typename M, typename GossipAlgorithm,
-            typename = std::enable_if_t<is_module_by_value<M>>>
-  DecentralizedModule(Runtime& runtime, M&, GossipAlgorithm algorithm, GossipOptions options = {})
-      : DecentralizedModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
-                            std::move(options)) {}
+  /// `module`: a shared_ptr or a ModuleHolder (rank/module_holder.h).
+  DecentralizedModule(Runtime& runtime, ModelRef module, Decentralized algorithm,
+                      GossipOptions options = {});
+  DecentralizedModule(Runtime& runtime, ModelRef module, LowPrecisionDecentralized algorithm,
+                      GossipOptions options = {});
   ~DecentralizedModule() override;
 
   void step(torch::optim::Optimizer& optimizer) override;
@@ -119,21 +109,11 @@ class DecentralizedModule : public DataParallel {
 /// the next step() throws comm::Error naming it; AsyncGossip drops it as a neighbour and goes on.
 class AsynchronousModule : public DataParallel {
  public:
-  AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                     AsyncModelAverage algorithm, GossipOptions options = {});
-  AsynchronousModule(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
-                     AsyncGossip algorithm, GossipOptions options = {});
-  /// The same for a ModuleHolder (rank/module_holder.h).
-  template <typename Contained, typename GossipAlgorithm>
-  AsynchronousModule(Runtime& runtime, const torch::nn::ModuleHolder<Contained>& module,
-                     GossipAlgorithm algorithm, GossipOptions options = {})
-      : AsynchronousModule(runtime, shared_module(module, "AsynchronousModule"),
-                           std::move(algorithm), std::move(options)) {}
-  template <typename M, typename GossipAlgorithm,
-            typename = std::enable_if_t<is_module_by_value<M>>>
-  AsynchronousModule(Runtime& runtime, M&, GossipAlgorithm algorithm, GossipOptions options = {})
-      : AsynchronousModule(runtime, refused_module_by_value<M>(), std::move(algorithm),
-                           std::move(options)) {}
+  /// `module`: a shared_ptr or a ModuleHolder (rank/module_holder.h).
+  AsynchronousModule(Runtime& runtime, ModelRef module, AsyncModelAverage algorithm,
+                     GossipOptions options = {});
+  AsynchronousModule(Runtime& runtime, ModelRef module, AsyncGossip algorithm,
+                     GossipOptions options = {});
   ~AsynchronousModule() override;
 
   void step(torch::optim::Optimizer& optimizer) override;

@@ -147,6 +147,12 @@ TEST_CASE("a Module subclass by value is told apart from holders and shared_ptrs
   static_assert(!is_module_by_value<Net>);
   static_assert(!is_module_by_value<torch::nn::Linear>);
   static_assert(!is_module_by_value<std::shared_ptr<NetImpl>>);
+  // What every wrapper's constructor takes: shared_ptrs of any Module subclass, and holders.
+  static_assert(std::is_convertible_v<std::shared_ptr<NetImpl>, ModelRef>);
+  static_assert(std::is_convertible_v<std::shared_ptr<torch::nn::Module>, ModelRef>);
+  static_assert(std::is_convertible_v<Net&, ModelRef>);
+  static_assert(std::is_convertible_v<const torch::nn::Linear&, ModelRef>);
+  static_assert(!std::is_convertible_v<std::shared_ptr<int>, ModelRef>);
   CHECK(true);  // the checks above are the test; a failing one does not compile
 }
 
