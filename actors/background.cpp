@@ -82,6 +82,79 @@ void start_round(Averager self) {
   }
 }
 
+// Ends the rounds early for `error`, which BackgroundStats and the answer to stop_atom report.
+void end_rounds(Averager self, std::string error) {
+  auto& st = self->state;
+  st.error = std::move(error);
+  {
+    std::lock_guard<std::mutex> lock(st.stats->mutex);
+    st.stats->error = st.error;
+  }
+  st.running = false;
+  answer_stop(self);
+}
+
+// Runs `fn` on the round's execution, under the transport's callback lock where it has one.
+template <class Fn>
+void with_execution(AveragerState& st, Fn&& fn) {
+  if (st.inline_lock) {
+    std::lock_guard<std::mutex> guard(*st.inline_lock);
+    fn(*st.execution);
+  } else {
+    fn(*st.execution);
+  }
+}
+
+// The round's allreduce ended: apply the average, then stop (the flag was raised on some rank)
+// or wait for the next tick.
+void round_ended(Averager self, bool ok, const std::string& error, uint64_t sent,
+                 uint64_t received) {
+  auto& st = self->state;
+  st.in_round = false;
+  st.execution.reset();
+  ++st.round;
+  st.stats->bytes_sent += sent;
+  st.stats->bytes_received += received;
+  if (!ok)
+    return end_rounds(
+        self, "asynchronous model average, round " + std::to_string(st.round - 1) + ": " + error);
+  const size_t n = st.model.count;
+  const bool stop = st.work[n] > 0;
+  st.model.apply(st.work.data(), st.snapshot.data(), 1.0f, st.generation);
+  ++st.stats->rounds;
+  if (stop) {
+    st.running = false;
+    st.stop_requested = false;
+    answer_stop(self);
+  } else if (st.running) {
+    self->delayed_send(self, st.settings.interval, tick_atom::value, ++st.timer);
+  }
+}
+
+// Rank `peer` is gone: between rounds the rounds end now; a round in flight cannot complete
+// without it, so nothing more is posted, and what still waits on live ranks fails after the
+// grace (force_atom); round_atom then reports the reason.
+void rank_lost(Averager self, const std::string& reason, int peer) {
+  auto& st = self->state;
+  if (!st.error.empty()) return;
+  if (!st.in_round)
+    return end_rounds(self, "asynchronous model average, before round " + std::to_string(st.round) +
+                                ": " + reason);
+  with_execution(st, [&](comm::Execution& e) { e.abort(comm::Status::failure(reason, peer)); });
+  self->delayed_send(self, st.settings.failure_grace, force_atom::value, reason);
+}
+
+// The failure grace has passed: the peers the round still waits for are failed.
+void fail_stragglers(Averager self, const std::string& reason) {
+  auto& st = self->state;
+  if (!st.execution) return;
+  std::vector<int> waiting;
+  with_execution(st, [&](comm::Execution& e) {
+    if (!e.done()) waiting = e.waiting_on();
+  });
+  for (int p : waiting) st.transport->fail_peer(p, reason);
+}
+
 averager_actor::behavior_type averager_behavior(Averager self, ModelAccess model,
                                                 AveragerSettings settings,
                                                 std::shared_ptr<comm::Transport> transport,
@@ -108,72 +181,10 @@ averager_actor::behavior_type averager_behavior(Averager self, ModelAccess model
       },
       [](run_atom, std::function<void()>& fn) { fn(); },
       [self](round_atom, bool ok, const std::string& error, uint64_t sent, uint64_t received) {
-        auto& st = self->state;
-        st.in_round = false;
-        st.execution.reset();
-        ++st.round;
-        st.stats->bytes_sent += sent;
-        st.stats->bytes_received += received;
-        if (!ok) {
-          st.error =
-              "asynchronous model average, round " + std::to_string(st.round - 1) + ": " + error;
-          {
-            std::lock_guard<std::mutex> lock(st.stats->mutex);
-            st.stats->error = st.error;
-          }
-          st.running = false;
-          answer_stop(self);
-          return;
-        }
-        const size_t n = st.model.count;
-        const bool stop = st.work[n] > 0;
-        st.model.apply(st.work.data(), st.snapshot.data(), 1.0f, st.generation);
-        ++st.stats->rounds;
-        if (stop) {
-          st.running = false;
-          st.stop_requested = false;
-          answer_stop(self);
-        } else if (st.running) {
-          self->delayed_send(self, st.settings.interval, tick_atom::value, ++st.timer);
-        }
+        round_ended(self, ok, error, sent, received);
       },
-      [self](abort_atom, const std::string& reason, int peer) {
-        auto& st = self->state;
-        if (!st.error.empty()) return;
-        if (!st.in_round) {
-          st.error = "asynchronous model average, before round " + std::to_string(st.round) + ": " +
-                     reason;
-          {
-            std::lock_guard<std::mutex> lock(st.stats->mutex);
-            st.stats->error = st.error;
-          }
-          st.running = false;
-          answer_stop(self);
-          return;
-        }
-        // The round cannot complete without the dead rank: post nothing more, and fail what still
-        // waits on live ranks after the grace; round_atom then reports the reason.
-        auto execution = st.execution;
-        if (st.inline_lock) {
-          std::lock_guard<std::mutex> guard(*st.inline_lock);
-          execution->abort(comm::Status::failure(reason, peer));
-        } else {
-          execution->abort(comm::Status::failure(reason, peer));
-        }
-        self->delayed_send(self, st.settings.failure_grace, force_atom::value, reason);
-      },
-      [self](force_atom, const std::string& reason) {
-        auto& st = self->state;
-        if (!st.execution) return;
-        std::vector<int> waiting;
-        if (st.inline_lock) {
-          std::lock_guard<std::mutex> guard(*st.inline_lock);
-          if (!st.execution->done()) waiting = st.execution->waiting_on();
-        } else if (!st.execution->done()) {
-          waiting = st.execution->waiting_on();
-        }
-        for (int p : waiting) st.transport->fail_peer(p, reason);
-      },
+      [self](abort_atom, const std::string& reason, int peer) { rank_lost(self, reason, peer); },
+      [self](force_atom, const std::string& reason) { fail_stragglers(self, reason); },
       [self](stop_atom) -> caf::result<stopped_atom, bool, std::string> {
         auto& st = self->state;
         if (!st.running) return {stopped_atom::value, st.error.empty(), st.error};
@@ -313,6 +324,64 @@ void initiate(Gossiper self) {
   st.outstanding = static_cast<int>(index);
 }
 
+// A message from neighbour `arrival.peer` came: a request is answered with this rank's snapshot
+// and half the difference applied; a reply to this rank's request applies the other half; a bye
+// ends that neighbour's part in a stop.
+void arrived(Gossiper self, const StreamArrival& arrival) {
+  auto& st = self->state;
+  const int at = index_of(st, arrival.peer);
+  if (at < 0) return;
+  const size_t index = static_cast<size_t>(at);
+  auto& nb = st.neighbours[index];
+  if (!nb.alive) return;
+  if (!arrival.ok) return drop(self, index, arrival.error);
+  uint32_t kind = 0;
+  std::memcpy(&kind, arrival.data, sizeof(kind));
+  // Valid until the next listen: the link's buffer.
+  const float* payload = reinterpret_cast<const float*>(arrival.data + kHeader);
+  switch (static_cast<Kind>(kind)) {
+    case Kind::request: {
+      const uint64_t generation = st.model.snapshot(st.scratch.data());
+      send_message(self, index, Kind::reply, st.scratch.data());
+      st.stats->bytes_received += st.message_bytes;
+      apply_half(st, payload, st.scratch.data(), generation);
+      break;
+    }
+    case Kind::reply:
+      st.stats->bytes_received += st.message_bytes;
+      if (st.outstanding == static_cast<int>(index)) {
+        apply_half(st, payload, st.request_snapshot.data(), st.request_generation);
+        st.outstanding = -1;
+      }
+      break;
+    case Kind::bye:
+      nb.bye_received = true;
+      break;
+    default:
+      return drop(self, index, "message of unknown kind " + std::to_string(kind));
+  }
+  post_receive(self, index);
+  maybe_finish(self);
+}
+
+// One peer link per neighbour, carrying the two message streams of the edge; the links end with
+// the gossiper.
+void link_neighbours(Gossiper self) {
+  auto& st = self->state;
+  for (int r : st.settings.neighbours) {
+    Neighbour nb;
+    nb.rank = r;
+    EdgeSettings edge;
+    edge.peer = r;
+    edge.key_prefix = st.settings.key_prefix;
+    edge.payload = EdgePayload::messages;
+    edge.message_bytes = st.message_bytes;
+    nb.link = spawn_gossip_link(self->system(), std::move(edge), st.transport);
+    self->link_to(nb.link);
+    st.neighbours.push_back(std::move(nb));
+  }
+}
+
 gossiper_actor::behavior_type gossiper_behavior(Gossiper self, ModelAccess model,
                                                 GossiperSettings settings,
                                                 std::shared_ptr<comm::Transport> transport,
@@ -327,18 +396,7 @@ gossiper_actor::behavior_type gossiper_behavior(Gossiper self, ModelAccess model
       st.settings.seed ^ (0x5851f42d4c957f2dull * static_cast<uint64_t>(st.transport->rank() + 1));
   st.request_snapshot.resize(st.model.count);
   st.scratch.resize(st.model.count);
-  for (int r : st.settings.neighbours) {
-    Neighbour nb;
-    nb.rank = r;
-    EdgeSettings edge;
-    edge.peer = r;
-    edge.key_prefix = st.settings.key_prefix;
-    edge.payload = EdgePayload::messages;
-    edge.message_bytes = st.message_bytes;
-    nb.link = spawn_gossip_link(self->system(), std::move(edge), st.transport);
-    self->link_to(nb.link);  // the links end with the gossiper
-    st.neighbours.push_back(std::move(nb));
-  }
+  link_neighbours(self);
   return {
       [self](start_atom) {
         auto& st = self->state;
@@ -360,46 +418,7 @@ gossiper_actor::behavior_type gossiper_behavior(Gossiper self, ModelAccess model
         self->delayed_send(self, std::max(st.settings.min_interval, std::chrono::milliseconds(1)),
                            tick_atom::value, uint64_t{0});
       },
-      [self](arrived_atom, const StreamArrival& arrival) {
-        auto& st = self->state;
-        const int at = index_of(st, arrival.peer);
-        if (at < 0) return;
-        const size_t index = static_cast<size_t>(at);
-        auto& nb = st.neighbours[index];
-        if (!nb.alive) return;
-        if (!arrival.ok) {
-          drop(self, index, arrival.error);
-          return;
-        }
-        uint32_t kind = 0;
-        std::memcpy(&kind, arrival.data, sizeof(kind));
-        // Valid until the next listen: the link's buffer.
-        const float* payload = reinterpret_cast<const float*>(arrival.data + kHeader);
-        switch (static_cast<Kind>(kind)) {
-          case Kind::request: {
-            const uint64_t generation = st.model.snapshot(st.scratch.data());
-            send_message(self, index, Kind::reply, st.scratch.data());
-            st.stats->bytes_received += st.message_bytes;
-            apply_half(st, payload, st.scratch.data(), generation);
-            break;
-          }
-          case Kind::reply:
-            st.stats->bytes_received += st.message_bytes;
-            if (st.outstanding == static_cast<int>(index)) {
-              apply_half(st, payload, st.request_snapshot.data(), st.request_generation);
-              st.outstanding = -1;
-            }
-            break;
-          case Kind::bye:
-            nb.bye_received = true;
-            break;
-          default:
-            drop(self, index, "message of unknown kind " + std::to_string(kind));
-            return;
-        }
-        post_receive(self, index);
-        maybe_finish(self);
-      },
+      [self](arrived_atom, const StreamArrival& arrival) { arrived(self, arrival); },
       [self](posted_atom, const StreamSent& sent) {
         auto& st = self->state;
         const int at = index_of(st, sent.peer);

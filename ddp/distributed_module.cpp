@@ -252,6 +252,12 @@ struct DistributedModule::Impl {
   void await_all();
   void used_before_update(int index) const;
   void run_step(torch::optim::Optimizer* optimizer, const std::function<void()>& optimizer_step);
+  // run_step's parts: refuse a step that cannot be taken; close a backward pass still open;
+  // average the weights (agg_grad = false); record the step's metrics and trace.
+  void check_step() const;
+  void close_open_pass();
+  void average_weights();
+  void record_step(int64_t wait_start, int64_t reduced, int64_t end, bool defer);
   StepMetrics reduction_figures();
   void rebuild_from_observed_order(int root);
   std::vector<torch::Tensor> state_tensors();
@@ -1159,34 +1165,12 @@ void await_parameters(const torch::nn::Module& module) {
 void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
                                        const std::function<void()>& optimizer_step) {
   auto& m = *this;
-  if (!m.sync)
-    throw comm::Error(
-        "DistributedModule::step() called inside no_sync(): leave the scope and "
-        "run one more backward first");
-  if (!m.round_error.empty()) throw comm::Error(m.round_error);
-  if (m.opt.agg_grad && m.order.empty() && m.rounds_closed == 0 && !m.opt.find_unused_parameters)
-    throw comm::Error("step " + std::to_string(m.step) + " of module '" + m.opt.name +
-                      "': step() without a backward pass since the previous step() (a second "
-                      "step() in a row?); expected loss.backward() before each step()");
+  m.check_step();
   if (m.opt.join) m.agree_on_training(true);
   const int64_t wait_start = actors::now_us();
-  if (m.opt.agg_grad) {
-    // Every backward pass that ended with all its gradients is reduced already; a pass still
-    // open (parameters without a gradient, join, or no backward at all) is closed here.
-    if (!m.order.empty() || m.rounds_closed == 0) {
-      std::vector<std::string> missing;
-      for (size_t i = 0; i < m.params.size(); ++i)
-        if (!m.ready[i]) missing.push_back(m.names[i]);
-      if (!missing.empty() && !m.opt.find_unused_parameters) {
-        std::string list;
-        for (auto& n : missing) list += (list.empty() ? "" : ", ") + n;
-        throw comm::Error("step " + std::to_string(m.step) + ": parameter(s) without a gradient: " +
-                          list + " of module '" + m.opt.name +
-                          "' (use DdpOptions.find_unused_parameters to reduce them as zeros)");
-      }
-      m.launch_round();
-    }
-  }
+  // Every backward pass that ended with all its gradients is reduced already; a pass still open
+  // (parameters without a gradient, join, or no backward at all) is closed here.
+  if (m.opt.agg_grad && (!m.order.empty() || m.rounds_closed == 0)) m.close_open_pass();
   // overlap_next_forward after the rebuild: the buckets' parameters are stepped when the next
   // forward awaits them.
   const bool defer = m.opt.overlap_next_forward && optimizer && !m.rebuild_due();
@@ -1207,19 +1191,54 @@ void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
       m.zero_gradients(all);
     }
   }
-  if (!m.opt.agg_grad) {
+  if (!m.opt.agg_grad) m.average_weights();
+  m.record_step(wait_start, reduced, actors::now_us(), defer);
+  m.next_step();
+}
+
+void DistributedModule::Impl::check_step() const {
+  if (!sync)
+    throw comm::Error(
+        "DistributedModule::step() called inside no_sync(): leave the scope and "
+        "run one more backward first");
+  if (!round_error.empty()) throw comm::Error(round_error);
+  if (opt.agg_grad && order.empty() && rounds_closed == 0 && !opt.find_unused_parameters)
+    throw comm::Error("step " + std::to_string(step) + " of module '" + opt.name +
+                      "': step() without a backward pass since the previous step() (a second "
+                      "step() in a row?); expected loss.backward() before each step()");
+}
+
+void DistributedModule::Impl::close_open_pass() {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!ready[i]) missing.push_back(names[i]);
+  if (!missing.empty() && !opt.find_unused_parameters) {
+    std::string list;
+    for (auto& n : missing) list += (list.empty() ? "" : ", ") + n;
+    throw comm::Error("step " + std::to_string(step) +
+                      ": parameter(s) without a gradient: " + list + " of module '" + opt.name +
+                      "' (use DdpOptions.find_unused_parameters to reduce them as zeros)");
+  }
+  launch_round();
+}
+
+void DistributedModule::Impl::average_weights() {
+  {
     torch::NoGradGuard no_grad;
-    for (auto& bucket : m.buckets)
+    for (auto& bucket : buckets)
       for (size_t k = 0; k < bucket.params.size(); ++k) {
-        auto& p = m.params[static_cast<size_t>(bucket.params[k])];
+        auto& p = params[static_cast<size_t>(bucket.params[k])];
         bucket.flat.narrow(0, bucket.offsets[k], p.numel()).copy_(p.reshape({-1}));
       }
-    if (m.cuda) m.cuda->record_step();
-    m.launch_and_await(m.opt.join ? m.training_count : m.world);
-    m.load_averaged_weights();
   }
-  const int64_t end = actors::now_us();
+  if (cuda) cuda->record_step();
+  launch_and_await(opt.join ? training_count : world);
+  load_averaged_weights();
+}
 
+void DistributedModule::Impl::record_step(int64_t wait_start, int64_t reduced, int64_t end,
+                                          bool defer) {
+  auto& m = *this;
   StepMetrics metrics;
   metrics.step = m.step;
   metrics.step_sec = static_cast<double>(end - m.previous_end_us) / 1e6;
@@ -1244,9 +1263,7 @@ void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
     else
       m.trace.add({"average weights", -1, 0, wait_start, end - wait_start});
   }
-
   m.previous_end_us = end;
-  m.next_step();
 }
 
 DistributedModule::NoSync::NoSync(DistributedModule* module) : module_(module) {

@@ -159,6 +159,11 @@ struct Runtime::Impl {
   bool stop_announced = false;  // the service stopped the job, or its socket closed
 
   void start();
+  void arm_faults();
+  void start_elastic(int membership_fd, const comm::LinkEmulation& links);
+  std::shared_ptr<comm::Transport> inproc_transport();
+  void on_peer_down(int rank, const std::string& reason, bool fatal);
+  actors::RendezvousRequest rendezvous_request(const std::string& address) const;
   // Rank 0 publishes the directory behind its front door; every rank registers and gets the table.
   actors::PeerTable meet(actors::RendezvousRequest& request);
   // Whether this rank's links are emulated (RuntimeOptions::links, TROUPE_LINK_*).
@@ -196,30 +201,10 @@ void Runtime::Impl::start() {
 
   slot = info.rank;
   launch_single_host = info.local_world_size == info.world_size;
-  const std::string fault_source =
-      options.faults.empty() ? "TROUPE_FAULT" : "RuntimeOptions.faults";
-  const char* fault_env = std::getenv("TROUPE_FAULT");
-  fault::arm(parse_faults(options.faults.empty() ? (fault_env ? fault_env : "") : options.faults,
-                          fault_source),
-             info.rank, info.world_size, env_count("TROUPE_RESTART_COUNT", 0, 0), fault_source);
-  fault::at_any(FaultPhase::rendezvous, 0);
+  arm_faults();
   const int membership_fd =
       options.membership_fd >= 0 ? options.membership_fd : env_count("TROUPE_ELASTIC_FD", -1, 3);
-  if (membership_fd >= 0) {
-    if (options.transport != "ucx")
-      throw comm::Error("RuntimeOptions.transport=\"" + options.transport +
-                        "\" in an elastic job (expected \"ucx\": the world is re-formed between "
-                        "processes)");
-    if (links.active())
-      throw comm::Error(
-          "link emulation (TROUPE_LINK, RuntimeOptions.links) in an elastic job "
-          "(expected none: the links are per rank, and ranks are renumbered)");
-    membership = std::make_unique<elastic::MembershipClient>(
-        membership_fd,
-        [this](int number, const std::string& why) { on_membership_change(number, why); });
-    form(-1, std::chrono::seconds(env_count("TROUPE_ELASTIC_SPARE", 0, 1)));
-    return;
-  }
+  if (membership_fd >= 0) return start_elastic(membership_fd, links);
 
   std::string address;
   std::shared_ptr<comm::UcxTransport> ucx;
@@ -228,48 +213,15 @@ void Runtime::Impl::start() {
     ucx = std::make_shared<comm::UcxTransport>(info.rank, info.world_size, single_host);
     address = ucx->local_address();
     transport = ucx;
-  } else if (options.transport == "inproc") {
-    if (!options.fabric)
-      throw comm::Error(
-          "RuntimeOptions.transport=\"inproc\" needs RuntimeOptions.fabric "
-          "(an InprocFabric shared by the ranks of this process)");
-    if (options.fabric->world_size() != info.world_size)
-      throw comm::Error("InprocFabric has world size " +
-                        std::to_string(options.fabric->world_size()) + ", but WORLD_SIZE is " +
-                        std::to_string(info.world_size));
-    transport = options.fabric->transport(info.rank);
   } else {
-    throw comm::Error("RuntimeOptions.transport=\"" + options.transport +
-                      "\" (expected \"ucx\" or \"inproc\")");
+    transport = inproc_transport();
   }
   if (links.active()) transport = std::make_shared<comm::EmulatedTransport>(transport, shapes);
-
   node->start_worker(info.rank, transport, [this](int rank, const std::string& reason, bool fatal) {
-    std::lock_guard<std::mutex> lock(dead_mutex);
-    dead.push_back(rank);
-    if (fatal && death.empty()) {
-      death = reason;
-      death_rank = rank;
-      if (comm) comm->abort(reason, rank);
-#ifdef TROUPE_HAVE_NCCL
-      if (nccl) nccl->abort(reason);
-#endif
-      for (auto& [id, listener] : listeners) listener(rank, reason);
-    }
+    on_peer_down(rank, reason, fatal);
   });
 
-  actors::RendezvousRequest request;
-  request.rank = info.rank;
-  request.world_size = info.world_size;
-  request.master_addr = info.master_addr;
-  request.master_port = info.master_port;
-  request.host = host_name(options.host);
-  request.address = address;
-  request.timeout = options.rendezvous_timeout;
-  request.secret = info.job_secret;
-  request.job_id = info.job_id;
-  request.bind_address = info.bind_address;
-  request.tls = {info.tls_cert, info.tls_key, info.tls_ca};
+  auto request = rendezvous_request(address);
   if (info.rank == 0) publish_nccl_id(request);
   actors::PeerTable table;
   if (info.world_size == 1) {
@@ -293,6 +245,82 @@ void Runtime::Impl::start() {
   comm->barrier();
   find_real_hosts(ucx.get());
   comm->set_timeout(options.collective_timeout);
+}
+
+// The fault plan of RuntimeOptions::faults, else TROUPE_FAULT (rank/fault.h).
+void Runtime::Impl::arm_faults() {
+  const std::string fault_source =
+      options.faults.empty() ? "TROUPE_FAULT" : "RuntimeOptions.faults";
+  const char* fault_env = std::getenv("TROUPE_FAULT");
+  fault::arm(parse_faults(options.faults.empty() ? (fault_env ? fault_env : "") : options.faults,
+                          fault_source),
+             info.rank, info.world_size, env_count("TROUPE_RESTART_COUNT", 0, 0), fault_source);
+  fault::at_any(FaultPhase::rendezvous, 0);
+}
+
+// An elastic rank: its world comes from the membership service behind `membership_fd`.
+void Runtime::Impl::start_elastic(int membership_fd, const comm::LinkEmulation& links) {
+  if (options.transport != "ucx")
+    throw comm::Error("RuntimeOptions.transport=\"" + options.transport +
+                      "\" in an elastic job (expected \"ucx\": the world is re-formed between "
+                      "processes)");
+  if (links.active())
+    throw comm::Error(
+        "link emulation (TROUPE_LINK, RuntimeOptions.links) in an elastic job "
+        "(expected none: the links are per rank, and ranks are renumbered)");
+  membership = std::make_unique<elastic::MembershipClient>(
+      membership_fd,
+      [this](int number, const std::string& why) { on_membership_change(number, why); });
+  form(-1, std::chrono::seconds(env_count("TROUPE_ELASTIC_SPARE", 0, 1)));
+}
+
+// RuntimeOptions::transport "inproc": this rank's end of the fabric; any other name but "ucx" is
+// refused.
+std::shared_ptr<comm::Transport> Runtime::Impl::inproc_transport() {
+  if (options.transport != "inproc")
+    throw comm::Error("RuntimeOptions.transport=\"" + options.transport +
+                      "\" (expected \"ucx\" or \"inproc\")");
+  if (!options.fabric)
+    throw comm::Error(
+        "RuntimeOptions.transport=\"inproc\" needs RuntimeOptions.fabric "
+        "(an InprocFabric shared by the ranks of this process)");
+  if (options.fabric->world_size() != info.world_size)
+    throw comm::Error("InprocFabric has world size " +
+                      std::to_string(options.fabric->world_size()) + ", but WORLD_SIZE is " +
+                      std::to_string(info.world_size));
+  return options.fabric->transport(info.rank);
+}
+
+// The worker heard that `rank` is gone: the first fatal loss aborts the collectives, NCCL and
+// every failure listener's work, naming it.
+void Runtime::Impl::on_peer_down(int rank, const std::string& reason, bool fatal) {
+  std::lock_guard<std::mutex> lock(dead_mutex);
+  dead.push_back(rank);
+  if (!fatal || !death.empty()) return;
+  death = reason;
+  death_rank = rank;
+  if (comm) comm->abort(reason, rank);
+#ifdef TROUPE_HAVE_NCCL
+  if (nccl) nccl->abort(reason);
+#endif
+  for (auto& [id, listener] : listeners) listener(rank, reason);
+}
+
+// What this rank tells the directory: who and where it is, and how to reach and trust rank 0.
+actors::RendezvousRequest Runtime::Impl::rendezvous_request(const std::string& address) const {
+  actors::RendezvousRequest request;
+  request.rank = info.rank;
+  request.world_size = info.world_size;
+  request.master_addr = info.master_addr;
+  request.master_port = info.master_port;
+  request.host = host_name(options.host);
+  request.address = address;
+  request.timeout = options.rendezvous_timeout;
+  request.secret = info.job_secret;
+  request.job_id = info.job_id;
+  request.bind_address = info.bind_address;
+  request.tls = {info.tls_cert, info.tls_key, info.tls_ca};
+  return request;
 }
 
 actors::PeerTable Runtime::Impl::meet(actors::RendezvousRequest& request) {
