@@ -1,6 +1,8 @@
 # Fails when a layer includes a header of a layer above it.
 # Order, lowest first: cuda, comm, actors, then the wings rank, ddp, algorithms, elastic, tools.
-# Tests, bench and examples may include any.
+# Tests and bench may include any. Examples are clients: of troupe they include only the public
+# headers (<troupe/...>, include/troupe/), as a program built against the installed package must;
+# their own headers they include from examples/ ("fashion_mnist/dataset.h").
 set(layers cuda comm actors rank ddp algorithms elastic tools)
 set(errors "")
 list(LENGTH layers n)
@@ -26,6 +28,24 @@ foreach(i RANGE ${last})
     endforeach()
   endforeach()
 endforeach()
+file(GLOB_RECURSE sources ${ROOT}/examples/*.h ${ROOT}/examples/*.cpp)
+foreach(file ${sources})
+  file(STRINGS ${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<]")
+  foreach(line ${includes})
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*[\"<]([^\">]+)[\">].*" "\\1" header "${line}")
+    file(RELATIVE_PATH rel ${ROOT} ${file})
+    if(header MATCHES "^troupe/")
+      if(NOT EXISTS ${ROOT}/include/${header})
+        string(APPEND errors "  ${rel} includes ${header}: not a public header (expected one of "
+          "include/troupe/)\n")
+      endif()
+    elseif(NOT EXISTS ${ROOT}/examples/${header} AND EXISTS ${ROOT}/${header})
+      string(APPEND errors "  ${rel} includes ${header}: an example includes troupe's public "
+        "headers only (<troupe/...>, include/troupe/), and its own from examples/\n")
+    endif()
+  endforeach()
+endforeach()
 if(errors)
-  message(FATAL_ERROR "troupe layering violated (lower layers never include upper ones):\n${errors}")
+  message(FATAL_ERROR "troupe layering violated (lower layers never include upper ones; examples "
+    "include only public headers):\n${errors}")
 endif()

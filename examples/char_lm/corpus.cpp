@@ -1,4 +1,4 @@
-#include "examples/char_lm/corpus.h"
+#include "char_lm/corpus.h"
 
 #include <torch/torch.h>
 

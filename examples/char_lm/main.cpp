@@ -8,6 +8,8 @@
 // With --job only the job file's algorithm (and link emulation) is used; the trainer's settings
 // are this program's options.
 #include <torch/torch.h>
+#include <troupe/option_checks.h>
+#include <troupe/troupe.h>
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -18,12 +20,8 @@
 #include <limits>
 #include <variant>
 
-#include "algorithms/registry.h"
-#include "examples/char_lm/corpus.h"
-#include "examples/char_lm/model.h"
-#include "rank/compute_threads.h"
-#include "tools/cli/option_checks.h"
-#include "tools/job_config.h"
+#include "char_lm/corpus.h"
+#include "char_lm/model.h"
 
 using namespace troupe;
 

@@ -1,4 +1,4 @@
-#include "examples/char_lm/model.h"
+#include "char_lm/model.h"
 
 #include <torch/torch.h>
 

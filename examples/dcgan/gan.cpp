@@ -1,4 +1,4 @@
-#include "examples/dcgan/gan.h"
+#include "dcgan/gan.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>

@@ -9,8 +9,8 @@
 #include <exception>
 #include <filesystem>
 
-#include "examples/dcgan/gan.h"
-#include "examples/fashion_mnist/dataset.h"
+#include "dcgan/gan.h"
+#include "fashion_mnist/dataset.h"
 
 using namespace troupe::examples;
 

@@ -1,4 +1,4 @@
-#include "examples/fashion_mnist/dataset.h"
+#include "fashion_mnist/dataset.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>

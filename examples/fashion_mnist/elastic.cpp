@@ -1,17 +1,17 @@
 // Elastic training of Fashion-MNIST: the whole training set is cut into global batches by an
 // ElasticSampler, so whatever the world size after a rank dies or rejoins, step s trains on the
 // same images; a false from ElasticTrainer::step means the world changed and the step is redone.
-#include "examples/fashion_mnist/elastic.h"
+#include "fashion_mnist/elastic.h"
 
 #include <torch/torch.h>
+#include <troupe/checkpoint.h>
+#include <troupe/elastic.h>
 
 #include <chrono>
 #include <cstdio>
 
-#include "elastic/elastic.h"
-#include "examples/fashion_mnist/dataset.h"
-#include "examples/fashion_mnist/models.h"
-#include "rank/checkpoint.h"
+#include "fashion_mnist/dataset.h"
+#include "fashion_mnist/models.h"
 
 namespace troupe::examples {
 

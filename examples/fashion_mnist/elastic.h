@@ -1,14 +1,15 @@
 #pragma once
 // Elastic Fashion-MNIST: under `troupe launch --elastic`, the ranks train through an
-// ElasticTrainer (elastic/elastic.h), so the run goes on when a rank dies and takes a restarted
+// ElasticTrainer (<troupe/elastic.h>), so the run goes on when a rank dies and takes a restarted
 // rank back.
+#include <troupe/algorithms.h>
+#include <troupe/distributed_module.h>
+#include <troupe/runtime.h>
+
 #include <cstdint>
 #include <string>
 
-#include "algorithms/job_algorithm.h"
-#include "ddp/distributed_module.h"
-#include "examples/fashion_mnist/dataset.h"
-#include "rank/runtime.h"
+#include "fashion_mnist/dataset.h"
 
 namespace troupe::examples {
 
@@ -22,7 +23,7 @@ struct ElasticRun {
   double momentum = 0.9;
   int64_t log_every = 50;
   uint64_t seed = 1;
-  /// Any algorithm of a job: ElasticTrainer runs them all (elastic/elastic.h).
+  /// Any algorithm of a job: ElasticTrainer runs them all (<troupe/elastic.h>).
   JobAlgorithm algorithm = comm::Compression{};
   DdpOptions ddp;
 };

@@ -9,9 +9,11 @@
 //       sparseloco, which go back to their last outer sync; decentralized,
 //       low_precision_decentralized, async_model_average and async_gossip, whose survivors keep
 //       their own replicas)
-// With --job, the job file (tools/job_config.h) gives the algorithm, the trainer's settings and
+// With --job, the job file (<troupe/job_config.h>) gives the algorithm, the trainer's settings and
 // the link emulation; its mode "threads" runs every rank as a thread of this process.
 #include <torch/torch.h>
+#include <troupe/option_checks.h>
+#include <troupe/troupe.h>
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -26,16 +28,9 @@
 #include <optional>
 #include <sstream>
 
-#include "algorithms/registry.h"
-#include "elastic/elastic.h"
-#include "elastic/launch.h"
-#include "examples/fashion_mnist/dataset.h"
-#include "examples/fashion_mnist/elastic.h"
-#include "examples/fashion_mnist/models.h"
-#include "rank/checkpoint.h"
-#include "rank/compute_threads.h"
-#include "tools/cli/option_checks.h"
-#include "tools/job_config.h"
+#include "fashion_mnist/dataset.h"
+#include "fashion_mnist/elastic.h"
+#include "fashion_mnist/models.h"
 
 using namespace troupe;
 
@@ -52,7 +47,7 @@ struct Settings {
   int64_t die_step = 0;
   // Only the first `subset` training images (0: all), for quick runs and tests.
   int64_t subset = 0;
-  // Checkpoints (rank/checkpoint.h): where and how often to save, where to resume from, and a
+  // Checkpoints (<troupe/checkpoint.h>): where and how often to save, where to resume from, and a
   // test-only stop after a step (as if the job had been killed there).
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
@@ -481,7 +476,7 @@ int main(int argc, char** argv) {
                           "training runs on the CPU only (expected --device cpu)");
       // troupe launch --elastic: a bucket algorithm, DiLoCo, Streaming DiLoCo, SparseLoCo, D-PSGD,
       // Choco-SGD, AsyncModelAverage or AsyncGossip through an ElasticTrainer
-      // (examples/fashion_mnist/elastic.h), which refuses the others by name.
+      // (fashion_mnist/elastic.h), which refuses the others by name.
       examples::ElasticRun run{t.data,     t.model,     t.epochs, t.batch,     t.lr,
                                t.momentum, t.log_every, t.seed,   s.algorithm, s.ddp};
       if (!elastic_data) elastic_data = examples::load_elastic_data(t.data, s.subset);

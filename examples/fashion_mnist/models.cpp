@@ -1,4 +1,4 @@
-#include "examples/fashion_mnist/models.h"
+#include "fashion_mnist/models.h"
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "troupe/distributed_module.h"
+#include <troupe/distributed_module.h>
 
 namespace troupe::examples {
 

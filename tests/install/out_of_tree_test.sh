@@ -7,22 +7,30 @@
 # cuda/nccl exactly when troupe was built with them; a CPU-only troupe (-DTROUPE_WITH_CUDA=OFF)
 # gives an app that needs no libcudart or libnccl, and one with NCCL an app that does not link
 # libnccl (troupe loads it on first use); an unknown or absent component is refused by
-# name. Registered in tests/CMakeLists.txt (label "install").
+# name. With consumers=examples it builds the examples instead (examples/CMakeLists.txt on its
+# own: fashion_mnist, char_lm, dcgan), which proves that they need nothing but the public headers,
+# starts each with --help and trains dcgan for 2 steps alone. Registered in tests/CMakeLists.txt
+# (label "install": install.out_of_tree, install.examples).
 # Arguments, name=value: source, build, work (scratch folder, emptied first), config, generator,
 # make_program, cxx, launcher (may be empty); prefix_path (optional: CMAKE_PREFIX_PATH given to the
-# consumer, default <work>/prefix; point it elsewhere to see the test fail).
+# consumer, default <work>/prefix; point it elsewhere to see the test fail); consumers (optional:
+# out_of_tree, the default, or examples).
 set -euo pipefail
-launcher="" make_program="" prefix_path=""
+launcher="" make_program="" prefix_path="" consumers=out_of_tree
 for arg in "$@"; do
   case "$arg" in
     source=* | build=* | work=* | config=* | generator=* | make_program=* | cxx=* | launcher=* | \
-      prefix_path=*) declare "${arg%%=*}=${arg#*=}" ;;
+      prefix_path=* | consumers=*) declare "${arg%%=*}=${arg#*=}" ;;
     *) echo "out_of_tree_test: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
 for required in source build work config generator cxx; do
   [ -n "${!required:-}" ] || { echo "out_of_tree_test: $required= is required" >&2; exit 2; }
 done
+case "$consumers" in
+  out_of_tree | examples) ;;
+  *) echo "out_of_tree_test: consumers=$consumers (expected out_of_tree or examples)" >&2; exit 2 ;;
+esac
 
 started=$SECONDS
 step() { echo "== [$((SECONDS - started))s] $*"; }
@@ -45,6 +53,51 @@ elif command -v ninja >/dev/null; then
   gen_args=(-G Ninja)
 fi
 fail() { echo "out_of_tree_test: $*" >&2; exit 1; }
+
+# Configures a project of examples/ against the prefix (in $consumer) and checks that it found the
+# installed troupe; its configure output goes to $work/configure.log too.
+configure() {
+  step "configure $1 with CMAKE_PREFIX_PATH=$prefix_path"
+  cmake -S "$source/$1" -B "$consumer" "${gen_args[@]}" \
+    -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE="$config" \
+    ${launcher:+-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher"} \
+    -DCMAKE_PREFIX_PATH="$prefix_path" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF | tee "$work/configure.log"
+  local found
+  found="$(sed -n 's/^troupe_DIR:PATH=//p' "$consumer/CMakeCache.txt")"
+  if [ "$found" != "$prefix/lib/cmake/troupe" ] && [ "$found" != "$prefix/lib64/cmake/troupe" ]; then
+    fail "the consumer found troupe in '$found', not in $prefix"
+  fi
+}
+
+# Runs a command as rank 0 of 1: no launcher variables, and its directory listens on a MASTER_PORT
+# that nobody listens on, below Linux's ephemeral range.
+alone() {
+  local port=$((20000 + RANDOM % 10000))
+  while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((20000 + RANDOM % 10000)); done
+  (
+    for v in $(compgen -e | grep -E '^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|OMPI_COMM_WORLD_.*|SLURM_.*)$' || true); do
+      unset "$v"
+    done
+    MASTER_PORT=$port "$@"
+  )
+}
+
+if [ "$consumers" = examples ]; then
+  configure examples
+  step "build fashion_mnist, char_lm and dcgan"
+  cmake --build "$consumer"
+  for program in fashion_mnist char_lm dcgan; do
+    step "$program --help"
+    "$consumer/$program" --help >"$work/$program-help.log" || {
+      cat "$work/$program-help.log"; fail "$consumer/$program --help failed"
+    }
+    head -n 1 "$work/$program-help.log"
+  done
+  step "run $consumer/dcgan alone: 2 steps on random images"
+  alone "$consumer/dcgan" --steps 2 --batch 8 --data "$work/no-fashion-mnist"
+  step "passed"
+  exit 0
+fi
 
 config_dir="$(ls -d "$prefix"/lib*/cmake/troupe | head -n 1)"
 have_cuda="$(sed -n 's/^set(troupe_HAVE_CUDA \(.*\))$/\1/p' "$config_dir/troupeConfig.cmake")"
@@ -78,15 +131,7 @@ if [ "$have_cuda" != ON ]; then
   refuses cuda "was built without CUDA"
 fi
 
-step "configure examples/out_of_tree with CMAKE_PREFIX_PATH=$prefix_path"
-cmake -S "$source/examples/out_of_tree" -B "$consumer" "${gen_args[@]}" \
-  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE="$config" \
-  ${launcher:+-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher"} \
-  -DCMAKE_PREFIX_PATH="$prefix_path" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF | tee "$work/configure.log"
-found="$(sed -n 's/^troupe_DIR:PATH=//p' "$consumer/CMakeCache.txt")"
-if [ "$found" != "$prefix/lib/cmake/troupe" ] && [ "$found" != "$prefix/lib64/cmake/troupe" ]; then
-  fail "the consumer found troupe in '$found', not in $prefix"
-fi
+configure examples/out_of_tree
 truth() { [ "$1" = ON ] && echo TRUE || echo FALSE; }
 components="troupe components: cuda=$(truth "$have_cuda") nccl=$(truth "$have_nccl")"
 grep -qF -- "$components" "$work/configure.log" || fail "the consumer did not report '$components'"
@@ -106,17 +151,8 @@ if grep -qE 'lib(nccl|cuda)\.' <<<"$needed"; then
   fail "the CPU app links libnccl or libcuda directly (expected NCCL loaded on first use): $needed"
 fi
 
-# Alone: no launcher variables, so rank 0 of 1. Its directory listens on MASTER_PORT: pick one
-# that nobody listens on, below Linux's ephemeral range.
 step "run $consumer/app (alone)"
-port=$((20000 + RANDOM % 10000))
-while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((20000 + RANDOM % 10000)); done
-(
-  for v in $(compgen -e | grep -E '^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|OMPI_COMM_WORLD_.*|SLURM_.*)$' || true); do
-    unset "$v"
-  done
-  MASTER_PORT=$port "$consumer/app"
-)
+alone "$consumer/app"
 
 step "run $prefix/bin/troupe launch -n 2 -- app"
 "$prefix/bin/troupe" launch -n 2 --timeout 120 -- "$consumer/app"
