@@ -21,7 +21,6 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
-#include <future>
 #include <iostream>
 #include <limits>
 #include <mutex>
@@ -319,38 +318,18 @@ void check_momentum_once(const Settings& s) {
 int run_threads(const Settings& s, int world, const comm::LinkEmulation& links) {
   auto fabric = std::make_shared<comm::InprocFabric>(world);
   const int port = pick_free_port();
-  std::vector<std::future<std::string>> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.push_back(std::async(std::launch::async, [&, r] {
-      try {
-        RuntimeOptions o;
-        RankInfo info;
-        info.rank = r;
-        info.world_size = world;
-        info.local_rank = r;
-        info.local_world_size = world;
-        info.master_port = port;
-        info.source = "threads";
-        o.rank_info = info;
-        o.transport = "inproc";
-        o.fabric = fabric;
-        o.scheduler_threads = 1;
-        o.links = links;
-        o.collective_timeout = collective_timeout(s);
-        Runtime rt(o);
-        train_or_fail(rt, s);
-        return std::string();
-      } catch (const std::exception& e) {
-        return std::string(e.what());
-      }
-    }));
+  std::vector<RuntimeOptions> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.push_back(thread_rank_options(r, world, port, fabric));
+    ranks.back().links = links;
+    ranks.back().collective_timeout = collective_timeout(s);
+  }
+  const auto errors = run_thread_ranks(ranks, [&](int, Runtime& rt) { train_or_fail(rt, s); });
   int status = 0;
   for (int r = 0; r < world; ++r) {
-    auto error = ranks[static_cast<size_t>(r)].get();
-    if (!error.empty()) {
-      std::cerr << "fashion_mnist: rank " << r << ": " << error << "\n";
-      status = 1;
-    }
+    if (errors[static_cast<size_t>(r)].empty()) continue;
+    std::cerr << "fashion_mnist: rank " << r << ": " << errors[static_cast<size_t>(r)] << "\n";
+    status = 1;
   }
   return status;
 }

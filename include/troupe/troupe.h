@@ -34,3 +34,4 @@
 #include <troupe/launch.h>
 #include <troupe/optimizers.h>
 #include <troupe/runtime.h>
+#include <troupe/thread_ranks.h>

@@ -26,6 +26,8 @@ RuntimeOptions options_for(int rank, int world, int port,
                            const std::shared_ptr<comm::InprocFabric>& fabric,
                            std::chrono::milliseconds timeout = 5000ms) {
   auto o = test::thread_rank(rank, world, port, fabric, timeout);
+  // Each rank alone on its host.
+  o.rank_info->local_rank = 0;
   o.rank_info->local_world_size = 1;
   o.collective_timeout = std::chrono::seconds(60);
   return o;
