@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/inproc/transport.h"
 #include "rank/runtime.h"
 
 namespace troupe {

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/transport/link_emulation.h"
+#include "comm/transport/link_shape.h"
 
 namespace troupe {
 

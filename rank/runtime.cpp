@@ -14,6 +14,8 @@
 
 #include "actors/node.h"
 #include "comm/tags.h"
+#include "comm/transport/inproc/transport.h"
+#include "comm/transport/link_emulation.h"
 #include "comm/transport/ucx/transport.h"
 #include "rank/fault.h"
 #include "rank/host_identity.h"

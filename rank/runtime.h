@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "comm/collectives/communicator.h"
-#include "comm/transport/inproc/transport.h"
-#include "comm/transport/link_emulation.h"
+#include "comm/transport/link_shape.h"
 #include "rank/env.h"
 
 namespace troupe::comm {
+class InprocFabric;      // comm/transport/inproc/transport.h: ranks as threads of one process
 class NcclCommunicator;  // comm/transport/nccl/communicator.h, built with NCCL only
 }  // namespace troupe::comm
 
@@ -45,7 +45,8 @@ struct RuntimeOptions {
   int scheduler_threads = 0;
   /// "ucx" (processes and hosts) or "inproc" (ranks as threads of one process; needs `fabric`).
   std::string transport = "ucx";
-  /// The shared medium of an in-process job (transport "inproc").
+  /// The shared medium of an in-process job (transport "inproc"; comm/transport/inproc/transport.h,
+  /// or run_thread_ranks in elastic/thread_ranks.h, which makes one).
   std::shared_ptr<comm::InprocFabric> fabric;
   /// Deadline for reaching rank 0 and for every rank to arrive.
   std::chrono::milliseconds rendezvous_timeout{30000};

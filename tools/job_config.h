@@ -40,7 +40,7 @@
 #include <variant>
 
 #include "algorithms/job_algorithm.h"
-#include "comm/transport/link_emulation.h"
+#include "comm/transport/link_shape.h"
 
 namespace troupe {
 

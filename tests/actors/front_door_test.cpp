@@ -19,6 +19,7 @@
 
 #include "actors/atoms.h"
 #include "actors/rendezvous.h"
+#include "comm/transport/inproc/transport.h"
 #include "comm/wire/rendezvous_wire.h"
 #include "elastic/launch.h"
 #include "rank/runtime.h"

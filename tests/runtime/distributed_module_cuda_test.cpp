@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/inproc/transport.h"
 #include "ddp/distributed_module.h"
 #include "elastic/launch.h"
 #include "tests/support/skip.h"

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/transport/inproc/transport.h"
 #include "elastic/launch.h"
 #include "rank/runtime.h"
 #include "tests/support/stop_process.h"

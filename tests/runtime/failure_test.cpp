@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "comm/transport/inproc/transport.h"
 #include "tests/support/torch_doctest.h"
 
 #include <atomic>

@@ -13,6 +13,7 @@
 #include <caf/all.hpp>
 
 #include "actors/rendezvous.h"
+#include "comm/transport/inproc/transport.h"
 #include "elastic/launch.h"
 #include "rank/runtime.h"
 #include "tests/support/thread_ranks.h"

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/inproc/transport.h"
 #include "elastic/launch.h"
 #include "tests/support/thread_ranks.h"
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/inproc/transport.h"
 #include "rank/env.h"
 #include "rank/tcp_store.h"
 #include "tests/support/skip.h"

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/transport/inproc/transport.h"
 #include "rank/runtime.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"

@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/transport/inproc/transport.h"
 #include "tests/support/thread_ranks.h"
 
 namespace troupe::test {

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include "comm/transport/inproc/transport.h"
 #include "elastic/launch.h"
 #include "elastic/thread_ranks.h"
 #include "rank/runtime.h"

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <map>
 
+#include "comm/transport/inproc/transport.h"
 #include "elastic/launch.h"
 #include "rank/env.h"
 #include "rank/runtime.h"

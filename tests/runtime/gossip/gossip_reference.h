@@ -12,6 +12,7 @@
 #include "algorithms/gossip/decentralized.h"
 #include "comm/codecs/minmax.h"
 #include "comm/gossip/topology.h"
+#include "comm/transport/inproc/transport.h"
 #include "tests/support/flat_params.h"
 #include "tests/support/thread_ranks.h"
 #include "tests/support/torch_doctest.h"
