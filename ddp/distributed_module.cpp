@@ -131,16 +131,23 @@ struct DistributedModule::Impl {
   std::shared_ptr<Targets> targets = std::make_shared<Targets>();
   int listener = 0;
 
-  // Hooks: the accumulators are kept alive; `alive` turns the hooks off at destruction.
-  // What grad_accumulator returns: a std::shared_ptr<Node> up to LibTorch 2.14, a
-  // c10::intrusive_ptr<Node> from 2.15.
-  std::vector<decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()))>
-      accumulators;
-  std::vector<uintptr_t> hook_keys;
-  std::shared_ptr<std::atomic<Impl*>> hook_target;
+  // The autograd hooks on the parameters' gradient accumulators (install_hooks): a post-hook
+  // each (on_grad_ready) and, with overlap_next_forward, a pre-hook each (before_gradient). The
+  // accumulators are kept alive; `target` turns the hooks off at destruction.
+  struct Hooks {
+    // What grad_accumulator returns: a std::shared_ptr<Node> up to LibTorch 2.14, a
+    // c10::intrusive_ptr<Node> from 2.15.
+    std::vector<decltype(torch::autograd::impl::grad_accumulator(
+        std::declval<const at::Tensor&>()))>
+        accumulators;
+    std::vector<uintptr_t> post_keys;
+    std::vector<uintptr_t> pre_keys;
+    std::shared_ptr<std::atomic<Impl*>> target;
+  } hooks;
 
   // The step in progress (trainer thread only), and the first this module took (resume_at).
   uint32_t step = 0;
+  uint32_t first_step = 0;
   // The reduction the buckets and the reducer are told: one per backward pass that reduces (so a
   // step of several backward passes counts several), the step's number while each step has one.
   uint32_t round = 0;
@@ -149,71 +156,97 @@ struct DistributedModule::Impl {
   // step() throws it.
   int rounds_closed = 0;
   std::string round_error;
-  // A callback waits for the end of the running backward pass (queued by its first gradient).
-  bool end_queued = false;
-  // The gradient-ready order and times of the step's first backward pass (the bucket rebuild
-  // after the first step follows them), and the time spent waiting for the step's reductions.
-  std::vector<int> first_order;
-  std::vector<int64_t> first_order_us;
-  int64_t wait_us = 0;
-  std::vector<std::pair<int64_t, int64_t>> waits;  // start and length of each, when tracing
-  uint32_t first_step = 0;
+  // A backward pass whose reductions were launched and not yet awaited, and its round.
+  bool in_flight = false;
+  uint32_t in_flight_round = 0;
   // Between the end of a step's reductions and next_step (agg_grad: while the optimizer runs):
   // the algorithm state is the next step's, which save_state may record.
   bool reduced = false;
-  // The buckets are in a rebuilt layout loaded by load_state: no rebuild after the first step.
-  bool rebuilt = false;
-  // save_state's per-bucket scratch and comm::algorithm_name(algorithm), kept so that saving
-  // each step (ElasticTrainer does) allocates nothing.
-  mutable std::string bucket_scratch;
-  mutable std::string saved_name;
-  std::vector<char> ready;
-  std::vector<int> order;
-  std::vector<int64_t> order_us;  // when each gradient of `order` became ready
+  // Off inside no_sync().
   bool sync = true;
-  double denominator = 0;
-  int64_t first_hook_us = 0;
-  int64_t last_hook_us = 0;
-  int64_t previous_end_us = 0;
+
+  // The backward pass in progress: which gradients are ready, in what order and when, and
+  // whether a callback waits for its end (queued by its first gradient).
+  struct Pass {
+    std::vector<char> ready;
+    std::vector<int> order;
+    std::vector<int64_t> order_us;  // when each gradient of `order` became ready
+    bool end_queued = false;
+    bool started() const { return !order.empty(); }
+    void clear() {
+      std::fill(ready.begin(), ready.end(), 0);
+      order.clear();
+      order_us.clear();
+    }
+  } pass;
+
+  // The bucket rebuild after the first step: the gradient-ready order and times of the step's
+  // first backward pass (what it follows); the order and times the buckets were rebuilt from
+  // (empty before the rebuild: what save_state records of the layout); and whether the buckets
+  // are in a rebuilt layout loaded by load_state (no rebuild after the first step then).
+  struct Rebuild {
+    std::vector<int> first_order;
+    std::vector<int64_t> first_order_us;
+    std::vector<int> order;
+    std::vector<int64_t> ready_us;
+    bool loaded = false;
+  } rebuild;
+
+  // When the step's parts happened (its StepMetrics and trace): its first and latest gradient,
+  // the end of the step before, and the time spent waiting for its reductions.
+  struct Times {
+    int64_t first_hook_us = 0;
+    int64_t last_hook_us = 0;
+    int64_t previous_end_us = 0;
+    int64_t wait_us = 0;
+    std::vector<std::pair<int64_t, int64_t>> waits;  // start and length of each, when tracing
+    void waited(int64_t start, int64_t end, bool tracing) {
+      wait_us += end - start;
+      if (tracing) waits.emplace_back(start, end - start);
+    }
+  } times;
   StepMetrics metrics;
   bool tracing = false;  // a trace was asked for (DdpOptions::trace_path)
   TraceRing trace;
 
+  // save_state's per-bucket scratch and comm::algorithm_name(algorithm), kept so that saving
+  // each step (ElasticTrainer does) allocates nothing.
+  mutable std::string bucket_scratch;
+  mutable std::string saved_name;
+
   // set_denominator: `denominator` is what the buckets are told this step (fixed once backward
   // has told them; with join always the world size, which joined ranks can match), `requested`
   // what the step must divide by (0: the default); step() rescales where they differ.
+  double denominator = 0;
   double requested = 0;
   // broadcast_buffers (null: off, one rank, or no buffer).
   std::unique_ptr<ModuleBuffers> buffers;
-  // join: one flag per rank, 1 where the rank trains this step (summed over ranks), how many
-  // train, and the lowest of them (of the last step in which any trained): the source of buffers
-  // and of the rebuilt bucket order, and at the end of join() of the parameters.
-  std::vector<float> training;
-  int training_count = 0;
-  int lead = 0;
-  // The gradient-ready order and times the buckets were rebuilt from (empty before the rebuild):
-  // what save_state records of the layout.
-  std::vector<int> layout_order;
-  std::vector<int64_t> layout_ready_us;
 
-  // DdpOptions::overlap_next_forward. Each parameter's index by its TensorImpl; the pre-hooks on
-  // the gradient accumulators (before_gradient); a backward pass whose reductions were launched
-  // and not yet awaited (its round); the optimizer of a step not yet applied, the buckets whose
-  // parameters it has not stepped yet, and the factor of a set_denominator() after backward;
-  // and the buckets this backward's first gradient had to step because the forward did not
-  // await them (a gradient of one of their parameters is then an error).
-  std::unordered_map<const void*, int> index_of;
-  std::vector<uintptr_t> pre_hook_keys;
-  bool in_flight = false;
-  uint32_t in_flight_round = 0;
-  torch::optim::Optimizer* deferred = nullptr;
-  std::vector<char> unstepped;
-  size_t unstepped_count = 0;
-  double deferred_scale = 1;
-  std::vector<char> late;
-  // The figures of the last deferred reduction that completed, reported by the step that
-  // completed it.
-  StepMetrics completed;
+  // DdpOptions::join: one flag per rank, 1 where the rank trains this step (summed over ranks),
+  // how many train, and the lowest of them (of the last step in which any trained): the source
+  // of buffers and of the rebuilt bucket order, and at the end of join() of the parameters.
+  struct Join {
+    std::vector<float> training;
+    int count = 0;
+    int lead = 0;
+  } join;
+
+  // DdpOptions::overlap_next_forward: a step whose optimizer runs bucket by bucket as the next
+  // forward awaits the parameters. Each parameter's index by its TensorImpl; the optimizer of
+  // the step not yet applied (null: none), the buckets whose parameters it has not stepped yet,
+  // and the factor of a set_denominator() after backward; the buckets this backward's first
+  // gradient had to step because the forward did not await them (a gradient of one of their
+  // parameters is then an error); and the figures of the last deferred reduction that
+  // completed, reported by the step that completed it.
+  struct Deferred {
+    std::unordered_map<const void*, int> index_of;
+    torch::optim::Optimizer* optimizer = nullptr;
+    std::vector<char> unstepped;
+    size_t unstepped_count = 0;
+    double scale = 1;
+    std::vector<char> late;
+    StepMetrics completed;
+  } deferred;
 
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
       : rt(r),
@@ -231,6 +264,8 @@ struct DistributedModule::Impl {
   void build_buckets(const BucketLayout& layout);
   void spawn_actors();
   void stop_actors();
+  void install_hooks(DistributedModule* owner);
+  void remove_hooks();
   void on_grad_ready(int index);
   void on_backward_end();
   void close_round();
@@ -266,6 +301,8 @@ struct DistributedModule::Impl {
   void load_averaged_weights();
   void shadow_step();
   void next_step();
+  // A backward pass of this step has begun (its gradients became ready) or been reduced.
+  bool step_begun() const { return pass.started() || rounds_closed > 0; }
   // What the buckets divide the sum over ranks by: the step's denominator when averaging, 1 for a
   // sum.
   double bucket_denominator() const { return opt.average ? denominator : 1.0; }
@@ -376,7 +413,7 @@ void DistributedModule::Impl::collect_parameters() {
         "parameters: the overlap of the next forward has not run on a GPU yet)");
   if (on_cuda) cuda = std::make_unique<CudaGradients>(params, names);
   for (size_t i = 0; i < params.size(); ++i)
-    index_of[params[i].unsafeGetTensorImpl()] = static_cast<int>(i);
+    deferred.index_of[params[i].unsafeGetTensorImpl()] = static_cast<int>(i);
 }
 
 void DistributedModule::Impl::choose_path() {
@@ -417,8 +454,8 @@ BucketLayout DistributedModule::Impl::plan(const std::vector<int>& order_hint,
 
 void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
   buckets.clear();
-  late.assign(layout.buckets.size(), 0);
-  unstepped.assign(layout.buckets.size(), 0);
+  deferred.late.assign(layout.buckets.size(), 0);
+  deferred.unstepped.assign(layout.buckets.size(), 0);
   grad_views.assign(params.size(), torch::Tensor());
   bucket_of = layout.bucket_of;
   offset_of = layout.offset_of;
@@ -526,9 +563,9 @@ std::string DistributedModule::Impl::describe(int index) const {
 void DistributedModule::Impl::on_grad_ready(int index) {
   if (!sync || !round_error.empty()) return;
   const int64_t now = actors::now_us();
-  if (order.empty()) {
+  if (!pass.started()) {
     if (rounds_closed == 0) {
-      first_hook_us = now;
+      times.first_hook_us = now;
       fault::at(FaultPhase::backward, step);  // once per step: the first gradient
     } else if (opt.average && denominator != world) {
       // A later backward pass reduces the gradient accumulated so far again, which only an
@@ -542,15 +579,15 @@ void DistributedModule::Impl::on_grad_ready(int index) {
     // The reductions of this backward pass are launched (what is left of them) and awaited when
     // it ends, so that the next backward pass accumulates onto averaged gradients, never into
     // buckets still reducing. With join, step() reduces (the joined ranks meet it there).
-    if (opt.agg_grad && !opt.join && !end_queued) {
-      end_queued = true;
-      torch::autograd::Engine::get_default_engine().queue_callback([target = hook_target] {
+    if (opt.agg_grad && !opt.join && !pass.end_queued) {
+      pass.end_queued = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([target = hooks.target] {
         if (auto* impl = target->load()) impl->on_backward_end();
       });
     }
   }
-  last_hook_us = now;
-  if (ready[static_cast<size_t>(index)]) {
+  times.last_hook_us = now;
+  if (pass.ready[static_cast<size_t>(index)]) {
     if (!opt.agg_grad) return;  // local gradient accumulation before a local step: harmless
     // The bucket may already be reduced or reducing: a second gradient would be lost on some
     // ranks or summed into the average on others. Thrown here, it leaves backward().
@@ -565,9 +602,9 @@ void DistributedModule::Impl::on_grad_ready(int index) {
     throw comm::Error("step " + std::to_string(step) + ": the gradient of " + describe(index) +
                       " became ready twice before step(): " + why);
   }
-  ready[static_cast<size_t>(index)] = 1;
-  order.push_back(index);
-  order_us.push_back(now);
+  pass.ready[static_cast<size_t>(index)] = 1;
+  pass.order.push_back(index);
+  pass.order_us.push_back(now);
   if (!opt.agg_grad) return;
   const int b = bucket_of[static_cast<size_t>(index)];
   auto& bucket = buckets[static_cast<size_t>(b)];
@@ -591,12 +628,13 @@ void DistributedModule::Impl::on_grad_ready(int index) {
 // backward's final callback. A pass that left parameters without a gradient (and no
 // find_unused_parameters) stays open: step() names them.
 void DistributedModule::Impl::on_backward_end() {
-  end_queued = false;
-  if (order.empty() || !round_error.empty()) return;
-  if (!opt.find_unused_parameters && std::find(ready.begin(), ready.end(), char{0}) != ready.end())
+  pass.end_queued = false;
+  if (!pass.started() || !round_error.empty()) return;
+  if (!opt.find_unused_parameters &&
+      std::find(pass.ready.begin(), pass.ready.end(), char{0}) != pass.ready.end())
     return;
   try {
-    std::fill(late.begin(), late.end(), 0);
+    std::fill(deferred.late.begin(), deferred.late.end(), 0);
     // overlap_next_forward: the reductions go on; the next backward pass or the next forward
     // awaits them.
     if (opt.overlap_next_forward)
@@ -625,7 +663,7 @@ void DistributedModule::Impl::launch_round() {
       // In a later pass an unused parameter's slot holds its gradient averaged so far, which
       // reduces to itself; in the first it becomes zeros (receiving the others' gradients), and
       // becomes the gradient, whatever it was (none, or a tensor of the user's).
-      if (ready[i] || rounds_closed > 0) continue;
+      if (pass.ready[i] || rounds_closed > 0) continue;
       grad_views[i].zero_();
       if (opt.gradient_as_bucket_view) params[i].mutable_grad() = grad_views[i];
     }
@@ -638,12 +676,10 @@ void DistributedModule::Impl::launch_round() {
   in_flight = true;
   in_flight_round = round++;
   if (rounds_closed++ == 0) {
-    first_order = order;
-    first_order_us = order_us;
+    rebuild.first_order = pass.order;
+    rebuild.first_order_us = pass.order_us;
   }
-  std::fill(ready.begin(), ready.end(), 0);
-  order.clear();
-  order_us.clear();
+  pass.clear();
   if (buffers && !opt.join && opt.overlap_next_forward) buffers->broadcast(rt.comm(), 0);
 }
 
@@ -654,8 +690,7 @@ void DistributedModule::Impl::finish_round() {
   in_flight = false;
   await_round(in_flight_round);
   const int64_t end = actors::now_us();
-  wait_us += end - start;
-  if (tracing) waits.emplace_back(start, end - start);
+  times.waited(start, end, tracing);
   if (!opt.gradient_as_bucket_view) copy_out();
   if (buffers && !opt.join && !opt.overlap_next_forward) buffers->broadcast(rt.comm(), 0);
 }
@@ -707,10 +742,10 @@ void DistributedModule::Impl::rebuild_from_observed_order(int root) {
   if (rank == root) {
     size_t k = 0;
     std::vector<char> used(n, 0);
-    for (size_t j = 0; j < first_order.size(); ++j) {
-      const int i = first_order[j];
+    for (size_t j = 0; j < rebuild.first_order.size(); ++j) {
+      const int i = rebuild.first_order[j];
       seen[k++] = i;
-      seen[n + static_cast<size_t>(i)] = first_order_us[j] - first_order_us.front();
+      seen[n + static_cast<size_t>(i)] = rebuild.first_order_us[j] - rebuild.first_order_us.front();
       used[static_cast<size_t>(i)] = 1;
     }
     for (int i = static_cast<int>(n) - 1; i >= 0; --i)
@@ -719,8 +754,8 @@ void DistributedModule::Impl::rebuild_from_observed_order(int root) {
   rt.comm().broadcast(seen.data(), seen.size(), comm::DataType::int64, root);
   std::vector<int> new_order(seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(n));
   std::vector<int64_t> ready_us(seen.begin() + static_cast<std::ptrdiff_t>(n), seen.end());
-  layout_order = new_order;
-  layout_ready_us = ready_us;
+  rebuild.order = new_order;
+  rebuild.ready_us = ready_us;
   auto planned = plan(new_order, ready_us);
   bool same = planned.buckets.size() == buckets.size();
   for (size_t b = 0; same && b < buckets.size(); ++b)
@@ -740,15 +775,15 @@ std::vector<torch::Tensor> DistributedModule::Impl::state_tensors() {
 
 // join: every rank says whether it trains this step; all learn who does.
 void DistributedModule::Impl::agree_on_training(bool mine) {
-  std::fill(training.begin(), training.end(), 0.0f);
-  training[static_cast<size_t>(rank)] = mine ? 1.0f : 0.0f;
-  rt.comm().allreduce(training.data(), training.size(), comm::DataType::float32,
+  std::fill(join.training.begin(), join.training.end(), 0.0f);
+  join.training[static_cast<size_t>(rank)] = mine ? 1.0f : 0.0f;
+  rt.comm().allreduce(join.training.data(), join.training.size(), comm::DataType::float32,
                       comm::ReduceOp::sum);
-  training_count = 0;
+  join.count = 0;
   for (int r = world - 1; r >= 0; --r)
-    if (training[static_cast<size_t>(r)] > 0.5f) {
-      ++training_count;
-      lead = r;
+    if (join.training[static_cast<size_t>(r)] > 0.5f) {
+      ++join.count;
+      join.lead = r;
     }
 }
 
@@ -759,8 +794,7 @@ void DistributedModule::Impl::agree_on_training(bool mine) {
 // given.
 double DistributedModule::Impl::rescale_factor() const {
   double want = requested;
-  if (want == 0)
-    want = opt.join && !opt.divide_by_initial_world_size ? training_count : denominator;
+  if (want == 0) want = opt.join && !opt.divide_by_initial_world_size ? join.count : denominator;
   const auto* sign = std::get_if<SignCompression>(&algorithm);
   if (want == denominator || !opt.average || (sign && sign->mode == SignMode::majority_vote))
     return 1;
@@ -777,7 +811,7 @@ bool DistributedModule::Impl::rescale_reduced() {
 
 // Whether the step in progress is followed by the bucket rebuild (the module's first step).
 bool DistributedModule::Impl::rebuild_due() const {
-  return step == first_step && !rebuilt && opt.rebuild_buckets && opt.agg_grad &&
+  return step == first_step && !rebuild.loaded && opt.rebuild_buckets && opt.agg_grad &&
          opt.aggregation == Aggregation::bucket;
 }
 
@@ -796,10 +830,10 @@ void DistributedModule::Impl::used_before_update(int index) const {
 // A later backward pass of the same step awaits the reductions of the one before it.
 void DistributedModule::Impl::before_gradient(int index) {
   const int b = bucket_of[static_cast<size_t>(index)];
-  if (late[static_cast<size_t>(b)]) used_before_update(index);
-  if (deferred) {
-    if (unstepped[static_cast<size_t>(b)]) used_before_update(index);
-    late = unstepped;  // what the forward did not await
+  if (deferred.late[static_cast<size_t>(b)]) used_before_update(index);
+  if (deferred.optimizer) {
+    if (deferred.unstepped[static_cast<size_t>(b)]) used_before_update(index);
+    deferred.late = deferred.unstepped;  // what the forward did not await
   }
   await_all();
 }
@@ -812,31 +846,30 @@ void DistributedModule::Impl::defer_step(torch::optim::Optimizer& optimizer) {
   bool others = false;
   for (auto& group : optimizer.param_groups())
     for (auto& p : group.params())
-      others = others || (!index_of.count(p.unsafeGetTensorImpl()) && p.grad().defined());
+      others = others || (!deferred.index_of.count(p.unsafeGetTensorImpl()) && p.grad().defined());
   if (others) optimizer.step();
-  deferred = &optimizer;
-  unstepped.assign(buckets.size(), 1);
-  unstepped_count = buckets.size();
-  late.assign(buckets.size(), 0);
-  deferred_scale = rescale_factor();
+  deferred.optimizer = &optimizer;
+  deferred.unstepped.assign(buckets.size(), 1);
+  deferred.unstepped_count = buckets.size();
+  deferred.late.assign(buckets.size(), 0);
+  deferred.scale = rescale_factor();
   pending_steps.fetch_add(1, std::memory_order_release);
 }
 
 // Awaits the buckets `wanted` of the deferred step (all of them: the whole reduction) and steps
 // their parameters.
 void DistributedModule::Impl::step_buckets(const std::vector<int>& wanted) {
-  if (wanted.empty() || !deferred) return;
+  if (wanted.empty() || !deferred.optimizer) return;
   const int64_t start = actors::now_us();
-  const bool all = wanted.size() == unstepped_count;
+  const bool all = wanted.size() == deferred.unstepped_count;
   await_round(in_flight_round, all ? std::vector<int>{} : wanted);
   const int64_t end = actors::now_us();
-  wait_us += end - start;
-  if (tracing) waits.emplace_back(start, end - start);
+  times.waited(start, end, tracing);
   {
     torch::NoGradGuard no_grad;
     for (int b : wanted) {
       auto& bucket = buckets[static_cast<size_t>(b)];
-      if (deferred_scale != 1) bucket.flat.mul_(deferred_scale);
+      if (deferred.scale != 1) bucket.flat.mul_(deferred.scale);
       for (size_t k = 0; k < bucket.params.size(); ++k) {
         const auto i = static_cast<size_t>(bucket.params[k]);
         auto& p = params[i];
@@ -849,15 +882,15 @@ void DistributedModule::Impl::step_buckets(const std::vector<int>& wanted) {
   }
   masked_step(wanted);
   zero_gradients(wanted);
-  for (int b : wanted) unstepped[static_cast<size_t>(b)] = 0;
-  unstepped_count -= wanted.size();
-  if (unstepped_count > 0) return;
-  deferred = nullptr;
+  for (int b : wanted) deferred.unstepped[static_cast<size_t>(b)] = 0;
+  deferred.unstepped_count -= wanted.size();
+  if (deferred.unstepped_count > 0) return;
+  deferred.optimizer = nullptr;
   in_flight = false;
   pending_steps.fetch_sub(1, std::memory_order_release);
   // The reduction is over: what the buckets counted goes into the metrics of the step in which
   // it completed (the next one).
-  completed = reduction_figures();
+  deferred.completed = reduction_figures();
 }
 
 // What the buckets' last reduction sent and received and when each bucket's started and ended
@@ -885,10 +918,10 @@ void DistributedModule::Impl::masked_step(const std::vector<int>& wanted) {
   for (int b : wanted)
     for (int i : buckets[static_cast<size_t>(b)].params) stepped[static_cast<size_t>(i)] = 1;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> hidden;
-  for (auto& group : deferred->param_groups())
+  for (auto& group : deferred.optimizer->param_groups())
     for (auto& p : group.params()) {
-      auto it = index_of.find(p.unsafeGetTensorImpl());
-      if (it != index_of.end() && stepped[static_cast<size_t>(it->second)]) continue;
+      auto it = deferred.index_of.find(p.unsafeGetTensorImpl());
+      if (it != deferred.index_of.end() && stepped[static_cast<size_t>(it->second)]) continue;
       if (!p.grad().defined()) continue;
       hidden.emplace_back(p, p.grad());
       p.mutable_grad() = torch::Tensor();
@@ -899,7 +932,7 @@ void DistributedModule::Impl::masked_step(const std::vector<int>& wanted) {
       for (auto& [p, g] : hidden) p.mutable_grad() = g;
     }
   } restore{hidden};
-  deferred->step();
+  deferred.optimizer->step();
 }
 
 // After a bucket's step its gradients are zero, onto which the next backward accumulates.
@@ -918,11 +951,11 @@ void DistributedModule::Impl::zero_gradients(const std::vector<int>& wanted) {
 // await_parameters(layer): steps the buckets of parameters `indices` that wait for the deferred
 // step.
 void DistributedModule::Impl::await_for(const std::vector<int>& indices) {
-  if (!deferred) return;
+  if (!deferred.optimizer) return;
   std::vector<int> wanted;
   for (int i : indices) {
     const int b = bucket_of[static_cast<size_t>(i)];
-    if (unstepped[static_cast<size_t>(b)] &&
+    if (deferred.unstepped[static_cast<size_t>(b)] &&
         std::find(wanted.begin(), wanted.end(), b) == wanted.end())
       wanted.push_back(b);
   }
@@ -930,10 +963,10 @@ void DistributedModule::Impl::await_for(const std::vector<int>& indices) {
 }
 
 void DistributedModule::Impl::await_all() {
-  if (deferred) {
+  if (deferred.optimizer) {
     std::vector<int> rest;
     for (size_t k = 0; k < buckets.size(); ++k)
-      if (unstepped[k]) rest.push_back(static_cast<int>(k));
+      if (deferred.unstepped[k]) rest.push_back(static_cast<int>(k));
     step_buckets(rest);
   } else if (in_flight) {
     finish_round();
@@ -958,7 +991,7 @@ void DistributedModule::Impl::shadow_step() {
     for (auto& bucket : buckets) bucket.flat.zero_();
   }
   if (cuda) cuda->record_step();
-  launch_and_await(opt.agg_grad ? bucket_denominator() : training_count);
+  launch_and_await(opt.agg_grad ? bucket_denominator() : join.count);
   if (!opt.agg_grad) load_averaged_weights();
   next_step();
 }
@@ -967,22 +1000,63 @@ void DistributedModule::Impl::shadow_step() {
 // rebuild after step 1, and this step's per-step state.
 void DistributedModule::Impl::next_step() {
   // agg_grad without join: each backward pass brought them (close_round).
-  if (buffers && (opt.join || !opt.agg_grad)) buffers->broadcast(rt.comm(), lead);
-  const bool first = step == first_step && !rebuilt;
+  if (buffers && (opt.join || !opt.agg_grad)) buffers->broadcast(rt.comm(), join.lead);
+  const bool first = step == first_step && !rebuild.loaded;
   ++step;
   reduced = false;
   if (first && opt.rebuild_buckets && opt.agg_grad && opt.aggregation == Aggregation::bucket)
-    rebuild_from_observed_order(lead);
-  std::fill(ready.begin(), ready.end(), 0);
-  order.clear();
-  order_us.clear();
-  first_order.clear();
-  first_order_us.clear();
+    rebuild_from_observed_order(join.lead);
+  pass.clear();
+  rebuild.first_order.clear();
+  rebuild.first_order_us.clear();
   rounds_closed = 0;
-  wait_us = 0;
-  waits.clear();
+  times.wait_us = 0;
+  times.waits.clear();
   denominator = world;
   requested = 0;
+}
+
+// The gradient hooks (Hooks), and with overlap_next_forward the registry entries through which
+// await_parameters(layer) finds `owner`, this module.
+void DistributedModule::Impl::install_hooks(DistributedModule* owner) {
+  hooks.target = std::make_shared<std::atomic<Impl*>>(this);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params[i]);
+    hooks.post_keys.push_back(
+        acc->add_post_hook(std::make_unique<ReadyHook<Impl>>(hooks.target, static_cast<int>(i))));
+    if (opt.overlap_next_forward) {
+      auto hook = std::make_unique<BeforeGradientHook<Impl>>(hooks.target, static_cast<int>(i));
+      hooks.pre_keys.push_back(reinterpret_cast<uintptr_t>(hook.get()));
+      acc->add_pre_hook(std::move(hook));
+    }
+    hooks.accumulators.push_back(std::move(acc));
+  }
+  if (opt.overlap_next_forward) {
+    auto& registry = overlap_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    for (auto& p : params) registry.owner[p.unsafeGetTensorImpl()] = owner;
+  }
+}
+
+// Turns the hooks off (a gradient from here on reaches no module) and takes them and the
+// registry entries away.
+void DistributedModule::Impl::remove_hooks() {
+  hooks.target->store(nullptr);
+  for (size_t i = 0; i < hooks.accumulators.size(); ++i)
+    hooks.accumulators[i]->del_post_hook(hooks.post_keys[i]);
+  for (size_t i = 0; i < hooks.pre_keys.size(); ++i) {
+    auto& pre = hooks.accumulators[i]->pre_hooks();
+    const uintptr_t key = hooks.pre_keys[i];
+    pre.erase(std::remove_if(
+                  pre.begin(), pre.end(),
+                  [key](const auto& h) { return reinterpret_cast<uintptr_t>(h.get()) == key; }),
+              pre.end());
+  }
+  if (opt.overlap_next_forward) {
+    auto& registry = overlap_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    for (auto& p : params) registry.owner.erase(p.unsafeGetTensorImpl());
+  }
 }
 
 DistributedModule::DistributedModule(Runtime& runtime, ModelRef model, Algorithm algorithm,
@@ -1009,57 +1083,26 @@ DistributedModule::DistributedModule(Runtime& runtime, ModelRef model, Algorithm
     m.buffers = std::make_unique<ModuleBuffers>(*m.module);
     if (m.buffers->empty()) m.buffers.reset();
   }
-  m.training.assign(static_cast<size_t>(m.world), 0.0f);
+  m.join.training.assign(static_cast<size_t>(m.world), 0.0f);
   m.build_buckets(m.plan({}));
   m.spawn_actors();
-  m.ready.assign(m.params.size(), 0);
-  m.hook_target = std::make_shared<std::atomic<Impl*>>(impl_.get());
-  for (size_t i = 0; i < m.params.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(m.params[i]);
-    m.hook_keys.push_back(
-        acc->add_post_hook(std::make_unique<ReadyHook<Impl>>(m.hook_target, static_cast<int>(i))));
-    if (m.opt.overlap_next_forward) {
-      auto hook = std::make_unique<BeforeGradientHook<Impl>>(m.hook_target, static_cast<int>(i));
-      m.pre_hook_keys.push_back(reinterpret_cast<uintptr_t>(hook.get()));
-      acc->add_pre_hook(std::move(hook));
-    }
-    m.accumulators.push_back(std::move(acc));
-  }
-  if (m.opt.overlap_next_forward) {
-    auto& registry = overlap_registry();
-    std::lock_guard<std::mutex> lock(registry.mutex);
-    for (auto& p : m.params) registry.owner[p.unsafeGetTensorImpl()] = this;
-  }
+  m.pass.ready.assign(m.params.size(), 0);
+  m.install_hooks(this);
   auto targets = m.targets;
   m.listener = runtime.add_failure_listener([targets](int rank, const std::string& reason) {
     std::lock_guard<std::mutex> lock(targets->mutex);
     for (auto& b : targets->buckets) b.abort(reason, rank);
   });
-  m.previous_end_us = actors::now_us();
+  m.times.previous_end_us = actors::now_us();
 }
 
 DistributedModule::~DistributedModule() {
   auto& m = *impl_;
-  m.hook_target->store(nullptr);
-  for (size_t i = 0; i < m.accumulators.size(); ++i)
-    m.accumulators[i]->del_post_hook(m.hook_keys[i]);
-  for (size_t i = 0; i < m.pre_hook_keys.size(); ++i) {
-    auto& hooks = m.accumulators[i]->pre_hooks();
-    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
-                               [&](const auto& h) {
-                                 return reinterpret_cast<uintptr_t>(h.get()) == m.pre_hook_keys[i];
-                               }),
-                hooks.end());
-  }
-  if (m.opt.overlap_next_forward) {
-    auto& registry = overlap_registry();
-    std::lock_guard<std::mutex> lock(registry.mutex);
-    for (auto& p : m.params) registry.owner.erase(p.unsafeGetTensorImpl());
-  }
+  m.remove_hooks();
   // A step never applied (no await_parameters() after the last step) stays unapplied (its
   // optimizer may be gone), but its reductions still write into the buckets: they are awaited
   // before the buckets go (a failed or stalled one ends the wait; a destructor does not throw).
-  if (m.deferred) pending_steps.fetch_sub(1, std::memory_order_release);
+  if (m.deferred.optimizer) pending_steps.fetch_sub(1, std::memory_order_release);
   if (m.in_flight) {
     try {
       m.await_round(m.in_flight_round);
@@ -1095,7 +1138,7 @@ void DistributedModule::set_denominator(double denominator) {
                       "without it the gradients are summed)");
   m.requested = denominator;
   // Backward's ready messages carry `denominator`: once one is sent, step() rescales instead.
-  const bool sent = (!m.order.empty() && !m.opt.delay_reduce) || m.rounds_closed > 0;
+  const bool sent = (m.pass.started() && !m.opt.delay_reduce) || m.rounds_closed > 0;
   if (!sent && !m.opt.join) m.denominator = denominator;
 }
 
@@ -1107,22 +1150,22 @@ void DistributedModule::join() {
         "on every rank: each step then tells the ranks which still train)");
   if (!m.sync)
     throw comm::Error("DistributedModule::join() called inside no_sync(): leave the scope first");
-  if (!m.order.empty() || m.rounds_closed > 0)
+  if (m.step_begun())
     throw comm::Error("DistributedModule::join() at step " + std::to_string(m.step) +
                       " after a "
                       "backward without its step() (expected step() first)");
   for (;;) {
     m.agree_on_training(false);
-    if (m.training_count == 0) break;
+    if (m.join.count == 0) break;
     m.shadow_step();
   }
   // The joined ranks did not run the optimizer: the last ranks to train hold the model.
-  broadcast_parameters(m.lead);
+  broadcast_parameters(m.join.lead);
 }
 
 void DistributedModule::resume_at(uint64_t step) {
   auto& m = *impl_;
-  if (m.step != m.first_step || !m.order.empty() || m.rounds_closed > 0)
+  if (m.step != m.first_step || m.step_begun())
     throw comm::Error("DistributedModule::resume_at(" + std::to_string(step) + ") after step " +
                       std::to_string(m.step) + " began (expected it before the first backward)");
   if (step > UINT32_MAX)
@@ -1156,7 +1199,7 @@ void await_parameters(const torch::nn::Module& module) {
       auto at = std::find_if(found.begin(), found.end(),
                              [&](const auto& f) { return f.first == it->second; });
       if (at == found.end()) at = found.insert(found.end(), {it->second, {}});
-      at->second.push_back(it->second->impl_->index_of.at(p.unsafeGetTensorImpl()));
+      at->second.push_back(it->second->impl_->deferred.index_of.at(p.unsafeGetTensorImpl()));
     }
   }
   for (auto& [ddp, indices] : found) ddp->impl_->await_for(indices);
@@ -1170,7 +1213,7 @@ void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
   const int64_t wait_start = actors::now_us();
   // Every backward pass that ended with all its gradients is reduced already; a pass still open
   // (parameters without a gradient, join, or no backward at all) is closed here.
-  if (m.opt.agg_grad && (!m.order.empty() || m.rounds_closed == 0)) m.close_open_pass();
+  if (m.opt.agg_grad && (m.pass.started() || m.rounds_closed == 0)) m.close_open_pass();
   // overlap_next_forward after the rebuild: the buckets' parameters are stepped when the next
   // forward awaits them.
   const bool defer = m.opt.overlap_next_forward && optimizer && !m.rebuild_due();
@@ -1202,7 +1245,7 @@ void DistributedModule::Impl::check_step() const {
         "DistributedModule::step() called inside no_sync(): leave the scope and "
         "run one more backward first");
   if (!round_error.empty()) throw comm::Error(round_error);
-  if (opt.agg_grad && order.empty() && rounds_closed == 0 && !opt.find_unused_parameters)
+  if (opt.agg_grad && !step_begun() && !opt.find_unused_parameters)
     throw comm::Error("step " + std::to_string(step) + " of module '" + opt.name +
                       "': step() without a backward pass since the previous step() (a second "
                       "step() in a row?); expected loss.backward() before each step()");
@@ -1211,7 +1254,7 @@ void DistributedModule::Impl::check_step() const {
 void DistributedModule::Impl::close_open_pass() {
   std::vector<std::string> missing;
   for (size_t i = 0; i < params.size(); ++i)
-    if (!ready[i]) missing.push_back(names[i]);
+    if (!pass.ready[i]) missing.push_back(names[i]);
   if (!missing.empty() && !opt.find_unused_parameters) {
     std::string list;
     for (auto& n : missing) list += (list.empty() ? "" : ", ") + n;
@@ -1232,7 +1275,7 @@ void DistributedModule::Impl::average_weights() {
       }
   }
   if (cuda) cuda->record_step();
-  launch_and_await(opt.join ? training_count : world);
+  launch_and_await(opt.join ? join.count : world);
   load_averaged_weights();
 }
 
@@ -1241,29 +1284,33 @@ void DistributedModule::Impl::record_step(int64_t wait_start, int64_t reduced, i
   auto& m = *this;
   StepMetrics metrics;
   metrics.step = m.step;
-  metrics.step_sec = static_cast<double>(end - m.previous_end_us) / 1e6;
-  metrics.comm_wait_sec = static_cast<double>((m.opt.agg_grad ? m.wait_us : end - reduced)) / 1e6;
-  metrics.backward_end_us = m.last_hook_us;
+  metrics.step_sec = static_cast<double>(end - m.times.previous_end_us) / 1e6;
+  metrics.comm_wait_sec =
+      static_cast<double>((m.opt.agg_grad ? m.times.wait_us : end - reduced)) / 1e6;
+  metrics.backward_end_us = m.times.last_hook_us;
   // A deferred step's buckets are still reducing: it reports the reduction its forward completed.
-  StepMetrics figures = defer ? std::exchange(m.completed, StepMetrics{}) : m.reduction_figures();
+  StepMetrics figures =
+      defer ? std::exchange(m.deferred.completed, StepMetrics{}) : m.reduction_figures();
   metrics.bytes_sent = figures.bytes_sent;
   metrics.bytes_received = figures.bytes_received;
   metrics.bucket_start_us = std::move(figures.bucket_start_us);
   metrics.bucket_done_us = std::move(figures.bucket_done_us);
   m.metrics = metrics;
   if (m.tracing) {
-    if (m.last_hook_us >= m.previous_end_us) {
+    if (m.times.last_hook_us >= m.times.previous_end_us) {
       // Forward is not observed directly: it is what runs between the end of the previous step
       // and the first gradient (forward, loss, and the last layer's backward).
-      m.trace.add({"forward", -1, 0, m.previous_end_us, m.first_hook_us - m.previous_end_us});
-      m.trace.add({"backward", -1, 0, m.first_hook_us, m.last_hook_us - m.first_hook_us});
+      m.trace.add({"forward", -1, 0, m.times.previous_end_us,
+                   m.times.first_hook_us - m.times.previous_end_us});
+      m.trace.add(
+          {"backward", -1, 0, m.times.first_hook_us, m.times.last_hook_us - m.times.first_hook_us});
     }
     if (m.opt.agg_grad)
-      for (auto& w : m.waits) m.trace.add({"wait for reductions", -1, 0, w.first, w.second});
+      for (auto& w : m.times.waits) m.trace.add({"wait for reductions", -1, 0, w.first, w.second});
     else
       m.trace.add({"average weights", -1, 0, wait_start, end - wait_start});
   }
-  m.previous_end_us = end;
+  m.times.previous_end_us = end;
 }
 
 DistributedModule::NoSync::NoSync(DistributedModule* module) : module_(module) {
@@ -1326,7 +1373,7 @@ void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const
   // A deferred step's buckets hold state (error feedback) only once their reduction is done.
   impl_->await_all();
   const auto& m = *impl_;
-  if ((!m.order.empty() || m.rounds_closed > 0) && !m.reduced)
+  if (m.step_begun() && !m.reduced)
     throw comm::Error("DistributedModule::save_state at step " + std::to_string(m.step) +
                       ": a backward ran without its step() (expected a state between steps, "
                       "or inside step()'s optimizer step)");
@@ -1334,8 +1381,8 @@ void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const
   out.string(m.saved_name);
   // Inside step()'s optimizer step the reductions are done: the state is the next step's.
   out.value<uint32_t>(m.reduced ? m.step + 1 : m.step);
-  out.vector(m.layout_order);
-  out.vector(m.layout_ready_us);
+  out.vector(m.rebuild.order);
+  out.vector(m.rebuild.ready_us);
   out.value<uint64_t>(m.buckets.size());
   for (const auto& b : m.buckets) {
     m.bucket_scratch.clear();
@@ -1353,7 +1400,7 @@ void DistributedModule::save_state(comm::StateWriter& out, StatePart part) const
 void DistributedModule::load_state(comm::StateReader& in, StatePart part) {
   auto& m = *impl_;
   m.await_all();
-  if (!m.order.empty() || m.rounds_closed > 0)
+  if (m.step_begun())
     throw comm::Error("DistributedModule::load_state at step " + std::to_string(m.step) +
                       ": a backward ran without its step() (expected to load between steps)");
   const std::string name = comm::algorithm_name(m.algorithm);
@@ -1398,9 +1445,9 @@ void DistributedModule::load_state(comm::StateReader& in, StatePart part) {
   // A rebuilt layout stays; without one (saved before the first step ended) the rebuild follows
   // the first step from here.
   m.step = m.first_step = m.round = step;
-  m.rebuilt = !order.empty();
-  m.layout_order = std::move(order);
-  m.layout_ready_us = std::move(ready_us);
+  m.rebuild.loaded = !order.empty();
+  m.rebuild.order = std::move(order);
+  m.rebuild.ready_us = std::move(ready_us);
 }
 
 void DistributedModule::write_trace(const std::string& path) const {
