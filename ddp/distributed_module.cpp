@@ -17,6 +17,7 @@
 
 #include "actors/bucket.h"
 #include "actors/handoff.h"
+#include "actors/node.h"
 #include "actors/reducer.h"
 #include "comm/tags.h"
 #include "comm/timeout_setting.h"
@@ -494,7 +495,7 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
 }
 
 void DistributedModule::Impl::spawn_actors() {
-  auto& system = detail::actor_system(rt);
+  auto& system = detail::node(rt).system();
   reducer = actors::Reducer::spawn(system, static_cast<int>(buckets.size()));
   std::vector<actors::Bucket> handles;
   std::vector<std::vector<std::string>> bucket_names;

@@ -595,9 +595,7 @@ std::vector<int> host_indices(const std::vector<std::string>& hosts) {
   }
   return out;
 }
-caf::actor_system& detail::RuntimeAccess::system(Runtime& runtime) {
-  return runtime.impl_->node->system();
-}
+actors::Node& detail::RuntimeAccess::node(Runtime& runtime) { return *runtime.impl_->node; }
 std::chrono::milliseconds detail::RuntimeAccess::collective_timeout(const Runtime& runtime) {
   return runtime.impl_->options.collective_timeout;
 }

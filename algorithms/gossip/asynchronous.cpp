@@ -4,6 +4,7 @@
 #include <variant>
 
 #include "actors/background.h"
+#include "actors/node.h"
 #include "algorithms/gossip/decentralized.h"
 #include "algorithms/gossip/flat_model.h"
 #include "ddp/wrapped_modules.h"
@@ -156,7 +157,7 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime, ModelRef model,
   actors::AveragerSettings settings;
   settings.interval = std::chrono::milliseconds(algorithm.sync_interval_ms);
   settings.key_prefix = m.key_prefix;
-  m.actor = actors::Background::averager(detail::actor_system(runtime), m.access(), settings,
+  m.actor = actors::Background::averager(detail::node(runtime).system(), m.access(), settings,
                                          runtime.transport(), m.background);
   for (int r = 0; r < runtime.world_size(); ++r)
     if (r != runtime.rank()) m.peers.push_back(r);
@@ -188,7 +189,7 @@ AsynchronousModule::AsynchronousModule(Runtime& runtime, ModelRef model, AsyncGo
   settings.key_prefix = m.key_prefix;
   settings.seed = algorithm.topology.seed;
   m.peers = settings.neighbours;
-  m.actor = actors::Background::gossiper(detail::actor_system(runtime), m.access(), settings,
+  m.actor = actors::Background::gossiper(detail::node(runtime).system(), m.access(), settings,
                                          runtime.transport(), m.background);
   m.listener = runtime.add_failure_listener(
       [actor = m.actor](int rank, const std::string& reason) { actor.lost(rank, reason); });

@@ -11,6 +11,7 @@
 #include <variant>
 
 #include "actors/gossip_links.h"
+#include "actors/node.h"
 #include "algorithms/gossip/flat_model.h"
 #include "algorithms/gossip/nccl_gossip.h"
 #include "comm/codecs/minmax.h"
@@ -106,7 +107,7 @@ struct DecentralizedModule::Impl {
   // (registered before the links send anything), then the links.
   void start_links(const std::string& what) {
     gossip::survive_peer_loss(rt, key_prefix, what);
-    links = std::make_unique<actors::GossipLinks>(detail::actor_system(rt), transport, key_prefix);
+    links = std::make_unique<actors::GossipLinks>(detail::node(rt).system(), transport, key_prefix);
   }
 
   std::string name() const {
@@ -505,7 +506,7 @@ void DecentralizedModule::load_state(comm::StateReader& in) {
     // The neighbours' copies live in the links: new links start from the saved ones.
     m.own_copy = std::move(own);
     m.neighbour_copies.clear();
-    m.links = std::make_unique<actors::GossipLinks>(detail::actor_system(m.rt), m.transport,
+    m.links = std::make_unique<actors::GossipLinks>(detail::node(m.rt).system(), m.transport,
                                                     m.key_prefix);
     const auto& l = std::get<LowPrecisionDecentralized>(m.algorithm);
     for (auto& [p, copy] : copies) {
