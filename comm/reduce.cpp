@@ -212,6 +212,39 @@ TROUPE_INLINE void sum_to_two(float* o1, float* o2, const float* a, const float*
 typedef float Float8 __attribute__((vector_size(32)));
 typedef float Float16 __attribute__((vector_size(64)));
 
+// copy()'s loop: four vectors loaded, then stored, per iteration; the tail through memcpy (below
+// a vector: no rep movsb). The empty asm keeps GCC from turning the loop back into a memcpy call.
+template <class V>
+TROUPE_INLINE void copy_vectors(char* dst, const char* src, size_t n) {
+  constexpr size_t k = sizeof(V);
+  size_t i = 0;
+  for (; i + 4 * k <= n; i += 4 * k) {
+    V a, b, c, d;
+    std::memcpy(&a, src + i, k);
+    std::memcpy(&b, src + i + k, k);
+    std::memcpy(&c, src + i + 2 * k, k);
+    std::memcpy(&d, src + i + 3 * k, k);
+    std::memcpy(dst + i, &a, k);
+    std::memcpy(dst + i + k, &b, k);
+    std::memcpy(dst + i + 2 * k, &c, k);
+    std::memcpy(dst + i + 3 * k, &d, k);
+    asm volatile("" ::: "memory");
+  }
+  for (; i + k <= n; i += k) {
+    V a;
+    std::memcpy(&a, src + i, k);
+    std::memcpy(dst + i, &a, k);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+}
+
+__attribute__((target("avx2"))) void copy_avx2(char* dst, const char* src, size_t n) {
+  copy_vectors<Float8>(dst, src, n);
+}
+__attribute__((target("avx512f"))) void copy_avx512(char* dst, const char* src, size_t n) {
+  copy_vectors<Float16>(dst, src, n);
+}
+
 void sum_to_two_generic(float* o1, float* o2, const float* a, const float* b, size_t n,
                         SumMode mode, float k) {
   sum_to_two_tail(o1, o2, a, b, 0, n, mode, k);
@@ -317,7 +350,21 @@ void reduce_to_two(void* out1, void* out2, const void* a, const void* b, size_t 
   }
   reduce(out1, a, b, count, type, op);
   if (op == ReduceOp::avg) divide(out1, count, type, divisor);
-  if (out2 != out1) std::memcpy(out2, out1, count * element_size(type));
+  if (out2 != out1) copy(out2, out1, count * element_size(type));
+}
+
+void copy(void* dst, const void* src, size_t bytes) {
+  // Below 1 KiB glibc copies with vector moves too (its rep movsb starts above 2 KiB).
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (bytes < 1024)
+    std::memcpy(d, s, bytes);
+  else if (cpu_features().avx512f)
+    copy_avx512(d, s, bytes);
+  else if (have_avx2())
+    copy_avx2(d, s, bytes);
+  else
+    copy_vectors<__m128>(d, s, bytes);
 }
 
 void divide(void* data, size_t count, DataType type, int divisor) {

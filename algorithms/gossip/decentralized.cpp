@@ -16,6 +16,7 @@
 #include "algorithms/gossip/nccl_gossip.h"
 #include "comm/codecs/minmax.h"
 #include "comm/gossip/exchange.h"
+#include "comm/reduce.h"
 #include "ddp/wrapped_modules.h"
 #include "rank/model_check.h"
 #include "rank/module_id.h"
@@ -214,7 +215,7 @@ struct DecentralizedModule::Impl {
     const size_t bytes = flat.count() * sizeof(float);
     send_buffer.resize(bytes);
     flat.pull();
-    std::memcpy(send_buffer.data(), flat.host(), bytes);
+    comm::copy(send_buffer.data(), flat.host(), bytes);
     start_round(bytes);
   }
 

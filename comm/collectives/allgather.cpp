@@ -1,7 +1,6 @@
-#include <cstring>
-
 #include "comm/collectives/collectives.h"
 #include "comm/collectives/ring.h"
+#include "comm/reduce.h"
 #include "comm/status.h"
 
 namespace troupe::comm {
@@ -34,7 +33,7 @@ Schedule allgatherv_schedule(Group g, const void* in, void* out, const std::vect
       if (!in_place && mine.size()) {
         Step copy;  // no operations: runs at once, before the ring starts sending this chunk
         const char* from = static_cast<const char*>(in) + (mine.begin - own.begin) * elem;
-        copy.then = [=] { std::memcpy(base + mine.begin * elem, from, mine.size() * elem); };
+        copy.then = [=] { comm::copy(base + mine.begin * elem, from, mine.size() * elem); };
         steps.push_back(std::move(copy));
       }
       ring::append_allgather(steps, g, base, elem, layout, c, c * (W - 1));

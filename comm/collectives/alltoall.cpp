@@ -1,6 +1,5 @@
-#include <cstring>
-
 #include "comm/collectives/collectives.h"
+#include "comm/reduce.h"
 
 namespace troupe::comm {
 
@@ -20,8 +19,7 @@ Schedule alltoall_schedule(Group g, const void* in, void* out, size_t count_per_
     step.ops.push_back(Op{Op::Kind::send, to, const_cast<char*>(src + block * to), block, 0});
     step.ops.push_back(Op{Op::Kind::recv, from, dst + block * from, block, 0});
   }
-  if (block && src != dst)
-    step.then = [=] { std::memcpy(dst + block * r, src + block * r, block); };
+  if (block && src != dst) step.then = [=] { comm::copy(dst + block * r, src + block * r, block); };
   s.lanes.push_back({std::move(step)});
   return s;
 }

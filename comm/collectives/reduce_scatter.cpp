@@ -17,7 +17,7 @@ Schedule reduce_scatter_schedule(Group g, const void* in, void* out, size_t coun
   const char* src = static_cast<const char*>(in);
   char* dst_base = static_cast<char*>(out);
   if (W == 1) {
-    if (count && in != out) s.finally = [=] { std::memcpy(out, in, count * elem); };
+    if (count && in != out) s.finally = [=] { comm::copy(out, in, count * elem); };
     return s;
   }
   if (count == 0) return s;

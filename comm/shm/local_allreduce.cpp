@@ -283,10 +283,10 @@ void LocalAllreduce::Impl::reduce_share(const Pending& op) {
     const size_t n = std::min(block, hi - i);
     const size_t at = op.offset + i * elem;
     if (scaled && op.how.scale_before) {
-      std::memcpy(acc, data[0] + at, n * elem);
+      comm::copy(acc, data[0] + at, n * elem);
       scale(acc, n, op.type, op.how.scale);
       for (int k = 1; k < world; ++k) {
-        std::memcpy(tmp, data[static_cast<size_t>(k)] + at, n * elem);
+        comm::copy(tmp, data[static_cast<size_t>(k)] + at, n * elem);
         scale(tmp, n, op.type, op.how.scale);
         comm::reduce(acc, acc, tmp, n, op.type, ReduceOp::sum);
       }
@@ -295,7 +295,7 @@ void LocalAllreduce::Impl::reduce_share(const Pending& op) {
       reduce_block(acc, from, n, op.type, op.how.op, static_cast<size_t>(world),
                    scaled ? op.how.scale : 1.0);
     }
-    for (int k = 0; k < world; ++k) std::memcpy(data[static_cast<size_t>(k)] + at, acc, n * elem);
+    for (int k = 0; k < world; ++k) comm::copy(data[static_cast<size_t>(k)] + at, acc, n * elem);
   }
 }
 
@@ -528,7 +528,7 @@ void LocalAllreduce::allreduce_private(void* data, size_t count, DataType type, 
     for (size_t k = 0; k < world; ++k) {
       if (k == me) continue;
       const auto [lo, hi] = share_of(n, type, static_cast<int>(k), m.world);
-      std::memcpy(slot + lo * elem, user + (first_of(c) + lo) * elem, (hi - lo) * elem);
+      comm::copy(slot + lo * elem, user + (first_of(c) + lo) * elem, (hi - lo) * elem);
     }
     m.publish(&Control::staged, flag(c));
   };
@@ -547,8 +547,8 @@ void LocalAllreduce::allreduce_private(void* data, size_t count, DataType type, 
         return k == me ? own + i * elem : slot_of(k, c) + i * elem;
       };
       reduce_block(acc, from, b, type, op, world);
-      std::memcpy(own + i * elem, acc, b * elem);
-      std::memcpy(slot_of(me, c) + i * elem, acc, b * elem);
+      comm::copy(own + i * elem, acc, b * elem);
+      comm::copy(slot_of(me, c) + i * elem, acc, b * elem);
     }
     m.publish(&Control::reduced, flag(c));
   };
@@ -559,7 +559,7 @@ void LocalAllreduce::allreduce_private(void* data, size_t count, DataType type, 
     for (size_t k = 0; k < world; ++k) {
       if (k == me) continue;
       const auto [lo, hi] = share_of(n, type, static_cast<int>(k), m.world);
-      std::memcpy(user + (first_of(c) + lo) * elem, slot_of(k, c) + lo * elem, (hi - lo) * elem);
+      comm::copy(user + (first_of(c) + lo) * elem, slot_of(k, c) + lo * elem, (hi - lo) * elem);
     }
     m.publish(&Control::taken, flag(c));
   };

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -213,4 +214,27 @@ TEST_CASE(
   float one = 1.0f;
   CHECK_THROWS_WITH(reduce_to_two(&one, &one, &one, &one, 1, DataType::float32, ReduceOp::avg, 0),
                     "reduce_to_two: divisor 0 is not >= 1");
+}
+
+TEST_CASE("copy moves every byte of every size and alignment, and nothing around it") {
+  // Sizes across the memcpy fallback (below 1 KiB), the vector loop's four-vector steps and its
+  // one-vector and byte tails; source and destination at every offset within a cache line, so
+  // that dst - src covers the small distances modulo 4 KiB that copy() exists for.
+  std::vector<unsigned char> src(70000), dst(70000 + 128);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + i / 251);
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{31}, size_t{1023}, size_t{1024}, size_t{1025},
+                       size_t{1088}, size_t{4095}, size_t{4096 + 16}, size_t{65536 + 63}}) {
+    for (size_t from : {size_t{0}, size_t{1}, size_t{16}, size_t{33}, size_t{63}}) {
+      for (size_t to : {size_t{0}, size_t{7}, size_t{16}, size_t{48}, size_t{64}}) {
+        std::fill(dst.begin(), dst.end(), 0xA5);
+        copy(dst.data() + to, src.data() + from, bytes);
+        INFO("bytes " << bytes << ", source offset " << from << ", destination offset " << to);
+        CHECK(std::memcmp(dst.data() + to, src.data() + from, bytes) == 0);
+        size_t outside = 0;
+        for (size_t i = 0; i < dst.size(); ++i)
+          if ((i < to || i >= to + bytes) && dst[i] != 0xA5) ++outside;
+        CHECK(outside == 0);
+      }
+    }
+  }
 }

@@ -1,11 +1,12 @@
 #include "comm/transport/inproc/transport.h"
 
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "comm/reduce.h"
 
 namespace troupe::comm {
 
@@ -65,7 +66,7 @@ void finish_match(const PendingSend& s, const PendingRecv& r, int src, int dst) 
     s.done(Status::failure(msg, dst));
     return;
   }
-  if (s.bytes) std::memcpy(r.data, s.data, s.bytes);
+  if (s.bytes) comm::copy(r.data, s.data, s.bytes);
   r.done(Status::success());
   s.done(Status::success());
 }
