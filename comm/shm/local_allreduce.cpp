@@ -38,6 +38,9 @@ constexpr size_t kPage = 4096;
 constexpr size_t kBlockBytes = 16384;
 // The longest a worker sleeps before it looks at its deadlines again.
 constexpr auto kWakeSlice = std::chrono::milliseconds(50);
+// With two ranks, contributions this far apart make the first rank reduce the whole buffer (see
+// Impl::share_for).
+constexpr auto kSkew = std::chrono::milliseconds(1);
 // How long allreduce_private spins on another rank's flag before it sleeps on a futex: about what
 // a rank of a busy pair takes to copy or reduce a few blocks, far below a scheduler tick.
 constexpr auto kSpin = std::chrono::microseconds(20);
@@ -54,6 +57,10 @@ struct Control {
   alignas(kLine) Flag bell;
   alignas(kLine) Flag ready[LocalAllreduce::kMaxSlots];
   alignas(kLine) Flag done[LocalAllreduce::kMaxSlots];
+  // When this rank published ready[s], in steady_clock nanoseconds (CLOCK_MONOTONIC: one clock for
+  // every process of the host); written before ready[s], so that whoever has seen the flag reads
+  // the time of that generation.
+  alignas(kLine) std::atomic<int64_t> ready_at[LocalAllreduce::kMaxSlots];
   // allreduce_private: the chunks this rank has staged, reduced and taken since connect (the
   // count, mod 2^32), and the bell its waits sleep on, rung only while `sleepers` is not 0.
   alignas(kLine) Flag staged;
@@ -174,6 +181,8 @@ struct LocalAllreduce::Impl {
     return out;
   }
   void reduce_share(const Pending& op);
+  Share share_for(const Pending& op) const;
+  std::atomic<uint64_t> elements_reduced{0};
 
   void fail(Status why) {  // under `mutex`
     if (broken.ok()) broken = std::move(why);
@@ -263,9 +272,29 @@ void LocalAllreduce::Impl::await_peers(Flag Control::*count, uint32_t want, cons
   }
 }
 
+// The elements of `op` this rank reduces: its equal share, except with two ranks whose
+// contributions came more than kSkew apart. Then the first reduces all of it and the later one
+// nothing: the later rank is the one still computing (a backward pass that lags the other's), and
+// its half would run on its critical path, taking a core from its trainer, while the first rank
+// is ahead of it (idle, or with time to spare). Both ranks read the same two times, written
+// before the ready flags both have seen, so they agree; each element is still summed in rank
+// order by one rank, so the bits do not depend on the split.
+Share LocalAllreduce::Impl::share_for(const Pending& op) const {
+  if (world != 2) return share_of(op.count, op.type, rank, world);
+  const int64_t mine_at =
+      control[static_cast<size_t>(rank)]->ready_at[op.slot].load(std::memory_order_relaxed);
+  const int64_t other_at =
+      control[static_cast<size_t>(1 - rank)]->ready_at[op.slot].load(std::memory_order_relaxed);
+  const int64_t skew = std::chrono::duration_cast<std::chrono::nanoseconds>(kSkew).count();
+  if (other_at - mine_at > skew) return Share{0, op.count};  // this rank came first
+  if (mine_at - other_at > skew) return Share{op.count, op.count};
+  return share_of(op.count, op.type, rank, world);
+}
+
 void LocalAllreduce::Impl::reduce_share(const Pending& op) {
   const size_t elem = element_size(op.type);
-  const auto [lo, hi] = share_of(op.count, op.type, rank, world);
+  const auto [lo, hi] = share_for(op);
+  elements_reduced.fetch_add(hi - lo, std::memory_order_relaxed);
   const size_t block = kBlockBytes / elem;
   char* acc = scratch.data();
   char* tmp = scratch.data() + kBlockBytes;
@@ -472,6 +501,10 @@ void LocalAllreduce::allreduce(int slot, size_t offset, size_t count, DataType t
       op.reduced = true;
       impl_->mine()->done[slot].store(op.generation, std::memory_order_release);
     }
+    impl_->mine()->ready_at[slot].store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count(),
+        std::memory_order_relaxed);
     impl_->mine()->ready[slot].store(op.generation, std::memory_order_release);
     impl_->pending.push_back(std::move(op));
   }
@@ -570,6 +603,10 @@ void LocalAllreduce::allreduce_private(void* data, size_t count, DataType type, 
     reduce_own(c);
   }
   take(chunks - 1);
+}
+
+uint64_t LocalAllreduce::elements_reduced() const {
+  return impl_->elements_reduced.load(std::memory_order_relaxed);
 }
 
 size_t LocalAllreduce::peer_bytes(size_t count, DataType type) const {

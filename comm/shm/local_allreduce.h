@@ -9,7 +9,10 @@
 ///      buffer holds this rank's contribution and stays untouched until the reduction ends);
 ///   2. this rank's worker thread waits until every rank has published generation g of slot s,
 ///      then reduces its share of the buffer (block `rank` of world_size blocks, cut at 64-byte
-///      lines) straight from every rank's memory, and writes the result into every rank's buffer;
+///      lines) straight from every rank's memory, and writes the result into every rank's buffer.
+///      With two ranks whose contributions came more than 1 ms apart, the first reduces the whole
+///      buffer and the later one none of it: the later one is still computing (its backward pass
+///      lags), and its half would take a core from it on its critical path;
 ///   3. it publishes "slot s done, generation g"; the reduction ends, and its callback runs, once
 ///      every rank has published that.
 /// Each rank reads every buffer's share once and writes it once per rank: a ring allreduce over
@@ -26,6 +29,7 @@
 /// short and must not block.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,8 +113,12 @@ class LocalAllreduce {
   std::vector<int> waiting_on(int slot) const;
 
   /// Bytes this rank writes into (and reads from) other ranks' memory reducing `count` elements of
-  /// `type`: its share times world_size - 1.
+  /// `type`: its equal share times world_size - 1 (what it moves on average; with two ranks one
+  /// of them may reduce a whole buffer, see step 2 above).
   size_t peer_bytes(size_t count, DataType type) const;
+
+  /// Elements this rank's worker has reduced since connect (its shares of allreduce()).
+  uint64_t elements_reduced() const;
 
   struct Impl;
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -313,4 +314,51 @@ TEST_CASE("LocalAllreduce and SharedSegment refuse bad arguments with named erro
   made->unlink();
   CHECK_THROWS_WITH(comm::SharedSegment::open(name, 8192), doctest::Contains("No such file"));
   CHECK(mapped->data()[100] == 42);  // still mapped after the name is gone
+}
+
+TEST_CASE(
+    "LocalAllreduce with two ranks: the rank that contributed first reduces the whole buffer "
+    "when the other came more than 1 ms later, and halves otherwise add up") {
+  // Rank 0 contributes, then both pass a barrier, then rank 1 waits 20 ms and contributes: rank 1
+  // came later by at least 20 ms, whatever the scheduler does. Then both contribute at once: each
+  // reduces some share (halves, or all and none if the threads ran far apart), never more than
+  // the buffer between them, and the sums are right either way.
+  const Case k{0, 0, 100000, comm::DataType::float32, comm::LocalReduce{}};
+  std::vector<uint64_t> first(2), second(2);
+  std::vector<size_t> bad(2);
+  auto errors = run_ranks(2, [&](comm::Communicator& c) {
+    const int rank = c.rank();
+    auto local = comm::LocalAllreduce::connect(c, 400000, 10s);
+    auto reduce_once = [&](bool rank1_later, int generation) {
+      fill_case(local->data(), k, rank, generation);
+      std::promise<comm::Status> done;
+      auto submit = [&] {
+        local->allreduce(k.slot, k.offset, k.count, k.type, k.how,
+                         [&done](const comm::Status& s) { done.set_value(s); });
+      };
+      if (!rank1_later || rank == 0) submit();
+      if (rank1_later) {
+        c.barrier();
+        if (rank == 1) {
+          std::this_thread::sleep_for(20ms);  // the skew under test, not a synchronisation
+          submit();
+        }
+      }
+      auto f = done.get_future();
+      REQUIRE(f.wait_for(10s) == std::future_status::ready);
+      REQUIRE(f.get().ok());
+      bad[static_cast<size_t>(rank)] += check_case(local->data(), k, 2, generation);
+      c.barrier();  // both have read the result before either refills
+    };
+    reduce_once(true, 1);
+    first[static_cast<size_t>(rank)] = local->elements_reduced();
+    reduce_once(false, 2);
+    second[static_cast<size_t>(rank)] =
+        local->elements_reduced() - first[static_cast<size_t>(rank)];
+  });
+  CHECK_MESSAGE(errors[0].empty(), errors[0]);
+  CHECK_MESSAGE(errors[1].empty(), errors[1]);
+  CHECK(bad == std::vector<size_t>{0, 0});
+  CHECK(first == std::vector<uint64_t>{k.count, 0});
+  CHECK(second[0] + second[1] == k.count);
 }
