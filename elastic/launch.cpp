@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -435,11 +436,35 @@ struct StartPipes {
   int exec[2] = {-1, -1};
 };
 
+/// The CPUs this process may run on, in ascending order.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+/// LaunchOptions::bind_cores: slot `slot` of `slots` gets the slot-th run of allowed / slots of
+/// the launcher's CPUs (check_options made sure there are at least as many as slots).
+cpu_set_t slot_cores(int slot, int slots) {
+  const std::vector<int> cpus = allowed_cpus();
+  const size_t per_slot = cpus.size() / static_cast<size_t>(slots);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (size_t i = 0; i < per_slot; ++i)
+    CPU_SET(cpus[static_cast<size_t>(slot) * per_slot + i], &set);
+  return set;
+}
+
 /// The forked child of start_rank, until exec: only async-signal-safe calls. It takes its own
 /// process group (so stopping it reaches its descendants), default signal handling, and stdin
 /// from /dev/null (a background group reading the terminal would stop).
 [[noreturn]] void exec_rank(const std::string& file, char* const* argv, char* const* envp,
-                            const StartPipes& pipes, int membership_fd, pid_t launcher) {
+                            const StartPipes& pipes, int membership_fd, pid_t launcher,
+                            const cpu_set_t* cores) {
   struct sigaction defaults {};
   defaults.sa_handler = SIG_DFL;
   sigemptyset(&defaults.sa_mask);
@@ -453,7 +478,7 @@ struct StartPipes {
   if (membership_fd >= 0) fcntl(membership_fd, F_SETFD, 0);  // the rank keeps its end
   const int null_fd = open("/dev/null", O_RDONLY);
   if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(pipes.out[1], 1) < 0 ||
-      dup2(pipes.err[1], 2) < 0) {
+      dup2(pipes.err[1], 2) < 0 || (cores && sched_setaffinity(0, sizeof *cores, cores) != 0)) {
     const int e = errno;
     (void)!write(pipes.exec[1], &e, sizeof e);
     _exit(126);
@@ -495,6 +520,8 @@ void Launcher::start_rank(int r, int port, bool spare) {
   for (std::string& arg : args) argv.push_back(arg.data());
   envp.push_back(nullptr);
   argv.push_back(nullptr);
+  std::optional<cpu_set_t> cores;
+  if (options_.bind_cores) cores = slot_cores(r, slot_count());
   StartPipes pipes;
   make_pipe(pipes.out);
   make_pipe(pipes.err);
@@ -510,7 +537,9 @@ void Launcher::start_rank(int r, int port, bool spare) {
     throw Error("cannot start rank " + std::to_string(global(r)) +
                 ": fork: " + strerror(fork_error));
   }
-  if (pid == 0) exec_rank(file, argv.data(), envp.data(), pipes, membership_fd, launcher);
+  if (pid == 0)
+    exec_rank(file, argv.data(), envp.data(), pipes, membership_fd, launcher,
+              cores ? &*cores : nullptr);
   setpgid(pid, pid);  // also here, so that a stop sent at once reaches the group
   if (membership_) membership_->started(global(r));
   if (relay_) relay_->started(r);
@@ -929,6 +958,12 @@ void check_options(const LaunchOptions& o) {
   }
   if (!(o.timeout_sec >= 0))
     bad("timeout_sec=" + seconds_text(o.timeout_sec) + " is invalid", "0 or more");
+  if (o.bind_cores && o.nprocs + std::max(0, o.spares) > available_cores()) {
+    bad("bind_cores (--bind-cores) with " + std::to_string(o.nprocs + std::max(0, o.spares)) +
+            " processes on this host (ranks and spares) on " + std::to_string(available_cores()) +
+            " cores",
+        "at most one process per core of the launcher's affinity");
+  }
   if (!(o.grace_sec >= 0))
     bad("grace_sec=" + seconds_text(o.grace_sec) + " is invalid", "0 or more");
   const long long all_ranks = static_cast<long long>(o.nnodes) * o.nprocs;

@@ -83,6 +83,13 @@ struct LaunchOptions {
   /// Empty with one node: one made for this launch. Empty with several nodes: none (a launch per
   /// host cannot agree on one it makes), and the launcher warns; give every node the same.
   std::string job_id;
+  /// Bind each launch slot to its own share of the launcher's CPUs (`--bind-cores`; what MPI
+  /// launchers do by default, DeepSpeed's --bind_cores_to_rank): of the C cores the launcher may
+  /// run on (its affinity), slot s of S (ranks and spares) gets cores s*k .. s*k+k-1 in that
+  /// order, k = C / S, before it execs; a restarted rank gets its slot's again. A rank's trainer
+  /// and its reduction threads then share only its own cores, and never take another rank's.
+  /// More slots than cores is an error.
+  bool bind_cores = false;
 };
 
 /// torchrun's MASTER_PORT when a job of several nodes names none.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/status.h"
+#include "rank/compute_threads.h"
 
 namespace {
 
@@ -332,4 +333,59 @@ TEST_CASE(
   CHECK_THROWS_WITH(troupe::launch(options),
                     doctest::Contains("job_id (--job-id) = 'two words' is invalid (expected 1..128 "
                                       "of A-Z, a-z, 0-9, '.', '_', '-')"));
+}
+
+namespace {
+
+/// The CPUs of a Cpus_allowed_list line ("0-3,8,10-11").
+std::set<int> cpu_list(const std::string& text) {
+  std::set<int> cpus;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    const auto dash = part.find('-');
+    const int lo = std::stoi(part.substr(0, dash));
+    const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) cpus.insert(c);
+  }
+  return cpus;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "bind_cores gives each rank its own equal share of the launcher's cores, and refuses "
+    "more ranks than cores") {
+  const int cores = troupe::available_cores();
+  if (cores < 2) {
+    MESSAGE("fewer than 2 cores: nothing to divide, skipped");
+    return;
+  }
+  troupe::LaunchOptions options =
+      shell(2, "sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status");
+  options.bind_cores = true;
+  Run bound = run(options);
+  REQUIRE(bound.result.exit_code == 0);
+  const std::regex line(R"(\[rank (\d)\] ([0-9,-]+))");
+  std::vector<std::set<int>> sets(2);
+  for (std::sregex_iterator it(bound.out.begin(), bound.out.end(), line), end; it != end; ++it)
+    sets[static_cast<size_t>(std::stoi((*it)[1]))] = cpu_list((*it)[2]);
+  INFO("output: " << bound.out);
+  CHECK(sets[0].size() == static_cast<size_t>(cores / 2));
+  CHECK(sets[1].size() == static_cast<size_t>(cores / 2));
+  CHECK(*sets[0].rbegin() < *sets[1].begin());  // rank 0 the lower cores, no overlap
+
+  options.bind_cores = false;  // unbound: every rank may run on every core of the launcher
+  Run free = run(options);
+  REQUIRE(free.result.exit_code == 0);
+  CHECK(contains(free.out, "[rank 1] "));
+  for (std::sregex_iterator it(free.out.begin(), free.out.end(), line), end; it != end; ++it)
+    CHECK(cpu_list((*it)[2]).size() == static_cast<size_t>(cores));
+
+  options = shell(cores + 1, "true");
+  options.bind_cores = true;
+  const std::string refusal =
+      "bind_cores (--bind-cores) with " + std::to_string(cores + 1) + " processes";
+  CHECK_THROWS_WITH_AS(troupe::launch(options), doctest::Contains(refusal.c_str()),
+                       troupe::comm::Error);
 }

@@ -167,6 +167,7 @@ int run_allreduce_bench(const AllreduceBench& bench, const std::string& self_exe
   LaunchOptions launch_options;
   launch_options.nprocs = bench.world;
   launch_options.prefix_output = false;
+  launch_options.bind_cores = bench.bind_cores;
   launch_options.extra_env = link_env;
   launch_options.command = {self_exe,      "bench",   "allreduce",
                             "--as-rank",   "--world", std::to_string(bench.world),

@@ -16,6 +16,7 @@ struct AllreduceBench {
   comm::CollectiveOptions tuning;       // thresholds and pipelining of the collectives
   std::string link;                     // link emulation of every link, e.g. "1gbit,5ms"
   std::vector<std::string> link_ranks;  // of the links to and from some ranks, "1=100mbit,20ms"
+  bool bind_cores = false;              // each rank process on its own cores (ucx only)
 };
 
 /// Runs the benchmark: over inproc as threads of this process, over ucx by launching `world`

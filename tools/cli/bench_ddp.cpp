@@ -373,6 +373,7 @@ int run_ddp_bench(const DdpBench& bench, const std::string& self_exe) {
   LaunchOptions launch_options;
   launch_options.nprocs = bench.world;
   launch_options.prefix_output = false;
+  launch_options.bind_cores = bench.bind_cores;
   launch_options.command = {self_exe,  "bench",
                             "ddp",     "--as-rank",
                             "--world", std::to_string(bench.world),

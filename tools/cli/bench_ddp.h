@@ -18,6 +18,8 @@ struct DdpBench {
   /// Reduce over the transport even where all ranks share this host (DdpOptions::shared_memory
   /// off), to compare the two paths.
   bool no_shared_memory = false;
+  /// Each rank process bound to its own cores (LaunchOptions::bind_cores).
+  bool bind_cores = false;
   /// In one job (world > 1), every iteration runs three kinds of step, each after a barrier and
   /// in an order that rotates with the iteration: a data-parallel step; a compute step, every rank
   /// training alone at once (no_sync, then the optimizer); and an alone step, rank 0 training

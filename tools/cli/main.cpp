@@ -146,6 +146,9 @@ CLI::App* add_launch_command(CLI::App& app, troupe::LaunchOptions& launch, std::
                          "The job's identity, the same on every node (default: TROUPE_JOB_ID; one "
                          "made per launch with one node): the rendezvous and the elastic "
                          "membership admit only processes of this job");
+  launch_cmd->add_flag("--bind-cores", launch.bind_cores,
+                       "Bind each process to its own share of this host's cores (slot s of S "
+                       "gets cores s*C/S .. (s+1)*C/S-1 of the C the launcher may use)");
   launch_cmd->add_option("--membership-timeout", launch.membership_timeout_sec,
                          "Elastic: seconds a new generation waits for its members (default 30)");
   launch_cmd->add_option("--spares", launch.spares,
@@ -193,6 +196,8 @@ CLI::App* add_allreduce_bench(CLI::App& bench_cmd, troupe::cli::AllreduceBench& 
   bench_ar->add_flag("!--no-shared-memory", bench.tuning.shared_memory,
                      "On one host: allreduce over the transport (UCX shared memory through its "
                      "progress thread), not through troupe's own shared memory");
+  bench_ar->add_flag("--bind-cores", bench.bind_cores,
+                     "Bind each rank process to its own share of the cores (--transport ucx)");
   bench_ar->add_option("--link", bench.link,
                        "Emulate every link at a bandwidth and latency, e.g. 1gbit,5ms");
   bench_ar
@@ -223,6 +228,8 @@ CLI::App* add_ddp_bench(CLI::App& bench_cmd, troupe::cli::DdpBench& ddp, bool& a
                       "Every rank trains alone, no reduction (the baseline for --world > 1)");
   bench_ddp->add_flag("--no-shared-memory", ddp.no_shared_memory,
                       "Reduce over the transport even on one host (DdpOptions::shared_memory off)");
+  bench_ddp->add_flag("--bind-cores", ddp.bind_cores,
+                      "Bind each rank process to its own share of the cores");
   bench_ddp->add_flag("--interleave", ddp.interleave,
                       "Alternate data-parallel, compute-only and rank-0-alone steps in one job "
                       "and pair them per iteration (--world > 1)");
