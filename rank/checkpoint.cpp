@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <sstream>
 
@@ -546,6 +547,21 @@ void remove_stale_temporaries(const fs::path& dir, int rank) {
   }
 }
 
+// Removes this rank's file and temporaries in each step folder of `dir` whose step `drop` selects,
+// then the folder itself when that left it empty (the other ranks' files stay theirs). The caller
+// guarantees that no rank is writing into a selected folder meanwhile.
+void remove_steps_of(const std::string& dir, int rank, const std::function<bool(int64_t)>& drop) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const int64_t s = step_of_dir_name(it->path().filename().string());
+    if (s < 0 || !drop(s)) continue;
+    std::error_code ignore;
+    fs::remove(it->path() / fs::path(Checkpoint::file_of_step(dir, s, rank)).filename(), ignore);
+    remove_stale_temporaries(it->path(), rank);
+    fs::remove(it->path(), ignore);  // only when empty
+  }
+}
+
 // The ranks whose flag (gathered from each) is 0.
 std::vector<int> ranks_without(const std::vector<int64_t>& flags) {
   std::vector<int> out;
@@ -625,16 +641,10 @@ void Checkpoint::save_step(const std::string& dir, int64_t step) {
   // previous one from everyone's).
   const auto previous = last_complete_step(dir, rank_);
   write_file_atomically(record_of(dir, rank_), "step " + std::to_string(step) + "\n");
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const int64_t s = step_of_dir_name(it->path().filename().string());
-    if (s < 0 || s == step || (previous && s == *previous)) continue;
-    std::error_code ignore;
-    fs::remove(fs::path(file_of_step(dir, s, rank_)), ignore);
-    remove_stale_temporaries(it->path(), rank_);
-    fs::remove(it->path(),
-               ignore);  // only when empty: the other ranks' files stay theirs
-  }
+  // Only earlier steps: a rank that left this save's barrier first may already be saving a later
+  // step, and its folder is empty until its file lands there (removing it made that rank's write
+  // fail). Later steps left by a killed save go at the resume (load_last).
+  remove_steps_of(dir, rank_, [&](int64_t s) { return s < step && (!previous || s != *previous); });
 }
 
 int64_t Checkpoint::load_last(const std::string& dir) {
@@ -679,6 +689,9 @@ int64_t Checkpoint::load_last(const std::string& dir) {
                       file_of_step(dir, last, lacking.front()) +
                       "): the ranks' folders hold different checkpoints (another job's, or files "
                       "removed); nothing was loaded");
+  // No rank recorded a step after `last`: folders of later steps are what killed saves left. Every
+  // rank is inside this call until the gather below, so none is saving into them yet.
+  remove_steps_of(dir, rank_, [&](int64_t s) { return s > last; });
   // Every rank checks its file before any rank changes anything. (The commits read from `bytes`: it
   // lives until they ran.)
   std::string bytes;

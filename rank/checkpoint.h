@@ -55,12 +55,14 @@
 /// - save_step(dir, step) writes DIR/step-<step>/rank-<r>.troupe; once every rank has written its
 ///   file (a barrier under the Runtime's collective timeout) each rank records the step as complete
 ///   in DIR/rank-<r>.complete. A job killed during a save leaves the previous complete step the
-///   last one. Each rank then removes its files of steps other than this one and the previous
-///   complete one, and the temporary files its earlier processes left behind.
+///   last one. Each rank then removes its files of earlier steps but the previous complete one, and
+///   the temporary files its earlier processes left behind; never a later step's folder (another
+///   rank may already be saving there).
 /// - load_last(dir) finds the last step some rank recorded complete (a record proves every rank
 ///   wrote that step), checks that every rank holds its file of it, and restores it; it returns the
 ///   step. Ranks without their file, no record on any rank, another world size or a changed setting
-///   are refused by name before anything changes; then every rank records that step.
+///   are refused by name before anything is restored; then every rank records that step. Folders
+///   of later steps (what a killed save left) lose this rank's files, and go once empty.
 /// The directory may be shared by the ranks or local to each host.
 ///
 /// save_consolidated / load_consolidated are the model's, for another world size or for LibTorch

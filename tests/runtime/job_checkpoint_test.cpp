@@ -232,6 +232,33 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a save leaves a later step's folder alone: the rank that left the save's barrier first may be "
+    "writing its next step there") {
+  const auto dir = fresh_dir("later-folder");
+  int64_t value = 3;
+  Checkpoint c(0, 1);
+  c.value("value", value);
+  c.save_step(dir, 1);
+  // Another rank, ahead by a step, has created the folder of step 3 and not yet written its file
+  // (write_file_atomically creates the folder, then the temporary). Our save of step 2 runs its
+  // clean-up now: it must not remove that folder, or the other rank's write fails.
+  fs::create_directories(dir + "/step-3");
+  c.save_step(dir, 2);
+  CHECK(names_in(dir) == std::set<std::string>{"rank-0.complete", "step-1", "step-2", "step-3"});
+  // Earlier steps but the previous complete one still go (step 3's folder among them).
+  c.save_step(dir, 4);
+  CHECK(names_in(dir) == std::set<std::string>{"rank-0.complete", "step-2", "step-4"});
+  // A later step's folder that no rank recorded is a killed save's: the resume removes it.
+  fs::create_directories(dir + "/step-9");
+  std::ofstream(dir + "/step-9/rank-0.troupe") << "a killed save's file";
+  value = -1;
+  CHECK(c.load_last(dir) == 4);
+  CHECK(value == 3);
+  CHECK(names_in(dir) == std::set<std::string>{"rank-0.complete", "step-2", "step-4"});
+  fs::remove_all(dir);
+}
+
+TEST_CASE(
     "a resume refuses ranks whose files are of different steps, naming the rank and the file, and "
     "loads nothing") {
   const auto dir = fresh_dir("mixed");
