@@ -1,0 +1,103 @@
+// PowerSGD's passes over the gradient against the machine's copy of the same bytes: what bounds a
+// PowerSGD step on a CPU. For the benchmark MLP's weight matrices (784-2048-2048-1024-10, as
+// `troupe bench ddp --model mlp` builds them: rows = out features), rank 2 by default, with error
+// feedback, each pass over all matrices in order as comm/compression/power_sgd.cpp runs them:
+//   add_project (M = g + e, P = M Q), back_project (Q = M^T P), expand_error (g = P Q^T, e = M - g)
+// The median of 21 timings of each, and memcpy of the gradient's bytes (a read and a write of each
+// byte) in the same run. The buffers are larger than the caches, as in training.
+//   build/bin/bench_power_sgd_passes [rank]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "comm/codecs/low_rank.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  size_t rows, cols;
+};
+
+template <class F>
+double median_ms(F f) {
+  std::vector<double> ms;
+  for (int t = 0; t < 21; ++t) {
+    const auto start = Clock::now();
+    f();
+    asm volatile("" ::: "memory");
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  std::nth_element(ms.begin(), ms.begin() + 10, ms.end());
+  return ms[10];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace troupe::comm;
+  const long rank_arg = argc > 1 ? std::strtol(argv[1], nullptr, 10) : 2;
+  if (rank_arg < 1 || rank_arg > 64) {
+    std::fprintf(stderr, "bench_power_sgd_passes: rank '%s' (expected 1..64)\n", argv[1]);
+    return 2;
+  }
+  const size_t r = static_cast<size_t>(rank_arg);
+  const Shape shapes[] = {{2048, 784}, {2048, 2048}, {1024, 2048}, {10, 1024}};
+  size_t total = 0, widest = 0, tallest = 0;
+  for (const Shape& s : shapes) {
+    total += s.rows * s.cols;
+    widest = std::max(widest, s.cols);
+    tallest = std::max(tallest, s.rows);
+  }
+  std::vector<float> g(total), e(total), copy(total);
+  for (size_t i = 0; i < total; ++i) {
+    g[i] = static_cast<float>(i % 97) * 0.01f - 0.4f;
+    e[i] = static_cast<float>(i % 89) * 0.001f;
+  }
+  std::vector<float> p(tallest * r), qt(widest * r);
+  random_normal(1, qt.data(), qt.size());
+  random_normal(2, p.data(), p.size());
+  auto each = [&](auto pass) {
+    size_t at = 0;
+    for (const Shape& s : shapes) {
+      pass(s, at);
+      at += s.rows * s.cols;
+    }
+  };
+  const double memcpy_ms =
+      median_ms([&] { std::memcpy(copy.data(), g.data(), total * sizeof(float)); });
+  const double add_project_ms = median_ms([&] {
+    each([&](const Shape& s, size_t at) {
+      low_rank_add_project(g.data() + at, e.data() + at, s.rows, s.cols, qt.data(), r, p.data());
+    });
+  });
+  const double back_project_ms = median_ms([&] {
+    each([&](const Shape& s, size_t at) {
+      low_rank_back_project(g.data() + at, s.rows, s.cols, p.data(), r, qt.data());
+    });
+  });
+  const double expand_ms = median_ms([&] {
+    each([&](const Shape& s, size_t at) {
+      low_rank_expand_error(p.data(), qt.data(), s.rows, s.cols, r, 0.5f, 1.0f, g.data() + at,
+                            e.data() + at);
+    });
+  });
+  const double mb = static_cast<double>(total * sizeof(float)) / 1e6;
+  std::printf("PowerSGD rank %zu over the MLP's %zu weights (%.1f MB), median of 21, ms:\n", r,
+              total, mb);
+  std::printf("  memcpy of the gradient  %7.2f  (%.1f GB/s read + written)\n", memcpy_ms,
+              2 * mb / memcpy_ms);
+  std::printf("  add_project             %7.2f  (%.2fx memcpy)\n", add_project_ms,
+              add_project_ms / memcpy_ms);
+  std::printf("  back_project            %7.2f  (%.2fx memcpy)\n", back_project_ms,
+              back_project_ms / memcpy_ms);
+  std::printf("  expand_error            %7.2f  (%.2fx memcpy)\n", expand_ms,
+              expand_ms / memcpy_ms);
+  const double sum = add_project_ms + back_project_ms + expand_ms;
+  std::printf("  all three               %7.2f  (%.2fx memcpy)\n", sum, sum / memcpy_ms);
+  return 0;
+}
