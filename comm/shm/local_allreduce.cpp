@@ -184,10 +184,17 @@ struct LocalAllreduce::Impl {
   Share share_for(const Pending& op) const;
   std::atomic<uint64_t> elements_reduced{0};
 
-  void fail(Status why) {  // under `mutex`
-    if (broken.ok()) broken = std::move(why);
+  // Under `mutex`. `waiting`: the ranks whose absence caused it (what waiting_on reports from
+  // then on, when the operations that waited for them are gone).
+  void fail(Status why, std::vector<int> waiting = {}) {
+    if (broken.ok()) {
+      if (waiting.empty() && why.peer() >= 0) waiting.push_back(why.peer());
+      broken = std::move(why);
+      broken_waiting = std::move(waiting);
+    }
     failed.store(true, std::memory_order_release);
   }
+  std::vector<int> broken_waiting;
   [[noreturn]] void throw_broken() const {
     std::lock_guard<std::mutex> lock(mutex);
     throw Error("allreduce through shared memory on rank " + std::to_string(rank) +
@@ -265,7 +272,7 @@ void LocalAllreduce::Impl::await_peers(Flag Control::*count, uint32_t want, cons
           kTimeoutSetting;
       {
         std::lock_guard<std::mutex> lock(mutex);
-        fail(Status::failure(text, late.empty() ? -1 : late.front()));
+        fail(Status::failure(text, late.empty() ? -1 : late.front()), late);
       }
       throw Error(text, late.empty() ? -1 : late.front());
     }
@@ -343,12 +350,13 @@ void LocalAllreduce::Impl::run() {
         if (broken.ok() && now >= op.deadline) {
           const auto waiting = missing(op.reduced, op.slot, op.generation);
           fail(Status::failure(
-              "a reduction through shared memory timed out: ranks " + ranks_text(waiting) +
-                  (op.reduced ? " did not finish their shares" : " did not contribute") +
-                  " within " + std::to_string(timeout.count()) + " ms (LocalAllreduce slot " +
-                  std::to_string(op.slot) + ", generation " + std::to_string(op.generation) + ")" +
-                  kTimeoutSetting,
-              waiting.empty() ? -1 : waiting.front()));
+                   "a reduction through shared memory timed out: ranks " + ranks_text(waiting) +
+                       (op.reduced ? " did not finish their shares" : " did not contribute") +
+                       " within " + std::to_string(timeout.count()) + " ms (LocalAllreduce slot " +
+                       std::to_string(op.slot) + ", generation " + std::to_string(op.generation) +
+                       ")" + kTimeoutSetting,
+                   waiting.empty() ? -1 : waiting.front()),
+               waiting);
         }
         if (!broken.ok()) {
           finished.emplace_back(std::move(op.done), broken);
@@ -526,6 +534,9 @@ std::vector<int> LocalAllreduce::waiting_on(int slot) const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   for (auto it = impl_->pending.rbegin(); it != impl_->pending.rend(); ++it)
     if (it->slot == slot) return impl_->missing(it->reduced, slot, it->generation);
+  // Failed: the operations (this slot's among them) ended without the ranks the failure names. A
+  // stall report that asks just after the deadline removed them must still name those ranks.
+  if (!impl_->broken.ok()) return impl_->broken_waiting;
   return {};
 }
 

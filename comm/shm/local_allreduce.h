@@ -108,8 +108,9 @@ class LocalAllreduce {
   /// Fails every pending and later operation with `why` (from any thread; returns at once).
   void abort(const Status& why);
 
-  /// The ranks whose flags the latest operation of `slot` still waits for (empty when none is
-  /// pending).
+  /// The ranks whose flags the latest operation of `slot` still waits for; once this
+  /// LocalAllreduce has failed, the ranks its failure names (those it timed out waiting for, or
+  /// abort()'s peer); otherwise empty when none is pending.
   std::vector<int> waiting_on(int slot) const;
 
   /// Bytes this rank writes into (and reads from) other ranks' memory reducing `count` elements of

@@ -184,7 +184,7 @@ TEST_CASE("LocalAllreduce: a rank that never contributes fails the operation at 
   std::promise<void> rank0_done;
   auto rank0_finished = rank0_done.get_future().share();
   comm::Status status;
-  std::vector<int> waiting;
+  std::vector<int> waiting, waiting_after, waiting_other_slot;
   std::string later;
   auto errors = run_ranks(2, [&](comm::Communicator& c) {
     auto local = comm::LocalAllreduce::connect(c, 4096, 300ms);
@@ -206,10 +206,16 @@ TEST_CASE("LocalAllreduce: a rank that never contributes fails the operation at 
     auto g = again.get_future();
     REQUIRE(g.wait_for(10s) == std::future_status::ready);
     later = g.get().message();
+    // The failed operations are gone, yet a stall report asking now (DDP's reducer asks at its
+    // own deadline, which may come just after this one) still learns whom they waited for.
+    waiting_after = local->waiting_on(5);
+    waiting_other_slot = local->waiting_on(7);
     rank0_done.set_value();
   });
   CHECK(errors == std::vector<std::string>{"", ""});
   CHECK(waiting == std::vector<int>{1});
+  CHECK(waiting_after == std::vector<int>{1});
+  CHECK(waiting_other_slot == std::vector<int>{1});
   CHECK_FALSE(status.ok());
   CHECK(status.peer() == 1);
   // Who did not contribute, by when, where, and the setting that sets the deadline.
@@ -225,6 +231,7 @@ TEST_CASE("LocalAllreduce: abort fails what is pending with the reason given") {
   std::promise<void> rank0_done;
   auto rank0_finished = rank0_done.get_future().share();
   comm::Status status;
+  std::vector<int> waiting;
   auto errors = run_ranks(2, [&](comm::Communicator& c) {
     auto local = comm::LocalAllreduce::connect(c, 4096, 60s);
     if (c.rank() == 1) {
@@ -238,9 +245,11 @@ TEST_CASE("LocalAllreduce: abort fails what is pending with the reason given") {
     auto f = done.get_future();
     REQUIRE(f.wait_for(10s) == std::future_status::ready);
     status = f.get();
+    waiting = local->waiting_on(0);
     rank0_done.set_value();
   });
   CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(waiting == std::vector<int>{1});
   CHECK(status.message() == "rank 1 died");
   CHECK(status.peer() == 1);
 }
