@@ -15,6 +15,8 @@ namespace {
 
 #define TROUPE_INLINE inline __attribute__((always_inline))
 
+constexpr size_t kLineBytes = 64;
+
 struct Sum {
   template <class T>
   TROUPE_INLINE T operator()(T x, T y) const {
@@ -238,6 +240,45 @@ TROUPE_INLINE void copy_vectors(char* dst, const char* src, size_t n) {
   std::memcpy(dst + i, src + i, n - i);
 }
 
+// The middle of stream_copy: `n` bytes, a multiple of four vectors, to a vector-aligned dst,
+// with non-temporal stores.
+__attribute__((target("avx2"))) void stream_avx2(char* dst, const char* src, size_t n) {
+  for (size_t i = 0; i < n; i += 128) {
+    const __m256 a = _mm256_loadu_ps(reinterpret_cast<const float*>(src + i));
+    const __m256 b = _mm256_loadu_ps(reinterpret_cast<const float*>(src + i + 32));
+    const __m256 c = _mm256_loadu_ps(reinterpret_cast<const float*>(src + i + 64));
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(src + i + 96));
+    _mm256_stream_ps(reinterpret_cast<float*>(dst + i), a);
+    _mm256_stream_ps(reinterpret_cast<float*>(dst + i + 32), b);
+    _mm256_stream_ps(reinterpret_cast<float*>(dst + i + 64), c);
+    _mm256_stream_ps(reinterpret_cast<float*>(dst + i + 96), d);
+  }
+}
+__attribute__((target("avx512f"))) void stream_avx512(char* dst, const char* src, size_t n) {
+  for (size_t i = 0; i < n; i += 256) {
+    const __m512 a = _mm512_loadu_ps(src + i);
+    const __m512 b = _mm512_loadu_ps(src + i + 64);
+    const __m512 c = _mm512_loadu_ps(src + i + 128);
+    const __m512 d = _mm512_loadu_ps(src + i + 192);
+    _mm512_stream_ps(reinterpret_cast<float*>(dst + i), a);
+    _mm512_stream_ps(reinterpret_cast<float*>(dst + i + 64), b);
+    _mm512_stream_ps(reinterpret_cast<float*>(dst + i + 128), c);
+    _mm512_stream_ps(reinterpret_cast<float*>(dst + i + 192), d);
+  }
+}
+void stream_sse(char* dst, const char* src, size_t n) {
+  for (size_t i = 0; i < n; i += 64) {
+    const __m128 a = _mm_loadu_ps(reinterpret_cast<const float*>(src + i));
+    const __m128 b = _mm_loadu_ps(reinterpret_cast<const float*>(src + i + 16));
+    const __m128 c = _mm_loadu_ps(reinterpret_cast<const float*>(src + i + 32));
+    const __m128 d = _mm_loadu_ps(reinterpret_cast<const float*>(src + i + 48));
+    _mm_stream_ps(reinterpret_cast<float*>(dst + i), a);
+    _mm_stream_ps(reinterpret_cast<float*>(dst + i + 16), b);
+    _mm_stream_ps(reinterpret_cast<float*>(dst + i + 32), c);
+    _mm_stream_ps(reinterpret_cast<float*>(dst + i + 48), d);
+  }
+}
+
 __attribute__((target("avx2"))) void copy_avx2(char* dst, const char* src, size_t n) {
   copy_vectors<Float8>(dst, src, n);
 }
@@ -365,6 +406,28 @@ void copy(void* dst, const void* src, size_t bytes) {
     copy_avx2(d, s, bytes);
   else
     copy_vectors<__m128>(d, s, bytes);
+}
+
+void stream_copy(void* dst, const void* src, size_t bytes) {
+  if (bytes < kStreamCopyBytes) {
+    copy(dst, src, bytes);
+    return;
+  }
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  // Stores of whole lines, aligned as the widest store wants; the ends through copy().
+  const size_t vector = cpu_features().avx512f ? 64 : have_avx2() ? 32 : 16;
+  const size_t head = (kLineBytes - reinterpret_cast<uintptr_t>(d) % kLineBytes) % kLineBytes;
+  const size_t middle = (bytes - head) / (4 * vector) * (4 * vector);
+  copy(d, s, head);
+  if (vector == 64)
+    stream_avx512(d + head, s + head, middle);
+  else if (vector == 32)
+    stream_avx2(d + head, s + head, middle);
+  else
+    stream_sse(d + head, s + head, middle);
+  copy(d + head + middle, s + head + middle, bytes - head - middle);
+  _mm_sfence();  // non-temporal stores are not ordered with later stores without it
 }
 
 void divide(void* data, size_t count, DataType type, int divisor) {

@@ -29,6 +29,16 @@ void reduce_to_two(void* out1, void* out2, const void* a, const void* b, size_t 
 /// loops that move data between ranks copy through this instead.
 void copy(void* dst, const void* src, size_t bytes);
 
+/// Copies like copy(), but from kStreamCopyBytes on with non-temporal stores for all but the
+/// unaligned ends: the destination's cache lines are written to memory without being read first
+/// (no read for ownership) and without evicting this core's working set. For buffers larger than
+/// the caches that another core reads next (a gradient copied into its shared-memory bucket):
+/// about a third less memory traffic than copy(). Ends with a store fence, so that a later
+/// release store (a flag that publishes the bytes) cannot be seen before them.
+void stream_copy(void* dst, const void* src, size_t bytes);
+/// Below this, stream_copy() is copy(): the destination is likelier read from the caches.
+constexpr size_t kStreamCopyBytes = size_t{1} << 20;
+
 /// data[i] /= divisor for i < count (integer types truncate toward zero). divisor must be >= 1.
 void divide(void* data, size_t count, DataType type, int divisor);
 

@@ -19,6 +19,7 @@
 #include "actors/handoff.h"
 #include "actors/node.h"
 #include "actors/reducer.h"
+#include "comm/reduce.h"
 #include "comm/tags.h"
 #include "comm/timeout_setting.h"
 #include "ddp/bucket_layout.h"
@@ -550,7 +551,13 @@ void DistributedModule::Impl::adopt_gradient(int index) {
   const auto& grad = p.grad();
   if (grad.defined() && !grad.is_sparse() && grad.data_ptr() == view.data_ptr()) return;
   torch::NoGradGuard no_grad;
-  if (grad.defined())
+  if (grad.defined() && !grad.is_sparse() && grad.device().is_cpu() && view.device().is_cpu() &&
+      grad.scalar_type() == view.scalar_type() && grad.is_contiguous() &&
+      grad.sizes() == view.sizes())
+    // The bucket is read next by the reduction (another core, or another rank's): written past
+    // the caches, the copy reads the gradient once and writes the bucket once.
+    comm::stream_copy(view.data_ptr(), grad.data_ptr(), grad.nbytes());
+  else if (grad.defined())
     view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
   else
     view.zero_();

@@ -238,3 +238,26 @@ TEST_CASE("copy moves every byte of every size and alignment, and nothing around
     }
   }
 }
+
+TEST_CASE("stream_copy moves every byte above and below its threshold, at every alignment") {
+  // Around kStreamCopyBytes (below it stream_copy is copy()), with the destination at offsets
+  // that leave unaligned heads of every length before its non-temporal middle and tails after it.
+  const size_t big = kStreamCopyBytes + 4096;
+  std::vector<unsigned char> src(big + 64), dst(big + 128);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + i / 251);
+  for (size_t bytes : {size_t{0}, size_t{4096}, kStreamCopyBytes - 1, kStreamCopyBytes,
+                       kStreamCopyBytes + 1, kStreamCopyBytes + 255, big}) {
+    for (size_t from : {size_t{0}, size_t{4}, size_t{33}}) {
+      for (size_t to : {size_t{0}, size_t{4}, size_t{16}, size_t{63}, size_t{64}}) {
+        std::fill(dst.begin(), dst.end(), 0xA5);
+        stream_copy(dst.data() + to, src.data() + from, bytes);
+        INFO("bytes " << bytes << ", source offset " << from << ", destination offset " << to);
+        CHECK(std::memcmp(dst.data() + to, src.data() + from, bytes) == 0);
+        size_t outside = 0;
+        for (size_t i = 0; i < dst.size(); ++i)
+          if ((i < to || i >= to + bytes) && dst[i] != 0xA5) ++outside;
+        CHECK(outside == 0);
+      }
+    }
+  }
+}

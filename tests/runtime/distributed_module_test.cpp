@@ -82,6 +82,14 @@ TEST_CASE("N ranks on their own shards end with the parameters of one process on
     c.name = "gradients copied into the buckets";
     cases.push_back(c);
   }
+  {
+    Case c;
+    c.options = base();
+    c.set_to_none = true;
+    c.hidden = 600;  // fc2's gradient, 1.44 MB, is copied into its bucket past the caches
+    c.name = "gradients set to none, one of them over a MiB";
+    cases.push_back(c);
+  }
   for (bool before : {false, true}) {
     Case c;
     c.options = base();

@@ -60,6 +60,8 @@ struct Case {
   bool extra_head = false;
   /// What every rank's gradient_path() must say ("": not checked).
   std::string path;
+  /// The models' hidden width (fc2 holds hidden * hidden weights).
+  int64_t hidden = 8;
 };
 
 /// A run of the equivalence tests: `world` replicas (rank 0's weights are everyone's after the
@@ -80,8 +82,8 @@ inline Job make_job(const Case& c, int world, int steps) {
   Job job;
   job.world = world;
   for (int r = 0; r < world; ++r)
-    job.replicas.push_back(std::make_shared<Mlp>(6, 8, 3, c.extra_head));
-  job.reference = std::make_shared<Mlp>(6, 8, 3, c.extra_head);
+    job.replicas.push_back(std::make_shared<Mlp>(6, c.hidden, 3, c.extra_head));
+  job.reference = std::make_shared<Mlp>(6, c.hidden, 3, c.extra_head);
   copy_params(job.replicas[0], job.reference);
   for (int s = 0; s < steps; ++s) {
     job.xs.push_back(torch::randn({world * job.batch, 6}));
