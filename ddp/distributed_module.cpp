@@ -19,7 +19,6 @@
 #include "actors/handoff.h"
 #include "actors/node.h"
 #include "actors/reducer.h"
-#include "comm/reduce.h"
 #include "comm/tags.h"
 #include "comm/timeout_setting.h"
 #include "ddp/bucket_layout.h"
@@ -544,7 +543,8 @@ void DistributedModule::Impl::stop_actors() {
 
 // A gradient that is not its bucket slot — backward allocated it because the user had set the
 // gradient to none (LibTorch >= 2.0's zero_grad() default, Module::zero_grad(true)), or replaced
-// it — is copied into the slot, and the gradient points at the slot again (as PyTorch DDP does).
+// it — is brought into the slot by the path (copied, or handed to a reduction that reads it where
+// it lies), and the gradient points at the slot again (as PyTorch DDP does).
 void DistributedModule::Impl::adopt_gradient(int index) {
   auto& p = params[static_cast<size_t>(index)];
   const auto& view = grad_views[static_cast<size_t>(index)];
@@ -554,9 +554,8 @@ void DistributedModule::Impl::adopt_gradient(int index) {
   if (grad.defined() && !grad.is_sparse() && grad.device().is_cpu() && view.device().is_cpu() &&
       grad.scalar_type() == view.scalar_type() && grad.is_contiguous() &&
       grad.sizes() == view.sizes())
-    // The bucket is read next by the reduction (another core, or another rank's): written past
-    // the caches, the copy reads the gradient once and writes the bucket once.
-    comm::stream_copy(view.data_ptr(), grad.data_ptr(), grad.nbytes());
+    path->adopt(bucket_of[static_cast<size_t>(index)], offset_of[static_cast<size_t>(index)], grad,
+                view);
   else if (grad.defined())
     view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
   else

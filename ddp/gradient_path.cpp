@@ -1,5 +1,6 @@
 #include "ddp/gradient_path.h"
 
+#include "comm/reduce.h"
 #include "comm/status.h"
 
 namespace troupe {
@@ -34,6 +35,15 @@ GradientPathChoice choose_gradient_path(std::vector<std::unique_ptr<GradientPath
   for (auto& d : choice.declined) reasons += (reasons.empty() ? "" : "; ") + d;
   throw comm::Error("DistributedModule: no gradient path can reduce this module's buckets (" +
                     (reasons.empty() ? std::string("no candidate") : reasons) + ")");
+}
+
+void GradientPath::adopt(int bucket, int64_t offset, const torch::Tensor& grad,
+                         const torch::Tensor& view) {
+  (void)bucket;
+  (void)offset;
+  // The bucket is read next by the reduction (another core, or another rank's): written past the
+  // caches, the copy reads the gradient once and writes the bucket once.
+  comm::stream_copy(view.data_ptr(), grad.data_ptr(), grad.nbytes());
 }
 
 torch::Tensor GradientPath::bucket_memory(int index, int64_t elements,

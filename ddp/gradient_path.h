@@ -72,6 +72,14 @@ class GradientPath {
   /// and device). By default ordinary memory on that device.
   virtual torch::Tensor bucket_memory(int index, int64_t elements,
                                       const torch::TensorOptions& options);
+  /// A gradient that autograd put elsewhere than its place in bucket `bucket` (the user had set
+  /// it to none, or replaced it): `grad`, dense and contiguous on the CPU, belongs in `view`, its
+  /// parameter's slice at element `offset` of the bucket (same shape and dtype), as far as the
+  /// bucket's next reduction reads it. By default copied in; a path whose reduction can read it
+  /// where it lies hands it over instead and keeps `grad` until that reduction has ended. Called
+  /// on the trainer's thread, before the bucket is told the gradient is ready.
+  virtual void adopt(int bucket, int64_t offset, const torch::Tensor& grad,
+                     const torch::Tensor& view);
   /// Bucket `buffer.index`'s share of the path, over `buffer` (its bucket_memory()). CUDA buckets:
   /// `ready_events` (cudaEvent_t) are recorded where its gradients became ready and where step()
   /// last touched the buckets; device work on the buffer waits for all of them.

@@ -89,24 +89,26 @@ TROUPE_INLINE void by_fours(size_t r, F f) {
   }
 }
 
-// With `add`: m's row += add's row first (then read from cache by the dot products).
+// With `add`: m's row = from's row + add's row first (then read from cache by the dot products);
+// `from` is m itself unless given.
 template <class V>
 TROUPE_INLINE void project(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
-                           float* p, const float* add = nullptr) {
+                           float* p, const float* add = nullptr, const float* from = nullptr) {
   for (size_t i = 0; i < rows; ++i) {
     const float* mi = m + i * cols;
     if (add) {
       float* row = const_cast<float*>(mi);  // m is the caller's writable buffer when add is set
+      const float* in = from ? from + i * cols : row;
       const float* ai = add + i * cols;
       size_t j = 0;
       for (; j + kLanes<V> <= cols; j += kLanes<V>) {
         V x, y;
-        load(x, row + j);
+        load(x, in + j);
         load(y, ai + j);
         x += y;
         store(row + j, x);
       }
-      for (; j < cols; ++j) row[j] += ai[j];
+      for (; j < cols; ++j) row[j] = in[j] + ai[j];
     }
     by_fours(r, [&](size_t k, auto count) {
       constexpr size_t kCount = decltype(count)::value;
@@ -168,18 +170,18 @@ void project_generic(const float* m, size_t rows, size_t cols, const float* qt, 
                      float* p) {
   project<Float4>(m, rows, cols, qt, r, p);
 }
-void add_project_generic(float* m, const float* add, size_t rows, size_t cols, const float* qt,
-                         size_t r, float* p) {
-  project<Float4>(m, rows, cols, qt, r, p, add);
+void add_project_generic(const float* from, float* m, const float* add, size_t rows, size_t cols,
+                         const float* qt, size_t r, float* p) {
+  project<Float4>(m, rows, cols, qt, r, p, add, from);
 }
 void expand_error_generic(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                           float scale, float back, float* m, float* e) {
   expand<Float4>(p, qt, rows, cols, r, scale, m, back, e);
 }
-__attribute__((target("avx2"))) void add_project_avx2(float* m, const float* add, size_t rows,
-                                                      size_t cols, const float* qt, size_t r,
-                                                      float* p) {
-  project<Float8>(m, rows, cols, qt, r, p, add);
+__attribute__((target("avx2"))) void add_project_avx2(const float* from, float* m, const float* add,
+                                                      size_t rows, size_t cols, const float* qt,
+                                                      size_t r, float* p) {
+  project<Float8>(m, rows, cols, qt, r, p, add, from);
 }
 __attribute__((target("avx2"))) void expand_error_avx2(const float* p, const float* qt, size_t rows,
                                                        size_t cols, size_t r, float scale,
@@ -232,10 +234,15 @@ void low_rank_project(const float* m, size_t rows, size_t cols, const float* qt,
 
 void low_rank_add_project(float* m, const float* add, size_t rows, size_t cols, const float* qt,
                           size_t r, float* p) {
+  low_rank_add_project_from(m, m, add, rows, cols, qt, r, p);
+}
+
+void low_rank_add_project_from(const float* from, float* m, const float* add, size_t rows,
+                               size_t cols, const float* qt, size_t r, float* p) {
   if (have_avx2())
-    add_project_avx2(m, add, rows, cols, qt, r, p);
+    add_project_avx2(from, m, add, rows, cols, qt, r, p);
   else
-    add_project_generic(m, add, rows, cols, qt, r, p);
+    add_project_generic(from, m, add, rows, cols, qt, r, p);
 }
 
 void low_rank_expand_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,

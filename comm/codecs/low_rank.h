@@ -15,6 +15,11 @@ void low_rank_project(const float* m, size_t rows, size_t cols, const float* qt,
 /// low_rank_project.
 void low_rank_add_project(float* m, const float* add, size_t rows, size_t cols, const float* qt,
                           size_t r, float* p);
+/// low_rank_add_project from a matrix that lies elsewhere: m = from + add, then p = m * qt^T, in
+/// the same pass. The same bits as copying `from` into m, then low_rank_add_project; `from` may be
+/// m.
+void low_rank_add_project_from(const float* from, float* m, const float* add, size_t rows,
+                               size_t cols, const float* qt, size_t r, float* p);
 /// qt = p^T * m: qt[k][j] = sum_i p[i][k] * m[i][j].
 void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,
                            float* qt);

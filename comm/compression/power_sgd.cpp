@@ -5,9 +5,13 @@
 //   stage 2: uncompressed tensors := sum * scale; P := orthonormal columns of P (the same on every
 //            rank, since P is); Q = M^T P; allreduce the Qs (sum)
 //   end:     M := P Q^T * scale; e = M_local - P Q^T / world; Q kept for the next step (warm start)
-// Before start_iter the bucket is allreduced in full and e is not touched.
+// Before start_iter the bucket is allreduced in full and e is not touched. A tensor whose gradient
+// lies elsewhere (take_input) is read there: M is written into the bucket by stage 1 (with error
+// feedback) or read there throughout (without), which spares copying the gradient in.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/codecs/low_rank.h"
@@ -54,8 +58,15 @@ class PowerSgdReduction final : public Reduction {
     p_.resize(p_at);
     q_.resize(q_at);
     if (config.error_feedback) error_.assign(bucket.count, 0.0f);
+    inputs_.assign(bucket.tensors.size(), nullptr);
   }
   std::string name() const override { return "powersgd"; }
+
+  bool take_input(size_t tensor, const void* data) override {
+    if (tensor >= inputs_.size() || bucket_.type != DataType::float32) return false;
+    inputs_[tensor] = static_cast<const float*>(data);
+    return true;
+  }
 
   // The step counter (start_iter) is the module's; the warm-start Qs and the memory are here.
   void save_state(StateWriter& out) const override {
@@ -80,34 +91,47 @@ class PowerSgdReduction final : public Reduction {
 
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     auto* data = static_cast<float*>(bucket_.data);
+    // Where each tensor's values are this step: the bucket, or where take_input said.
+    auto inputs = std::make_shared<std::vector<const float*>>(
+        std::exchange(inputs_, std::vector<const float*>(bucket_.tensors.size(), nullptr)));
+    for (size_t i = 0; i < inputs->size(); ++i)
+      if (!(*inputs)[i]) (*inputs)[i] = data + bucket_.tensors[i].offset;
     if (step.step < config_.start_iter)
-      return {
-          [this, step, data] { return scaled_allreduce(step, data, bucket_.count, bucket_.type); }};
+      return {[this, step, data, inputs] {
+        for (size_t i = 0; i < inputs->size(); ++i) {
+          const auto& t = bucket_.tensors[i];
+          if ((*inputs)[i] != data + t.offset)
+            std::memcpy(data + t.offset, (*inputs)[i], t.count * sizeof(float));
+        }
+        return scaled_allreduce(step, data, bucket_.count, bucket_.type);
+      }};
     return {
-        [this, step, data] {
+        [this, step, data, inputs] {
           for (auto& m : matrices_) {
             const auto& t = bucket_.tensors[m.tensor];
             float* x = data + t.offset;
+            const float* in = (*inputs)[m.tensor];
             if (!config_.warm_start)
               random_normal(
                   mix_seed(config_.seed, static_cast<uint64_t>(bucket_.index) << 32 | step.step,
                            m.tensor),
                   m.qt.data(), m.qt.size());
-            // M = gradient + memory, summed row by row as the projection reads it.
+            // M = gradient + memory, summed row by row as the projection reads it, into the
+            // bucket; without memory M is the gradient, read where it lies.
             if (config_.error_feedback)
-              low_rank_add_project(x, error_.data() + t.offset, m.rows, m.cols, m.qt.data(), m.r,
-                                   p_.data() + m.p_at);
+              low_rank_add_project_from(in, x, error_.data() + t.offset, m.rows, m.cols,
+                                        m.qt.data(), m.r, p_.data() + m.p_at);
             else
-              low_rank_project(x, m.rows, m.cols, m.qt.data(), m.r, p_.data() + m.p_at);
+              low_rank_project(in, m.rows, m.cols, m.qt.data(), m.r, p_.data() + m.p_at);
           }
           for (auto& u : plain_) {
             const auto& t = bucket_.tensors[u.tensor];
-            std::memcpy(p_.data() + u.at, data + t.offset, t.count * sizeof(float));
+            std::memcpy(p_.data() + u.at, (*inputs)[u.tensor], t.count * sizeof(float));
           }
           return allreduce_schedule(step.group, p_.data(), p_.size(), DataType::float32,
                                     ReduceOp::sum, step.collectives);
         },
-        [this, step, data] {
+        [this, step, data, inputs] {
           const auto factor = static_cast<float>(step.scale);
           for (auto& u : plain_) {
             const auto& t = bucket_.tensors[u.tensor];
@@ -118,8 +142,9 @@ class PowerSgdReduction final : public Reduction {
           for (auto& m : matrices_) {
             float* p = p_.data() + m.p_at;
             orthogonalize_columns(p, m.rows, m.r);
-            low_rank_back_project(data + bucket_.tensors[m.tensor].offset, m.rows, m.cols, p, m.r,
-                                  q_.data() + m.q_at);
+            const float* mat = config_.error_feedback ? data + bucket_.tensors[m.tensor].offset
+                                                      : (*inputs)[m.tensor];
+            low_rank_back_project(mat, m.rows, m.cols, p, m.r, q_.data() + m.q_at);
           }
           auto schedule = allreduce_schedule(step.group, q_.data(), q_.size(), DataType::float32,
                                              ReduceOp::sum, step.collectives);
@@ -183,6 +208,7 @@ class PowerSgdReduction final : public Reduction {
   std::vector<Matrix> matrices_;
   std::vector<Plain> plain_;
   std::vector<float> p_, q_, error_;
+  std::vector<const float*> inputs_;  // per tensor: where take_input said it lies, or null
 };
 
 }  // namespace

@@ -61,6 +61,17 @@ class Reduction {
   virtual std::string name() const = 0;
   /// The stages of this step's reduction of the bucket, in order.
   virtual std::vector<std::function<Schedule()>> stages(const ReduceStep& step) = 0;
+  /// This rank's values of tensor `tensor` for the next stages() lie at `data` (of the bucket's
+  /// type, the tensor's count), not in the bucket: a gradient autograd allocated. A reduction
+  /// that can read them there returns true; it then writes the tensor's result into the bucket as
+  /// ever, and the bucket's bytes of that tensor are unspecified until then. The caller keeps
+  /// `data` unchanged until that step's stages have ended. By default false: the caller copies
+  /// the values into the bucket. Called between steps; holds for the next stages() only.
+  virtual bool take_input(size_t tensor, const void* data) {
+    (void)tensor;
+    (void)data;
+    return false;
+  }
   /// The state kept across steps (error feedback, momentum, Q), for checkpoints and healing a
   /// rank; nothing by default. Called between steps, never while stages run.
   virtual void save_state(StateWriter& out) const { (void)out; }

@@ -11,12 +11,17 @@
 // reduction's stages never meet each other's messages. With DdpOptions::hierarchical and several
 // hosts, GradientAllReduce reduces by host (comm/collectives/hierarchical.cpp).
 //
+// A gradient that autograd allocated (set to none before backward) is handed to the bucket's
+// reduction where it lies when the reduction can read it there (comm::Reduction::take_input:
+// PowerSGD), and kept until that reduction ends; else it is copied into the bucket.
+//
 // It serves any CPU module; host staging (host_staging.cpp) also runs it on the pinned mirrors of
 // CUDA buckets. When a rank dies, what is in flight with live peers gets a grace of a second,
 // then the peers it still waits for are failed.
 #include <algorithm>
 
 #include "actors/execution_post.h"
+#include "comm/reduce.h"
 #include "comm/tags.h"
 #include "ddp/distributed_module.h"
 #include "ddp/gradient_path.h"
@@ -36,9 +41,25 @@ struct TransportSettings {
 class TransportBucket : public actors::BucketPath,
                         public std::enable_shared_from_this<TransportBucket> {
  public:
-  TransportBucket(std::shared_ptr<const TransportSettings> settings, int index,
-                  std::shared_ptr<comm::Reduction> reduction)
-      : settings_(std::move(settings)), index_(index), reduction_(std::move(reduction)) {}
+  TransportBucket(std::shared_ptr<const TransportSettings> settings,
+                  const comm::BucketBuffer& buffer, std::shared_ptr<comm::Reduction> reduction)
+      : settings_(std::move(settings)),
+        index_(buffer.index),
+        tensors_(buffer.tensors),
+        reduction_(std::move(reduction)) {}
+
+  // On the trainer's thread, before the bucket hears that the gradient is ready (its message
+  // orders this before reduce()).
+  void adopt(int64_t offset, const torch::Tensor& grad, const torch::Tensor& view) {
+    const auto at = static_cast<size_t>(offset);
+    for (size_t i = 0; i < tensors_.size(); ++i)
+      if (tensors_[i].offset == at && tensors_[i].count == static_cast<size_t>(grad.numel()) &&
+          reduction_->take_input(i, grad.data_ptr())) {
+        inputs_.push_back(grad);
+        return;
+      }
+    comm::stream_copy(view.data_ptr(), grad.data_ptr(), grad.nbytes());
+  }
 
   void reduce(const actors::ActorThread& self, uint32_t step, double denominator,
               Done done) override {
@@ -50,6 +71,9 @@ class TransportBucket : public actors::BucketPath,
     reduce_step.divide_before = settings_->divide_before;
     reduce_step.collectives = settings_->collectives;
     auto builders = reduction_->stages(reduce_step);
+    // The gradients the stages read where they lie live until the execution ends.
+    auto inputs = std::make_shared<std::vector<torch::Tensor>>(std::move(inputs_));
+    inputs_.clear();
     std::vector<comm::Stage> stages;
     for (size_t i = 0; i < builders.size(); ++i)
       stages.push_back(comm::Stage{
@@ -58,9 +82,11 @@ class TransportBucket : public actors::BucketPath,
     auto post = self.execution_post(*transport, inline_lock_);
     auto execution = std::make_shared<comm::Execution>(transport, std::move(stages), post);
     // Runs on whichever thread ends the execution: touches only what it captured.
-    execution->on_done([done = std::move(done), raw = execution.get()](const comm::Status& status) {
-      done(status, raw->bytes_sent(), raw->bytes_received());
-    });
+    execution->on_done(
+        [done = std::move(done), raw = execution.get(), inputs](const comm::Status& status) {
+          inputs->clear();
+          done(status, raw->bytes_sent(), raw->bytes_received());
+        });
     execution_ = execution;
     locked([&] { execution->start(); });
   }
@@ -108,7 +134,9 @@ class TransportBucket : public actors::BucketPath,
 
   std::shared_ptr<const TransportSettings> settings_;
   int index_;
+  std::vector<comm::TensorSlot> tensors_;
   std::shared_ptr<comm::Reduction> reduction_;
+  std::vector<torch::Tensor> inputs_;  // given to the reduction by adopt() for the next reduce()
   std::shared_ptr<comm::Execution> execution_;
   std::shared_ptr<std::mutex> inline_lock_;
 };
@@ -141,15 +169,30 @@ class TransportPath : public GradientPath {
     settings_->divide_before = opt.divide_before && opt.agg_grad;
   }
 
+  void begin_buckets(int count) override { buckets_.assign(static_cast<size_t>(count), nullptr); }
+
   std::shared_ptr<actors::BucketPath> bucket(const comm::BucketBuffer& buffer,
                                              std::vector<void*> ready_events) override {
     (void)ready_events;  // host memory: nothing to wait for on a device
     // Shared: a bucket actor may still be running a message when its module destroys the path.
-    return std::make_shared<TransportBucket>(settings_, buffer.index,
-                                             comm::make_reduction(*algorithm_, buffer));
+    auto made = std::make_shared<TransportBucket>(settings_, buffer,
+                                                  comm::make_reduction(*algorithm_, buffer));
+    if (static_cast<size_t>(buffer.index) < buckets_.size())
+      buckets_[static_cast<size_t>(buffer.index)] = made;
+    return made;
+  }
+
+  void adopt(int bucket, int64_t offset, const torch::Tensor& grad,
+             const torch::Tensor& view) override {
+    const auto b = static_cast<size_t>(bucket);
+    if (b < buckets_.size() && buckets_[b])
+      buckets_[b]->adopt(offset, grad, view);
+    else
+      GradientPath::adopt(bucket, offset, grad, view);
   }
 
  private:
+  std::vector<std::shared_ptr<TransportBucket>> buckets_;  // the current buckets, by index
   const comm::Compression* algorithm_ = nullptr;
   std::shared_ptr<TransportSettings> settings_ = std::make_shared<TransportSettings>();
 };

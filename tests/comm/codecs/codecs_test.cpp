@@ -598,7 +598,9 @@ TEST_CASE("low-rank project, back_project and expand match naive triple loops") 
   }
 }
 
-TEST_CASE("low-rank add_project and expand_error give the bits of the separate passes they fuse") {
+TEST_CASE(
+    "low-rank add_project (in place or from elsewhere) and expand_error give the bits of the "
+    "separate passes they fuse") {
   struct Shape {
     size_t rows, cols, r;
   };
@@ -620,6 +622,13 @@ TEST_CASE("low-rank add_project and expand_error give the bits of the separate p
     low_rank_add_project(fused.data(), add.data(), s.rows, s.cols, qt.data(), s.r, p.data());
     CHECK(fused == summed);
     CHECK(p == want_p);
+    // The same from a matrix elsewhere: m is written, `from` left as it was.
+    std::vector<float> from = m, into(m.size(), 9.0f), p_from(s.rows * s.r + 1, 5.0f);
+    low_rank_add_project_from(from.data(), into.data(), add.data(), s.rows, s.cols, qt.data(), s.r,
+                              p_from.data());
+    CHECK(into == summed);
+    CHECK(p_from == want_p);
+    CHECK(from == m);
 
     // The copy to e, the expansion, then e -= expansion * back.
     const float scale = -0.5f, back = 1.0f / (4.0f * scale);
