@@ -216,18 +216,21 @@ TEST_CASE(
                     "reduce_to_two: divisor 0 is not >= 1");
 }
 
-TEST_CASE("copy moves every byte of every size and alignment, and nothing around it") {
-  // Sizes across the memcpy fallback (below 1 KiB), the vector loop's four-vector steps and its
-  // one-vector and byte tails; source and destination at every offset within a cache line, so
-  // that dst - src covers the small distances modulo 4 KiB that copy() exists for.
-  std::vector<unsigned char> src(70000), dst(70000 + 128);
+namespace {
+
+// Copies with `copy_fn` at every size, source offset and destination offset given: every byte
+// arrives and nothing around the destination changes.
+template <class CopyFn>
+void check_copies(CopyFn copy_fn, const std::vector<size_t>& sizes,
+                  const std::vector<size_t>& froms, const std::vector<size_t>& tos) {
+  const size_t most = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<unsigned char> src(most + 64), dst(most + 128);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + i / 251);
-  for (size_t bytes : {size_t{0}, size_t{1}, size_t{31}, size_t{1023}, size_t{1024}, size_t{1025},
-                       size_t{1088}, size_t{4095}, size_t{4096 + 16}, size_t{65536 + 63}}) {
-    for (size_t from : {size_t{0}, size_t{1}, size_t{16}, size_t{33}, size_t{63}}) {
-      for (size_t to : {size_t{0}, size_t{7}, size_t{16}, size_t{48}, size_t{64}}) {
+  for (size_t bytes : sizes) {
+    for (size_t from : froms) {
+      for (size_t to : tos) {
         std::fill(dst.begin(), dst.end(), 0xA5);
-        copy(dst.data() + to, src.data() + from, bytes);
+        copy_fn(dst.data() + to, src.data() + from, bytes);
         INFO("bytes " << bytes << ", source offset " << from << ", destination offset " << to);
         CHECK(std::memcmp(dst.data() + to, src.data() + from, bytes) == 0);
         size_t outside = 0;
@@ -239,25 +242,21 @@ TEST_CASE("copy moves every byte of every size and alignment, and nothing around
   }
 }
 
+}  // namespace
+
+TEST_CASE("copy moves every byte of every size and alignment, and nothing around it") {
+  // Sizes across the memcpy fallback (below 1 KiB), the vector loop's four-vector steps and its
+  // one-vector and byte tails; source and destination at every offset within a cache line, so
+  // that dst - src covers the small distances modulo 4 KiB that copy() exists for.
+  check_copies(copy, {0, 1, 31, 1023, 1024, 1025, 1088, 4095, 4096 + 16, 65536 + 63},
+               {0, 1, 16, 33, 63}, {0, 7, 16, 48, 64});
+}
+
 TEST_CASE("stream_copy moves every byte above and below its threshold, at every alignment") {
   // Around kStreamCopyBytes (below it stream_copy is copy()), with the destination at offsets
   // that leave unaligned heads of every length before its non-temporal middle and tails after it.
-  const size_t big = kStreamCopyBytes + 4096;
-  std::vector<unsigned char> src(big + 64), dst(big + 128);
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + i / 251);
-  for (size_t bytes : {size_t{0}, size_t{4096}, kStreamCopyBytes - 1, kStreamCopyBytes,
-                       kStreamCopyBytes + 1, kStreamCopyBytes + 255, big}) {
-    for (size_t from : {size_t{0}, size_t{4}, size_t{33}}) {
-      for (size_t to : {size_t{0}, size_t{4}, size_t{16}, size_t{63}, size_t{64}}) {
-        std::fill(dst.begin(), dst.end(), 0xA5);
-        stream_copy(dst.data() + to, src.data() + from, bytes);
-        INFO("bytes " << bytes << ", source offset " << from << ", destination offset " << to);
-        CHECK(std::memcmp(dst.data() + to, src.data() + from, bytes) == 0);
-        size_t outside = 0;
-        for (size_t i = 0; i < dst.size(); ++i)
-          if ((i < to || i >= to + bytes) && dst[i] != 0xA5) ++outside;
-        CHECK(outside == 0);
-      }
-    }
-  }
+  check_copies(stream_copy,
+               {0, 4096, kStreamCopyBytes - 1, kStreamCopyBytes, kStreamCopyBytes + 1,
+                kStreamCopyBytes + 255, kStreamCopyBytes + 4096},
+               {0, 4, 33}, {0, 4, 16, 63, 64});
 }

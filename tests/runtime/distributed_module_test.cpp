@@ -32,6 +32,22 @@ using test::Mlp;
 using test::Optim;
 using test::run_threads;
 
+// `world` replicas of one 16-64-4 MLP (seed 3).
+std::vector<std::shared_ptr<Mlp>> same_replicas(int world) {
+  torch::manual_seed(3);
+  std::vector<std::shared_ptr<Mlp>> replicas;
+  for (int r = 0; r < world; ++r) replicas.push_back(std::make_shared<Mlp>(16, 64, 4));
+  return replicas;
+}
+
+// Several small buckets for that MLP.
+DdpOptions small_buckets() {
+  DdpOptions o;
+  o.bucket_bytes = 8192;
+  o.first_bucket_bytes = 1024;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("N ranks on their own shards end with the parameters of one process on the whole batch") {
@@ -509,16 +525,12 @@ TEST_CASE("compressed algorithms run in the bucket flow and leave every rank the
     const std::string& name = entry.first;
     const Algorithm& algorithm = entry.second;
     CAPTURE(name);
-    torch::manual_seed(3);
-    std::vector<std::shared_ptr<Mlp>> replicas;
-    for (int r = 0; r < world; ++r) replicas.push_back(std::make_shared<Mlp>(16, 64, 4));
+    auto replicas = same_replicas(world);
     std::vector<size_t> sent(world);
     auto errors = run_threads(world, [&](int r, Runtime& rt) {
       auto model = replicas[static_cast<size_t>(r)];
       torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
-      DdpOptions o;
-      o.bucket_bytes = 8192;
-      o.first_bucket_bytes = 1024;
+      DdpOptions o = small_buckets();
       o.shared_memory = false;  // every algorithm's bytes over the transport, to compare them
       DistributedModule ddp(rt, model, algorithm, o);
       torch::manual_seed(100 + r);
@@ -568,15 +580,11 @@ TEST_CASE(
       ys.push_back(torch::randn({8, 4}));
     }
     for (bool set_to_none : {true, false}) {
-      torch::manual_seed(3);
-      std::vector<std::shared_ptr<Mlp>> replicas;
-      for (int r = 0; r < world; ++r) replicas.push_back(std::make_shared<Mlp>(16, 64, 4));
+      auto replicas = same_replicas(world);
       auto errors = run_threads(world, [&](int r, Runtime& rt) {
         auto model = replicas[static_cast<size_t>(r)];
         torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
-        DdpOptions o;
-        o.bucket_bytes = 8192;
-        o.first_bucket_bytes = 1024;
+        DdpOptions o = small_buckets();
         // One layout for both runs: a rebuild's splits follow the timing of step 1's backward.
         o.rebuild_buckets = false;
         DistributedModule ddp(rt, model, PowerSGD{2, true, feedback, 1.0, 2}, o);
