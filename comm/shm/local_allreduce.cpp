@@ -347,6 +347,14 @@ void LocalAllreduce::Impl::run() {
       const auto now = Clock::now();
       for (auto it = pending.begin(); it != pending.end();) {
         Pending& op = *it;
+        // Every rank has written its share: the result is in place, whatever failed since (a
+        // rank that died after its share, or that left once it saw the end, as this one may not
+        // have yet).
+        if (op.reduced && missing(true, op.slot, op.generation).empty()) {
+          finished.emplace_back(std::move(op.done), Status::success());
+          it = pending.erase(it);
+          continue;
+        }
         if (broken.ok() && now >= op.deadline) {
           const auto waiting = missing(op.reduced, op.slot, op.generation);
           fail(Status::failure(
@@ -360,11 +368,6 @@ void LocalAllreduce::Impl::run() {
         }
         if (!broken.ok()) {
           finished.emplace_back(std::move(op.done), broken);
-          it = pending.erase(it);
-          continue;
-        }
-        if (op.reduced && missing(true, op.slot, op.generation).empty()) {
-          finished.emplace_back(std::move(op.done), Status::success());
           it = pending.erase(it);
           continue;
         }

@@ -25,8 +25,9 @@
 ///
 /// Failures: an operation that has not ended `timeout` after it was submitted fails, naming the
 /// slot and the ranks it waits for, and so does everything after it; abort() (a rank died) fails
-/// what is pending and everything later at once. Callbacks run on the worker thread: they must be
-/// short and must not block.
+/// what is pending and everything later at once, but an operation whose every rank had written
+/// its share still ends well (the rank that died may have finished it and gone on). Callbacks run
+/// on the worker thread: they must be short and must not block.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

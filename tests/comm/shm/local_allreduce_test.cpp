@@ -254,6 +254,52 @@ TEST_CASE("LocalAllreduce: abort fails what is pending with the reason given") {
   CHECK(status.peer() == 1);
 }
 
+TEST_CASE(
+    "LocalAllreduce: an operation every rank has finished ends well though abort() came before "
+    "this rank's worker saw it") {
+  // Rank 0's worker is held inside slot 0's callback (callbacks run on it) while both ranks
+  // finish slot 1 (no elements: its flags are published when it is submitted); then abort()
+  // comes, as when rank 1 saw slot 1 end, went on and died. Slot 1 ends well on rank 0 too; an
+  // operation after the abort fails with its reason.
+  comm::Status first, second, later;
+  auto errors = run_ranks(2, [&](comm::Communicator& c) {
+    const int rank = c.rank();
+    auto local = comm::LocalAllreduce::connect(c, 4096, 60s);
+    std::promise<void> held, release;
+    auto released = release.get_future();
+    std::promise<comm::Status> first_done, second_done, later_done;
+    local->allreduce(0, 0, 16, comm::DataType::float32, {}, [&, rank](const comm::Status& s) {
+      first_done.set_value(s);
+      if (rank != 0) return;
+      held.set_value();
+      released.wait();
+    });
+    if (rank == 0) held.get_future().wait();
+    local->allreduce(1, 64, 0, comm::DataType::float32, {},
+                     [&](const comm::Status& s) { second_done.set_value(s); });
+    c.barrier();  // slot 1 is finished on both ranks
+    auto f = second_done.get_future();
+    if (rank == 0) {
+      local->abort(comm::Status::failure("rank 1 died", 1));
+      release.set_value();
+      REQUIRE(f.wait_for(10s) == std::future_status::ready);
+      second = f.get();
+      first = first_done.get_future().get();
+      local->allreduce(2, 128, 4, comm::DataType::float32, {},
+                       [&](const comm::Status& s) { later_done.set_value(s); });
+      auto g = later_done.get_future();
+      REQUIRE(g.wait_for(10s) == std::future_status::ready);
+      later = g.get();
+    } else {
+      REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    }
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(first.ok());
+  CHECK_MESSAGE(second.ok(), second.message());
+  CHECK(later.message() == "rank 1 died");
+}
+
 TEST_CASE("LocalAllreduce and SharedSegment refuse bad arguments with named errors") {
   auto errors = run_ranks(1, [](comm::Communicator& c) {
     CHECK_THROWS_WITH(comm::LocalAllreduce::connect(c, 0, 1s),
