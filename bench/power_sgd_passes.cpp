@@ -1,10 +1,13 @@
 // PowerSGD's passes over the gradient against the machine's copy of the same bytes: what bounds a
 // PowerSGD step on a CPU. For the benchmark MLP's weight matrices (784-2048-2048-1024-10, as
 // `troupe bench ddp --model mlp` builds them: rows = out features), rank 2 by default, with error
-// feedback, each pass over all matrices in order as comm/compression/power_sgd.cpp runs them:
-//   add_project (M = g + e, P = M Q), back_project (Q = M^T P), expand_error (g = P Q^T, e = M - g)
-// The median of 21 timings of each, and memcpy of the gradient's bytes (a read and a write of each
-// byte) in the same run. The buffers are larger than the caches, as in training.
+// feedback, each pass over all matrices in order as comm/compression/power_sgd.cpp runs them on a
+// gradient set to none (g, where autograd put it; x its bucket, e the error memory):
+//   add_project (M = g + e, P = M Q), back_project (Q = M^T P), expand_error (x = P Q^T, e = M - x)
+// with M written into the bucket (as before 2026-11-28) and into the memory (since), the two
+// alternating step by step. The median of 21 timings of each pass, and memcpy of the gradient's
+// bytes (a read and a write of each byte) in the same run. The buffers are larger than the
+// caches, as in training.
 //   build/bin/bench_power_sgd_passes [rank]
 #include <algorithm>
 #include <chrono>
@@ -53,7 +56,9 @@ int main(int argc, char** argv) {
     widest = std::max(widest, s.cols);
     tallest = std::max(tallest, s.rows);
   }
-  std::vector<float> g(total), e(total), copy(total);
+  // g: the gradient autograd allocated (set to none before backward), x: its bucket, e: the error
+  // memory.
+  std::vector<float> g(total), x(total), e(total), copy(total);
   for (size_t i = 0; i < total; ++i) {
     g[i] = static_cast<float>(i % 97) * 0.01f - 0.4f;
     e[i] = static_cast<float>(i % 89) * 0.001f;
@@ -68,36 +73,64 @@ int main(int argc, char** argv) {
       at += s.rows * s.cols;
     }
   };
+  // The three passes of one step with M kept in the bucket (as before) or in the memory; the two
+  // layouts alternate, step by step, so that the machine's drift falls on both.
+  enum Layout { kBucket, kMemory };
+  std::vector<double> ms[2][3];
+  auto time_pass = [](std::vector<double>& into, auto f) {
+    const auto start = Clock::now();
+    f();
+    asm volatile("" ::: "memory");
+    into.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  };
+  for (int t = 0; t < 21; ++t)
+    for (Layout layout : {kBucket, kMemory}) {
+      float* m = layout == kBucket ? x.data() : e.data();
+      auto& out = ms[layout];
+      time_pass(out[0], [&] {
+        each([&](const Shape& s, size_t at) {
+          low_rank_add_project_from(g.data() + at, m + at, e.data() + at, s.rows, s.cols, qt.data(),
+                                    r, p.data());
+        });
+      });
+      time_pass(out[1], [&] {
+        each([&](const Shape& s, size_t at) {
+          low_rank_back_project(m + at, s.rows, s.cols, p.data(), r, qt.data());
+        });
+      });
+      time_pass(out[2], [&] {
+        each([&](const Shape& s, size_t at) {
+          if (layout == kBucket)
+            low_rank_expand_error(p.data(), qt.data(), s.rows, s.cols, r, 0.5f, 1.0f, x.data() + at,
+                                  e.data() + at);
+          else
+            low_rank_expand_from_error(p.data(), qt.data(), s.rows, s.cols, r, 0.5f, 1.0f,
+                                       e.data() + at, x.data() + at);
+        });
+      });
+    }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
   const double memcpy_ms =
       median_ms([&] { std::memcpy(copy.data(), g.data(), total * sizeof(float)); });
-  const double add_project_ms = median_ms([&] {
-    each([&](const Shape& s, size_t at) {
-      low_rank_add_project(g.data() + at, e.data() + at, s.rows, s.cols, qt.data(), r, p.data());
-    });
-  });
-  const double back_project_ms = median_ms([&] {
-    each([&](const Shape& s, size_t at) {
-      low_rank_back_project(g.data() + at, s.rows, s.cols, p.data(), r, qt.data());
-    });
-  });
-  const double expand_ms = median_ms([&] {
-    each([&](const Shape& s, size_t at) {
-      low_rank_expand_error(p.data(), qt.data(), s.rows, s.cols, r, 0.5f, 1.0f, g.data() + at,
-                            e.data() + at);
-    });
-  });
   const double mb = static_cast<double>(total * sizeof(float)) / 1e6;
   std::printf("PowerSGD rank %zu over the MLP's %zu weights (%.1f MB), median of 21, ms:\n", r,
               total, mb);
   std::printf("  memcpy of the gradient  %7.2f  (%.1f GB/s read + written)\n", memcpy_ms,
               2 * mb / memcpy_ms);
-  std::printf("  add_project             %7.2f  (%.2fx memcpy)\n", add_project_ms,
-              add_project_ms / memcpy_ms);
-  std::printf("  back_project            %7.2f  (%.2fx memcpy)\n", back_project_ms,
-              back_project_ms / memcpy_ms);
-  std::printf("  expand_error            %7.2f  (%.2fx memcpy)\n", expand_ms,
-              expand_ms / memcpy_ms);
-  const double sum = add_project_ms + back_project_ms + expand_ms;
-  std::printf("  all three               %7.2f  (%.2fx memcpy)\n", sum, sum / memcpy_ms);
+  const char* passes[] = {"add_project", "back_project", "expand_error"};
+  std::printf("  %-22s %9s %9s  (M in the bucket / M in the memory)\n", "", "bucket", "memory");
+  double sum[2] = {0, 0};
+  for (int k = 0; k < 3; ++k) {
+    const double b = median(ms[kBucket][k]), mm = median(ms[kMemory][k]);
+    sum[0] += b;
+    sum[1] += mm;
+    std::printf("  %-22s %9.2f %9.2f  (%.2fx, %.2fx memcpy)\n", passes[k], b, mm, b / memcpy_ms,
+                mm / memcpy_ms);
+  }
+  std::printf("  %-22s %9.2f %9.2f  (%.2fx, %.2fx memcpy)\n", "all three", sum[0], sum[1],
+              sum[0] / memcpy_ms, sum[1] / memcpy_ms);
   return 0;
 }

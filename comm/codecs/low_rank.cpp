@@ -134,13 +134,15 @@ TROUPE_INLINE void back_project(const float* m, size_t rows, size_t cols, const 
   }
 }
 
-// With `e`: e = m as it was - (the new m) * back, in the same pass.
-template <class V>
+// With `e`: e = the old matrix - (the new m) * back, in the same pass; the old matrix is m as it
+// was, or e itself with kFromError (then m is only written).
+template <class V, bool kFromError = false>
 TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                           float scale, float* m, float back = 0.0f, float* e = nullptr) {
   for (size_t i = 0; i < rows; ++i) {
     const float* pi = p + i * r;
     float* mi = m + i * cols;
+    const float* old_row = kFromError ? e + i * cols : mi;
     size_t j = 0;
     for (; j + kLanes<V> <= cols; j += kLanes<V>) {
       V acc{}, row;
@@ -151,7 +153,7 @@ TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t c
       acc *= scale;
       if (e) {
         V old;
-        load(old, mi + j);
+        load(old, old_row + j);
         old -= acc * back;
         store(e + i * cols + j, old);
       }
@@ -160,7 +162,7 @@ TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t c
     for (; j < cols; ++j) {
       float acc = 0.0f;
       for (size_t k = 0; k < r; ++k) acc += pi[k] * qt[k * cols + j];
-      if (e) e[i * cols + j] = mi[j] - scale * acc * back;
+      if (e) e[i * cols + j] = old_row[j] - scale * acc * back;
       mi[j] = scale * acc;
     }
   }
@@ -187,6 +189,16 @@ __attribute__((target("avx2"))) void expand_error_avx2(const float* p, const flo
                                                        size_t cols, size_t r, float scale,
                                                        float back, float* m, float* e) {
   expand<Float8>(p, qt, rows, cols, r, scale, m, back, e);
+}
+void expand_from_error_generic(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                               float scale, float back, float* e, float* out) {
+  expand<Float4, true>(p, qt, rows, cols, r, scale, out, back, e);
+}
+__attribute__((target("avx2"))) void expand_from_error_avx2(const float* p, const float* qt,
+                                                            size_t rows, size_t cols, size_t r,
+                                                            float scale, float back, float* e,
+                                                            float* out) {
+  expand<Float8, true>(p, qt, rows, cols, r, scale, out, back, e);
 }
 void back_project_generic(const float* m, size_t rows, size_t cols, const float* p, size_t r,
                           float* qt) {
@@ -251,6 +263,14 @@ void low_rank_expand_error(const float* p, const float* qt, size_t rows, size_t 
     expand_error_avx2(p, qt, rows, cols, r, scale, back, m, e);
   else
     expand_error_generic(p, qt, rows, cols, r, scale, back, m, e);
+}
+
+void low_rank_expand_from_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                                float scale, float back, float* e, float* out) {
+  if (have_avx2())
+    expand_from_error_avx2(p, qt, rows, cols, r, scale, back, e, out);
+  else
+    expand_from_error_generic(p, qt, rows, cols, r, scale, back, e, out);
 }
 
 void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,

@@ -31,6 +31,13 @@ void low_rank_expand(const float* p, const float* qt, size_t rows, size_t cols, 
 /// e, expanding, then e[i] -= m[i] * back.
 void low_rank_expand_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                            float scale, float back, float* m, float* e);
+/// low_rank_expand_error with the matrix held in e: on entry e is M, on return the error
+/// M - out * back, and out = scale * p * qt, written only. The same bits as copying e to out,
+/// then low_rank_expand_error(..., out, e). PowerSGD keeps M = gradient + memory in its memory
+/// this way: the pass that sums M then writes lines it has just read instead of the bucket's,
+/// which it would first have to fetch.
+void low_rank_expand_from_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
+                                float scale, float back, float* e, float* out);
 /// Makes the r columns of p (rows x r, row-major) orthonormal in place by modified Gram-Schmidt
 /// (dot products in double; each earlier column is removed twice, which keeps P^T P = I to
 /// rounding even when columns are nearly dependent). A column whose norm falls below 1e-8 after

@@ -599,8 +599,8 @@ TEST_CASE("low-rank project, back_project and expand match naive triple loops") 
 }
 
 TEST_CASE(
-    "low-rank add_project (in place or from elsewhere) and expand_error give the bits of the "
-    "separate passes they fuse") {
+    "low-rank add_project (in place or from elsewhere) and expand_error (from the matrix or from "
+    "the memory) give the bits of the separate passes they fuse") {
   struct Shape {
     size_t rows, cols, r;
   };
@@ -640,6 +640,19 @@ TEST_CASE(
                           got_e.data());
     CHECK(got_m == want_m);
     CHECK(got_e == want_e);
+
+    // PowerSGD's memory holding M: the sum written over `add` itself, then the expansion from it.
+    std::vector<float> memory = add, p_memory(s.rows * s.r + 1, 5.0f);
+    low_rank_add_project_from(m.data(), memory.data(), memory.data(), s.rows, s.cols, qt.data(),
+                              s.r, p_memory.data());
+    CHECK(memory == summed);
+    CHECK(p_memory == want_p);
+    std::vector<float> held = m, out(m.size() + 1, 7.0f);
+    low_rank_expand_from_error(p0.data(), qt.data(), s.rows, s.cols, s.r, scale, back, held.data(),
+                               out.data());
+    CHECK(held == want_e);
+    CHECK(std::equal(want_m.begin(), want_m.end(), out.begin()));
+    CHECK(out.back() == 7.0f);
   }
 }
 
