@@ -5,6 +5,9 @@
 #
 #   bench/ddp_before_after.sh OLD_TROUPE NEW_TROUPE [rounds] [iterations]   (defaults: 8, 30)
 #
+# BENCH_ARGS adds options to every run, e.g.
+#   BENCH_ARGS="--bind-cores --algorithm powersgd:rank=2,start_iter=2" bench/ddp_before_after.sh ...
+#
 # Prints one JSON line per run, then per build the medians over rounds of the step, of every rank
 # computing alone and of the overhead over it, and per round the new/old step ratio and the
 # difference in overhead (percentage points).
@@ -28,7 +31,7 @@ for ((r = 1; r <= rounds; r++)); do
     bin=$old
     [[ $which == new ]] && bin=$new
     line=$("$bin" bench ddp --world 2 --interleave --model mlp --batch 64 --steps "$iterations" \
-             --json 2>/dev/null) || die "the $which run of round $r failed"
+             --json ${BENCH_ARGS:-} 2>/dev/null) || die "the $which run of round $r failed"
     echo "{\"round\": $r, \"build\": \"$which\", \"load\": $(cut -d' ' -f1 /proc/loadavg), ${line#\{}" |
       tee -a "$out"
   done

@@ -5,9 +5,11 @@
 //   stage 2: uncompressed tensors := sum * scale; P := orthonormal columns of P (the same on every
 //            rank, since P is); Q = M^T P; allreduce the Qs (sum)
 //   end:     M := P Q^T * scale; e = M_local - P Q^T / world; Q kept for the next step (warm start)
-// Before start_iter the bucket is allreduced in full and e is not touched. A tensor whose gradient
-// lies elsewhere (take_input) is read there: M is written into the bucket by stage 1 (with error
-// feedback) or read there throughout (without), which spares copying the gradient in.
+// With error feedback M is kept in e's place from stage 1 to the end (each pass writes lines it
+// has just read; e holds the memory again once the step ends, and M if the step fails on the
+// way). Before start_iter the bucket is allreduced in full and e is not touched. A tensor whose
+// gradient lies elsewhere (take_input) is read there: by stage 1 only (with error feedback) or
+// throughout (without), which spares copying the gradient in.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -109,7 +111,6 @@ class PowerSgdReduction final : public Reduction {
         [this, step, data, inputs] {
           for (auto& m : matrices_) {
             const auto& t = bucket_.tensors[m.tensor];
-            float* x = data + t.offset;
             const float* in = (*inputs)[m.tensor];
             if (!config_.warm_start)
               random_normal(
@@ -117,12 +118,15 @@ class PowerSgdReduction final : public Reduction {
                            m.tensor),
                   m.qt.data(), m.qt.size());
             // M = gradient + memory, summed row by row as the projection reads it, into the
-            // bucket; without memory M is the gradient, read where it lies.
-            if (config_.error_feedback)
-              low_rank_add_project_from(in, x, error_.data() + t.offset, m.rows, m.cols,
-                                        m.qt.data(), m.r, p_.data() + m.p_at);
-            else
+            // memory (its lines were just read; the bucket's would first be fetched); without
+            // memory M is the gradient, read where it lies.
+            if (config_.error_feedback) {
+              float* e = error_.data() + t.offset;
+              low_rank_add_project_from(in, e, e, m.rows, m.cols, m.qt.data(), m.r,
+                                        p_.data() + m.p_at);
+            } else {
               low_rank_project(in, m.rows, m.cols, m.qt.data(), m.r, p_.data() + m.p_at);
+            }
           }
           for (auto& u : plain_) {
             const auto& t = bucket_.tensors[u.tensor];
@@ -142,8 +146,9 @@ class PowerSgdReduction final : public Reduction {
           for (auto& m : matrices_) {
             float* p = p_.data() + m.p_at;
             orthogonalize_columns(p, m.rows, m.r);
-            const float* mat = config_.error_feedback ? data + bucket_.tensors[m.tensor].offset
-                                                      : (*inputs)[m.tensor];
+            const float* mat = config_.error_feedback
+                                   ? error_.data() + bucket_.tensors[m.tensor].offset
+                                   : (*inputs)[m.tensor];
             low_rank_back_project(mat, m.rows, m.cols, p, m.r, q_.data() + m.q_at);
           }
           auto schedule = allreduce_schedule(step.group, q_.data(), q_.size(), DataType::float32,
@@ -189,11 +194,11 @@ class PowerSgdReduction final : public Reduction {
       float* x = data + t.offset;
       const float* p = p_.data() + m.p_at;
       const float* q = q_.data() + m.q_at;
-      // With error feedback, in the same pass: e = M - P Q^T / world, where x becomes
-      // P Q^T * factor.
+      // With error feedback, in the same pass: the memory, which holds M, becomes
+      // M - P Q^T / world, and x becomes P Q^T * factor.
       if (config_.error_feedback)
-        low_rank_expand_error(p, q, m.rows, m.cols, m.r, factor, 1.0f / (world * factor), x,
-                              error_.data() + t.offset);
+        low_rank_expand_from_error(p, q, m.rows, m.cols, m.r, factor, 1.0f / (world * factor),
+                                   error_.data() + t.offset, x);
       else
         low_rank_expand(p, q, m.rows, m.cols, m.r, factor, x);
       if (config_.warm_start) {
