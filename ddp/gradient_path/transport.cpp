@@ -19,6 +19,8 @@
 // CUDA buckets. When a rank dies, what is in flight with live peers gets a grace of a second,
 // then the peers it still waits for are failed.
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "actors/execution_post.h"
 #include "comm/reduce.h"
@@ -46,18 +48,25 @@ class TransportBucket : public actors::BucketPath,
       : settings_(std::move(settings)),
         index_(buffer.index),
         tensors_(buffer.tensors),
-        reduction_(std::move(reduction)) {}
+        reduction_(std::move(reduction)) {
+    for (size_t i = 0; i < tensors_.size(); ++i) by_offset_.emplace_back(tensors_[i].offset, i);
+    std::sort(by_offset_.begin(), by_offset_.end());
+  }
 
   // On the trainer's thread, before the bucket hears that the gradient is ready (its message
   // orders this before reduce()).
   void adopt(int64_t offset, const torch::Tensor& grad, const torch::Tensor& view) {
     const auto at = static_cast<size_t>(offset);
-    for (size_t i = 0; i < tensors_.size(); ++i)
-      if (tensors_[i].offset == at && tensors_[i].count == static_cast<size_t>(grad.numel()) &&
+    const auto it =
+        std::lower_bound(by_offset_.begin(), by_offset_.end(), std::make_pair(at, size_t{0}));
+    if (it != by_offset_.end() && it->first == at) {
+      const size_t i = it->second;
+      if (tensors_[i].count == static_cast<size_t>(grad.numel()) &&
           reduction_->take_input(i, grad.data_ptr())) {
         inputs_.push_back(grad);
         return;
       }
+    }
     comm::stream_copy(view.data_ptr(), grad.data_ptr(), grad.nbytes());
   }
 
@@ -135,6 +144,7 @@ class TransportBucket : public actors::BucketPath,
   std::shared_ptr<const TransportSettings> settings_;
   int index_;
   std::vector<comm::TensorSlot> tensors_;
+  std::vector<std::pair<size_t, size_t>> by_offset_;  // (offset, index in tensors_), sorted
   std::shared_ptr<comm::Reduction> reduction_;
   std::vector<torch::Tensor> inputs_;  // given to the reduction by adopt() for the next reduce()
   std::shared_ptr<comm::Execution> execution_;
