@@ -5,7 +5,8 @@
 #
 #   bench/netbed_allreduce.sh [results-dir]       (root; default build/bench/netbed)
 #
-# HOSTS (default 4), SIZE (default 64MiB) and RATES (default "1gbit 100mbit") override the setup.
+# HOSTS (default 4), SIZE (default 64MiB), RATES (default "1gbit 100mbit") and MTU (default 1500;
+# 9000 for jumbo frames) override the setup.
 # TROUPE_ARGS: troupe configurations separated by ';', each a list of `troupe bench allreduce`
 # options (default: one, the defaults, written ""): e.g. TROUPE_ARGS=";--chunk-bytes 8388608"
 # runs troupe twice per round, with the default ring and with 8 MiB chunks (an empty configuration
@@ -41,7 +42,7 @@ for rate in "${rates[@]}"; do
   for ((round = 1; round <= rounds; round++)); do
     echo "== $(date -u +%H:%M:%S) $hosts hosts, links $rate, round $round: gloo" >&2
     gloo_logs="$results/gloo_${rate}_r$round"
-    "$netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 --logs "$gloo_logs" -- \
+    "$netbed" job "$hosts" --rate "$rate" --mtu "${MTU:-1500}" --quiet --timeout 600 --logs "$gloo_logs" -- \
       "$python" "$root/bench/allreduce_gloo.py" --from-env eth0 --bytes "$size" --iters 3 --json
     gloo_json=$(grep '^{' "$gloo_logs/rank0.log" | tail -1)
     for c in "${!configs[@]}"; do
@@ -49,7 +50,7 @@ for rate in "${rates[@]}"; do
       echo "== $(date -u +%H:%M:%S) $hosts hosts, links $rate, round $round: troupe ${args:-(defaults)}" >&2
       troupe_logs="$results/troupe_${rate}_r${round}_c$c"
       # shellcheck disable=SC2086  # the options are words
-      "$netbed" job "$hosts" --rate "$rate" --quiet --timeout 600 --logs "$troupe_logs" -- \
+      "$netbed" job "$hosts" --rate "$rate" --mtu "${MTU:-1500}" --quiet --timeout 600 --logs "$troupe_logs" -- \
         "$troupe" bench allreduce --as-rank --world "$hosts" --transport ucx --bytes "$size" --json $args
       troupe_json=$(grep '^{' "$troupe_logs/rank0.log" | tail -1)
       "$python" - "$rate" "$hosts" "$size" "$round" "${args:-defaults}" "$troupe_json" "$gloo_json" \
