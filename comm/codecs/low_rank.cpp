@@ -234,14 +234,17 @@ inline uint64_t stream(uint64_t key, uint64_t counter) {
   return mix64(key + (counter + 1) * 0x9e3779b97f4a7c15ull);
 }
 
+// The AVX2 build of a kernel where the processor has it, else the plain one.
+template <class F>
+F* pick(F* avx2, F* generic) {
+  return have_avx2() ? avx2 : generic;
+}
+
 }  // namespace
 
 void low_rank_project(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
                       float* p) {
-  if (have_avx2())
-    project_avx2(m, rows, cols, qt, r, p);
-  else
-    project_generic(m, rows, cols, qt, r, p);
+  pick(project_avx2, project_generic)(m, rows, cols, qt, r, p);
 }
 
 void low_rank_add_project(float* m, const float* add, size_t rows, size_t cols, const float* qt,
@@ -251,42 +254,28 @@ void low_rank_add_project(float* m, const float* add, size_t rows, size_t cols, 
 
 void low_rank_add_project_from(const float* from, float* m, const float* add, size_t rows,
                                size_t cols, const float* qt, size_t r, float* p) {
-  if (have_avx2())
-    add_project_avx2(from, m, add, rows, cols, qt, r, p);
-  else
-    add_project_generic(from, m, add, rows, cols, qt, r, p);
+  pick(add_project_avx2, add_project_generic)(from, m, add, rows, cols, qt, r, p);
 }
 
 void low_rank_expand_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                            float scale, float back, float* m, float* e) {
-  if (have_avx2())
-    expand_error_avx2(p, qt, rows, cols, r, scale, back, m, e);
-  else
-    expand_error_generic(p, qt, rows, cols, r, scale, back, m, e);
+  pick(expand_error_avx2, expand_error_generic)(p, qt, rows, cols, r, scale, back, m, e);
 }
 
 void low_rank_expand_from_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                                 float scale, float back, float* e, float* out) {
-  if (have_avx2())
-    expand_from_error_avx2(p, qt, rows, cols, r, scale, back, e, out);
-  else
-    expand_from_error_generic(p, qt, rows, cols, r, scale, back, e, out);
+  pick(expand_from_error_avx2, expand_from_error_generic)(p, qt, rows, cols, r, scale, back, e,
+                                                          out);
 }
 
 void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,
                            float* qt) {
-  if (have_avx2())
-    back_project_avx2(m, rows, cols, p, r, qt);
-  else
-    back_project_generic(m, rows, cols, p, r, qt);
+  pick(back_project_avx2, back_project_generic)(m, rows, cols, p, r, qt);
 }
 
 void low_rank_expand(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                      float scale, float* m) {
-  if (have_avx2())
-    expand_avx2(p, qt, rows, cols, r, scale, m);
-  else
-    expand_generic(p, qt, rows, cols, r, scale, m);
+  pick(expand_avx2, expand_generic)(p, qt, rows, cols, r, scale, m);
 }
 
 void orthogonalize_columns(float* p, size_t rows, size_t r) {
