@@ -108,7 +108,7 @@ class PowerSgdReduction final : public Reduction {
         return scaled_allreduce(step, data, bucket_.count, bucket_.type);
       }};
     return {
-        [this, step, data, inputs] {
+        [this, step, inputs] {
           for (auto& m : matrices_) {
             const auto& t = bucket_.tensors[m.tensor];
             const float* in = (*inputs)[m.tensor];
