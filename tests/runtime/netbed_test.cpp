@@ -168,3 +168,59 @@ TEST_CASE(
           std::string::npos);
   }
 }
+
+TEST_CASE(
+    "netbed --mtu sets both ends of every link, an allreduce across jumbo frames is right, and an "
+    "MTU out of range is refused naming it") {
+  if (auto why = netbed_unavailable(); !why.empty()) {
+    troupe::test::skip_case("no network test bed: " + why);
+    return;
+  }
+  const std::string env = "NETBED_NAME=" + bed_name() + " ";
+  // The bridge side of each link, seen from outside the hosts.
+  auto up = troupe::test::run(env + kNetbed + " up 2 --mtu 9000");
+  INFO(up.text);
+  CHECK(up.status == 0);
+  for (int h = 0; h < 2; ++h) {
+    CAPTURE(h);
+    auto mtu = troupe::test::run("cat /sys/class/net/troupe-" + bed_name() + "-v" +
+                                 std::to_string(h) + "/mtu");
+    CHECK(mtu.text == "9000\n");
+  }
+  troupe::test::run(env + kNetbed + " down");
+  // The host side: each host reads its own interface's.
+  char dir[] = "/tmp/netbed-test.XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  auto inside = troupe::test::run(env + kNetbed + " job 2 --mtu 9000 --quiet --timeout 30 --logs " +
+                                  dir + " -- sh -c 'echo mtu $(cat /sys/class/net/eth0/mtu)'");
+  INFO(inside.text);
+  CHECK(inside.status == 0);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    std::ifstream in(std::string(dir) + "/rank" + std::to_string(r) + ".log");
+    std::ostringstream text;
+    text << in.rdbuf();
+    CHECK(text.str() == "mtu 9000\n");
+  }
+  troupe::test::run(std::string("rm -rf ") + dir);
+  const auto job = run_job(2, "--rate 1gbit --mtu 9000 --timeout 50", "network 8", 2);
+  INFO(all_logs(job));
+  CHECK(job.status == 0);
+  CHECK(job.output.find("mtu 9000") != std::string::npos);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(job.logs[r].find("allreduce of 8 MiB correct") != std::string::npos);
+    CHECK(job.logs[r].find("WRONG") == std::string::npos);
+  }
+  REQUIRE(job.sent.size() == 2u);
+  const long long payload = 2LL * (2 - 1) * (8LL << 20) / 2;
+  for (int h = 0; h < 2; ++h) CHECK(job.sent[h] >= payload);
+
+  for (const char* bad : {"100", "70000", "jumbo"}) {
+    CAPTURE(bad);
+    auto refused = troupe::test::run(env + kNetbed + " up 1 --mtu " + bad);
+    CHECK(refused.status != 0);
+    CHECK(refused.text.find(std::string("--mtu '") + bad + "'") != std::string::npos);
+    CHECK(refused.text.find("576..65535") != std::string::npos);
+  }
+}
