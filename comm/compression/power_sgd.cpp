@@ -5,11 +5,11 @@
 //   stage 2: uncompressed tensors := sum * scale; P := orthonormal columns of P (the same on every
 //            rank, since P is); Q = M^T P; allreduce the Qs (sum)
 //   end:     M := P Q^T * scale; e = M_local - P Q^T / world; Q kept for the next step (warm start)
-// With error feedback M is kept in e's place from stage 1 to the end (each pass writes lines it
-// has just read; e holds the memory again once the step ends, and M if the step fails on the
-// way). Before start_iter the bucket is allreduced in full and e is not touched. A tensor whose
-// gradient lies elsewhere (take_input) is read there: by stage 1 only (with error feedback) or
-// throughout (without), which spares copying the gradient in.
+// With error feedback M is kept in e's place from stage 1 to the end (stage 1 then writes lines it
+// has just read, not the bucket's; e holds the memory again once the step ends, and M if the step
+// fails on the way). Before start_iter the bucket is allreduced in full and e is not touched. A
+// tensor whose gradient lies elsewhere (take_input) is read there: by stage 1 only (with error
+// feedback) or throughout (without), which spares copying the gradient in.
 #include <algorithm>
 #include <cstring>
 #include <memory>
