@@ -12,7 +12,7 @@
 # straggler link), ALGORITHMS (troupe's, default "allreduce powersgd:rank=2 topk:ratio=0.01
 # bytegrad"), HOOKS (torch's, default "none powersgd"), TIMEOUT (seconds per run, 1800),
 # ALONE (1: also "compute alone", every host training its quarter by itself, world 1, at the same
-# time; 0: not).
+# time; 0: not), MTU (1500; 9000 for jumbo frames).
 # An algorithm is an --algorithm of fashion_mnist (allreduce, a compressor, diloco:h=50,...) or one
 # of the gossip algorithms, run through a job file: dpsgd (D-PSGD on a ring), adpsgd (AD-PSGD,
 # asynchronous pairwise gossip on a ring) and async_average (background model averaging); a
@@ -200,7 +200,7 @@ ratios() {  # ratios RATE
 }
 
 for rate in "${rates[@]}"; do
-  up=("$hosts" --rate "$rate")
+  up=("$hosts" --rate "$rate" --mtu "${MTU:-1500}")
   [ -z "$straggler" ] || up+=(--link "$straggler=$(tenth "$rate")")
   "$netbed" up "${up[@]}" >&2
   trap '"$netbed" down >/dev/null 2>&1 || true' EXIT
