@@ -45,6 +45,18 @@ struct Job {
   std::vector<long long> received;  // bytes into each host
 };
 
+// What ranks 0 .. ranks-1 of a job printed, from the logs directory netbed wrote them in.
+std::vector<std::string> rank_logs(const std::string& dir, int ranks) {
+  std::vector<std::string> logs;
+  for (int r = 0; r < ranks; ++r) {
+    std::ifstream in(dir + "/rank" + std::to_string(r) + ".log");
+    std::ostringstream text;
+    text << in.rdbuf();
+    logs.push_back(text.str());
+  }
+  return logs;
+}
+
 // `netbed job`: a bed of `hosts` hosts for one run of troupe_netbed_rank ARGS, torn down after.
 Job run_job(int hosts, const std::string& options, const std::string& args, int ranks) {
   char dir[] = "/tmp/netbed-test.XXXXXX";
@@ -56,12 +68,7 @@ Job run_job(int hosts, const std::string& options, const std::string& args, int 
                                " -- " + TROUPE_NETBED_RANK_BIN + " " + args);
   job.status = out.status;
   job.output = out.text;
-  for (int r = 0; r < ranks; ++r) {
-    std::ifstream in(logs + "/rank" + std::to_string(r) + ".log");
-    std::ostringstream text;
-    text << in.rdbuf();
-    job.logs.push_back(text.str());
-  }
+  job.logs = rank_logs(logs, ranks);
   std::ifstream bytes(logs + "/bytes");
   std::regex line(R"(host (\d+) veth \S+ sent_bytes (\d+) received_bytes (\d+))");
   for (std::string text; std::getline(bytes, text);) {
@@ -195,12 +202,10 @@ TEST_CASE(
                                   dir + " -- sh -c 'echo mtu $(cat /sys/class/net/eth0/mtu)'");
   INFO(inside.text);
   CHECK(inside.status == 0);
+  const auto logs = rank_logs(dir, 2);
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
-    std::ifstream in(std::string(dir) + "/rank" + std::to_string(r) + ".log");
-    std::ostringstream text;
-    text << in.rdbuf();
-    CHECK(text.str() == "mtu 9000\n");
+    CHECK(logs[static_cast<size_t>(r)] == "mtu 9000\n");
   }
   troupe::test::run(std::string("rm -rf ") + dir);
   const auto job = run_job(2, "--rate 1gbit --mtu 9000 --timeout 50", "network 8", 2);
