@@ -26,17 +26,18 @@ struct Shape {
   size_t rows, cols;
 };
 
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// Appends the milliseconds f() takes.
 template <class F>
-double median_ms(F f) {
-  std::vector<double> ms;
-  for (int t = 0; t < 21; ++t) {
-    const auto start = Clock::now();
-    f();
-    asm volatile("" ::: "memory");
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-  }
-  std::nth_element(ms.begin(), ms.begin() + 10, ms.end());
-  return ms[10];
+void time_ms(std::vector<double>& into, F f) {
+  const auto start = Clock::now();
+  f();
+  asm volatile("" ::: "memory");
+  into.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
 }
 
 }  // namespace
@@ -77,28 +78,22 @@ int main(int argc, char** argv) {
   // layouts alternate, step by step, so that the machine's drift falls on both.
   enum Layout { kBucket, kMemory };
   std::vector<double> ms[2][3];
-  auto time_pass = [](std::vector<double>& into, auto f) {
-    const auto start = Clock::now();
-    f();
-    asm volatile("" ::: "memory");
-    into.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-  };
   for (int t = 0; t < 21; ++t)
     for (Layout layout : {kBucket, kMemory}) {
       float* m = layout == kBucket ? x.data() : e.data();
       auto& out = ms[layout];
-      time_pass(out[0], [&] {
+      time_ms(out[0], [&] {
         each([&](const Shape& s, size_t at) {
           low_rank_add_project_from(g.data() + at, m + at, e.data() + at, s.rows, s.cols, qt.data(),
                                     r, p.data());
         });
       });
-      time_pass(out[1], [&] {
+      time_ms(out[1], [&] {
         each([&](const Shape& s, size_t at) {
           low_rank_back_project(m + at, s.rows, s.cols, p.data(), r, qt.data());
         });
       });
-      time_pass(out[2], [&] {
+      time_ms(out[2], [&] {
         each([&](const Shape& s, size_t at) {
           if (layout == kBucket)
             low_rank_expand_error(p.data(), qt.data(), s.rows, s.cols, r, 0.5f, 1.0f, x.data() + at,
@@ -109,12 +104,10 @@ int main(int argc, char** argv) {
         });
       });
     }
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
-  const double memcpy_ms =
-      median_ms([&] { std::memcpy(copy.data(), g.data(), total * sizeof(float)); });
+  std::vector<double> copies;
+  for (int t = 0; t < 21; ++t)
+    time_ms(copies, [&] { std::memcpy(copy.data(), g.data(), total * sizeof(float)); });
+  const double memcpy_ms = median(copies);
   const double mb = static_cast<double>(total * sizeof(float)) / 1e6;
   std::printf("PowerSGD rank %zu over the MLP's %zu weights (%.1f MB), median of 21, ms:\n", r,
               total, mb);
