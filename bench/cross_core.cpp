@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -23,6 +24,12 @@ constexpr auto kWindow = std::chrono::milliseconds(500);
 
 void add_one(std::vector<float>& buffer) {
   for (float& x : buffer) x += 1.0f;
+}
+
+// GB/s of `passes` updates of the buffer (each reads and writes every byte) in `seconds`.
+double gbps(uint64_t passes, const std::vector<float>& buffer, double seconds) {
+  return static_cast<double>(passes) * 2.0 * static_cast<double>(buffer.size() * sizeof(float)) /
+         seconds / 1e9;
 }
 
 // The first `count` CPUs of this process's affinity mask.
@@ -64,8 +71,7 @@ double turns(std::vector<float>& buffer, const std::vector<int>& cpus) {
   a.join();
   b.join();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return static_cast<double>(turn.load()) * 2.0 * static_cast<double>(buffer.size()) *
-         sizeof(float) / seconds / 1e9;
+  return gbps(turn.load(), buffer, seconds);
 }
 
 // GB/s of one thread on cpus[0] for one window.
@@ -80,8 +86,7 @@ double alone(std::vector<float>& buffer, const std::vector<int>& cpus) {
       ++passes;
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    rate = static_cast<double>(passes) * 2.0 * static_cast<double>(buffer.size()) * sizeof(float) /
-           seconds / 1e9;
+    rate = gbps(passes, buffer, seconds);
   });
   t.join();
   return rate;
