@@ -104,6 +104,7 @@ struct Pending {
   DataType type = DataType::float32;
   LocalReduce how;
   Callback done;
+  std::shared_ptr<const LocalSources> sources;  // null: every rank's contribution is the buffer
   Clock::time_point deadline;
   bool reduced = false;  // this rank's share is written (done[slot] published)
 };
@@ -180,7 +181,14 @@ struct LocalAllreduce::Impl {
     }
     return out;
   }
-  void reduce_share(const Pending& op);
+  // This rank's share of `op`, or why it cannot be reduced (a peer's table of sources names memory
+  // outside its region); nothing is written then.
+  std::string reduce_share(const Pending& op);
+  // Elements [0, n) of one stretch of a share: rank k's contribution at src[k], its result to
+  // dst[k].
+  void reduce_stretch(const Pending& op, size_t n);
+  std::vector<const char*> src;  // the worker's, for reduce_stretch
+  std::vector<char*> dst;
   Share share_for(const Pending& op) const;
   std::atomic<uint64_t> elements_reduced{0};
 
@@ -298,40 +306,81 @@ Share LocalAllreduce::Impl::share_for(const Pending& op) const {
   return share_of(op.count, op.type, rank, world);
 }
 
-void LocalAllreduce::Impl::reduce_share(const Pending& op) {
+std::string LocalAllreduce::Impl::reduce_share(const Pending& op) {
   const size_t elem = element_size(op.type);
   const auto [lo, hi] = share_for(op);
-  elements_reduced.fetch_add(hi - lo, std::memory_order_relaxed);
+  const size_t w = static_cast<size_t>(world);
+  src.resize(w);
+  dst.resize(w);
+  if (!op.sources) {
+    elements_reduced.fetch_add(hi - lo, std::memory_order_relaxed);
+    for (size_t k = 0; k < w; ++k) src[k] = dst[k] = data[k] + op.offset + lo * elem;
+    reduce_stretch(op, hi - lo);
+    return {};
+  }
+  const auto& pieces = *op.sources;
+  // The pieces that meet [lo, hi): from the last one starting at or before lo.
+  size_t first = static_cast<size_t>(
+      std::upper_bound(pieces.first.begin(), pieces.first.end(), lo) - pieces.first.begin());
+  first = first == 0 ? 0 : first - 1;
+  size_t last = first;
+  while (last < pieces.first.size() && pieces.first[last] < hi) ++last;
+  // Every rank's entries for them, checked before anything is written.
+  for (size_t k = 0; k < w; ++k) {
+    const auto* table = reinterpret_cast<const uint64_t*>(data[k] + pieces.table);
+    for (size_t i = first; i < last; ++i) {
+      const uint64_t at = table[i];
+      if (at % elem != 0 || at > data_bytes || pieces.count[i] > (data_bytes - at) / elem)
+        return "rank " + std::to_string(k) + "'s source of piece " + std::to_string(i) + " (" +
+               std::to_string(pieces.count[i]) + " " + to_string(op.type) + " elements at byte " +
+               std::to_string(at) + ") lies outside its data region of " +
+               std::to_string(data_bytes) + " bytes or off the element size";
+    }
+  }
+  for (size_t i = first; i < last; ++i) {
+    const size_t a = std::max(lo, pieces.first[i]);
+    const size_t b = std::min(hi, pieces.first[i] + pieces.count[i]);
+    if (a >= b) continue;
+    elements_reduced.fetch_add(b - a, std::memory_order_relaxed);
+    for (size_t k = 0; k < w; ++k) {
+      const auto* table = reinterpret_cast<const uint64_t*>(data[k] + pieces.table);
+      src[k] = data[k] + table[i] + (a - pieces.first[i]) * elem;
+      dst[k] = data[k] + op.offset + a * elem;
+    }
+    reduce_stretch(op, b - a);
+  }
+  return {};
+}
+
+void LocalAllreduce::Impl::reduce_stretch(const Pending& op, size_t n) {
+  const size_t elem = element_size(op.type);
   const size_t block = kBlockBytes / elem;
   char* acc = scratch.data();
   char* tmp = scratch.data() + kBlockBytes;
   const bool scaled = op.how.op == ReduceOp::sum && op.how.scale != 1.0;
-  // Two ranks: one pass, both buffers read once and written once (their shares start at the same
-  // offset, cut at cache lines, so that the stores are aligned alike; allreduce_private's user
-  // buffers are not, and go through the blocks below).
+  // Two ranks: one pass, both contributions read once and both results written once (shares start
+  // at the same offset on both ranks, cut at cache lines, so that the stores are aligned alike;
+  // allreduce_private's user buffers are not, and go through the blocks below).
   if (world == 2 && !scaled) {
-    const size_t at = op.offset + lo * elem;
-    comm::reduce_to_two(data[0] + at, data[1] + at, data[0] + at, data[1] + at, hi - lo, op.type,
-                        op.how.op, world);
+    comm::reduce_to_two(dst[0], dst[1], src[0], src[1], n, op.type, op.how.op, world);
     return;
   }
-  for (size_t i = lo; i < hi; i += block) {
-    const size_t n = std::min(block, hi - i);
-    const size_t at = op.offset + i * elem;
+  for (size_t i = 0; i < n; i += block) {
+    const size_t m = std::min(block, n - i);
+    const size_t at = i * elem;
     if (scaled && op.how.scale_before) {
-      comm::copy(acc, data[0] + at, n * elem);
-      scale(acc, n, op.type, op.how.scale);
-      for (int k = 1; k < world; ++k) {
-        comm::copy(tmp, data[static_cast<size_t>(k)] + at, n * elem);
-        scale(tmp, n, op.type, op.how.scale);
-        comm::reduce(acc, acc, tmp, n, op.type, ReduceOp::sum);
+      comm::copy(acc, src[0] + at, m * elem);
+      scale(acc, m, op.type, op.how.scale);
+      for (size_t k = 1; k < src.size(); ++k) {
+        comm::copy(tmp, src[k] + at, m * elem);
+        scale(tmp, m, op.type, op.how.scale);
+        comm::reduce(acc, acc, tmp, m, op.type, ReduceOp::sum);
       }
     } else {
-      auto from = [&](size_t k) -> const char* { return data[k] + at; };
-      reduce_block(acc, from, n, op.type, op.how.op, static_cast<size_t>(world),
-                   scaled ? op.how.scale : 1.0);
+      auto from = [&](size_t k) -> const char* { return src[k] + at; };
+      reduce_block(acc, from, m, op.type, op.how.op, src.size(), scaled ? op.how.scale : 1.0);
     }
-    for (int k = 0; k < world; ++k) comm::copy(data[static_cast<size_t>(k)] + at, acc, n * elem);
+    for (char* out : dst) comm::copy(out + at, acc, m * elem);
   }
 }
 
@@ -381,11 +430,16 @@ void LocalAllreduce::Impl::run() {
     if (work) {
       // Safe without the lock: only this thread erases from `pending`, and list elements stay
       // where they are while others are added or erased.
-      reduce_share(*work);
+      const std::string error = reduce_share(*work);
       {
         std::lock_guard<std::mutex> lock(mutex);
-        work->reduced = true;
-        mine()->done[work->slot].store(work->generation, std::memory_order_release);
+        if (error.empty()) {
+          work->reduced = true;
+          mine()->done[work->slot].store(work->generation, std::memory_order_release);
+        } else {
+          fail(Status::failure("a reduction through shared memory (LocalAllreduce slot " +
+                               std::to_string(work->slot) + ") cannot read its sources: " + error));
+        }
       }
       ring_all();
       continue;
@@ -485,9 +539,11 @@ int LocalAllreduce::rank() const { return impl_->rank; }
 int LocalAllreduce::world_size() const { return impl_->world; }
 char* LocalAllreduce::data() const { return impl_->data[static_cast<size_t>(impl_->rank)]; }
 size_t LocalAllreduce::data_bytes() const { return impl_->data_bytes; }
+std::shared_ptr<void> LocalAllreduce::region_keeper() const { return impl_->own; }
 
 void LocalAllreduce::allreduce(int slot, size_t offset, size_t count, DataType type,
-                               const LocalReduce& how, Callback done) {
+                               const LocalReduce& how, Callback done,
+                               std::shared_ptr<const LocalSources> sources) {
   const std::string call = "LocalAllreduce::allreduce(slot " + std::to_string(slot) + ")";
   if (slot < 0 || slot >= kMaxSlots)
     throw Error(call + ": slot outside 0.." + std::to_string(kMaxSlots - 1));
@@ -503,7 +559,16 @@ void LocalAllreduce::allreduce(int slot, size_t offset, size_t count, DataType t
     throw Error(call + ": scale " + number_text(how.scale) + " with op " + to_string(how.op) +
                 " (expected op sum)");
   if (!done) throw Error(call + ": no callback");
-  Pending op{slot, 0, offset, count, type, how, std::move(done), Clock::now() + impl_->timeout};
+  if (sources) check_sources(call, *sources, count, type);
+  Pending op{slot,
+             0,
+             offset,
+             count,
+             type,
+             how,
+             std::move(done),
+             std::move(sources),
+             Clock::now() + impl_->timeout};
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     op.generation = ++impl_->generation[static_cast<size_t>(slot)];
@@ -520,6 +585,40 @@ void LocalAllreduce::allreduce(int slot, size_t offset, size_t count, DataType t
     impl_->pending.push_back(std::move(op));
   }
   impl_->ring_all();
+}
+
+void LocalAllreduce::check_sources(const std::string& call, const LocalSources& sources,
+                                   size_t count, DataType type) const {
+  const size_t elem = element_size(type);
+  const size_t n = sources.first.size();
+  if (sources.count.size() != n)
+    throw Error(call + ": sources with " + std::to_string(n) + " first elements and " +
+                std::to_string(sources.count.size()) + " counts (expected one of each per piece)");
+  if (sources.table % sizeof(uint64_t) != 0 || sources.table > impl_->data_bytes ||
+      n > (impl_->data_bytes - sources.table) / sizeof(uint64_t))
+    throw Error(call + ": the sources' table of " + std::to_string(n) + " entries at byte " +
+                std::to_string(sources.table) +
+                " is not 8-byte aligned inside the data region of " +
+                std::to_string(impl_->data_bytes) + " bytes");
+  const auto* table = reinterpret_cast<const uint64_t*>(data() + sources.table);
+  size_t end = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (sources.first[i] < end || sources.count[i] > count ||
+        sources.first[i] > count - sources.count[i])
+      throw Error(call + ": piece " + std::to_string(i) + " (" + std::to_string(sources.count[i]) +
+                  " elements from " + std::to_string(sources.first[i]) +
+                  ") overlaps the one before it or ends past the buffer's " +
+                  std::to_string(count) + " elements (expected ascending, disjoint pieces)");
+    end = sources.first[i] + sources.count[i];
+    if (table[i] % elem != 0 || table[i] > impl_->data_bytes ||
+        sources.count[i] > (impl_->data_bytes - table[i]) / elem)
+      throw Error(call + ": piece " + std::to_string(i) + "'s source at byte " +
+                  std::to_string(table[i]) + " (" + std::to_string(sources.count[i]) + " " +
+                  to_string(type) +
+                  " elements) is off the element size or ends past the data "
+                  "region of " +
+                  std::to_string(impl_->data_bytes) + " bytes");
+  }
 }
 
 void LocalAllreduce::abort(const Status& why) {

@@ -59,6 +59,20 @@ struct LocalReduce {
   static LocalReduce scaled(double scale, bool before, int world);
 };
 
+/// Where each rank's contribution to a buffer of LocalAllreduce::allreduce lies when it is not in
+/// the buffer itself (a gradient left where autograd allocated it, in the rank's region): the
+/// buffer cut into pieces, element ranges ascending and disjoint, the same on every rank; and in
+/// every rank's data region, at byte `table`, one uint64 per piece: the byte offset, in that
+/// rank's region, of its contribution to the piece (the piece's own place in the buffer where it
+/// is there). A rank writes its table before allreduce() and leaves the table and its
+/// contributions untouched until the reduction ends. The result is written into the buffer on
+/// every rank; the buffer's elements outside every piece are left as they are.
+struct LocalSources {
+  size_t table = 0;
+  std::vector<size_t> first;  // each piece's first element of the buffer
+  std::vector<size_t> count;  // and its length
+};
+
 class LocalAllreduce {
  public:
   /// Slots are 0 .. kMaxSlots-1.
@@ -80,14 +94,19 @@ class LocalAllreduce {
   /// This rank's data region: data_bytes() bytes, 4096-byte aligned, zero at first.
   char* data() const;
   size_t data_bytes() const;
+  /// Keeps this rank's region mapped while it lives (after this LocalAllreduce is gone too): for
+  /// memory of the region handed out beyond it (ddp/gradient_arena.h).
+  std::shared_ptr<void> region_keeper() const;
 
   /// Reduces in place, on every rank, `count` elements of `type` at byte `offset` of the data
   /// region, as slot `slot`; `done` runs when every rank's buffer holds the result (or with a
   /// failure). Throws comm::Error for a slot outside 0..kMaxSlots-1, a range outside the region,
   /// an offset not aligned to the element, or a scale with an op other than sum; nothing is
-  /// queued then.
+  /// queued then. With `sources`, each rank's contribution is read from where its table says
+  /// (LocalSources), not from the buffer; an entry of another rank's table outside its region or
+  /// not aligned to the element fails the operation, naming the rank, the piece and the offset.
   void allreduce(int slot, size_t offset, size_t count, DataType type, const LocalReduce& how,
-                 Callback done);
+                 Callback done, std::shared_ptr<const LocalSources> sources = nullptr);
 
   /// Allreduces, in place, `count` elements of `type` at `data`: memory of this process, not the
   /// shared region. Runs on the calling thread (no worker, no callback), for
@@ -126,6 +145,8 @@ class LocalAllreduce {
 
  private:
   explicit LocalAllreduce(std::unique_ptr<Impl> impl);
+  void check_sources(const std::string& call, const LocalSources& sources, size_t count,
+                     DataType type) const;
   std::unique_ptr<Impl> impl_;
 };
 

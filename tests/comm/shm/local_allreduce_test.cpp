@@ -417,3 +417,152 @@ TEST_CASE(
   CHECK(first == std::vector<uint64_t>{k.count, 0});
   CHECK(second[0] + second[1] == k.count);
 }
+
+TEST_CASE(
+    "LocalAllreduce with sources reads each rank's pieces where its table says, writes the "
+    "result into the buffer and leaves the gaps and the sources as they were") {
+  // A buffer of 6000 float32 at byte 0 with three pieces and gaps between them (a bucket's
+  // parameters padded apart); every rank keeps its contribution to pieces 0 and 2 elsewhere in
+  // its region, at offsets of its own (off the buffer's alignment by 4 bytes per rank), and its
+  // contribution to piece 1 in the buffer itself. World 2 takes the one-pass kernel (sum, avg),
+  // a scale before the sum and worlds 3 and 4 the blocked one.
+  const std::vector<size_t> first = {0, 1030, 4100};
+  const std::vector<size_t> count = {1000, 3001, 50};
+  const size_t buffer_count = 6000;
+  const size_t table = 30000;      // bytes: after the buffer
+  const float gap_value = -77.0f;  // what the gaps hold before and must hold after
+  for (int world : {2, 3, 4}) {
+    for (const comm::LocalReduce how :
+         {comm::LocalReduce{}, comm::LocalReduce{comm::ReduceOp::avg, 1.0, false},
+          comm::LocalReduce{comm::ReduceOp::sum, 0.3, true}}) {
+      CAPTURE(world);
+      CAPTURE(how.scale);
+      const Case whole{9, 0, buffer_count, comm::DataType::float32, how};
+      std::vector<std::string> failures(static_cast<size_t>(world));
+      auto errors = run_ranks(world, [&](comm::Communicator& c) {
+        const int rank = c.rank();
+        auto& failed = failures[static_cast<size_t>(rank)];
+        auto local = comm::LocalAllreduce::connect(c, 200000, 10s);
+        char* region = local->data();
+        auto* buffer = reinterpret_cast<float*>(region);
+        auto* entries = reinterpret_cast<uint64_t*>(region + table);
+        for (size_t i = 0; i < buffer_count; ++i) buffer[i] = gap_value;
+        std::vector<float> source_values;
+        for (size_t p = 0; p < first.size(); ++p) {
+          entries[p] =
+              p == 1 ? first[p] * sizeof(float) : 40000 + p * 20000 + static_cast<size_t>(rank) * 4;
+          auto* at = reinterpret_cast<float*>(region + entries[p]);
+          for (size_t i = 0; i < count[p]; ++i)
+            at[i] = static_cast<float>(value(rank, 1, whole.slot, first[p] + i));
+        }
+        auto sources =
+            std::make_shared<comm::LocalSources>(comm::LocalSources{table, first, count});
+        std::promise<comm::Status> done;
+        local->allreduce(
+            whole.slot, 0, buffer_count, comm::DataType::float32, how,
+            [&done](const comm::Status& s) { done.set_value(s); }, sources);
+        auto f = done.get_future();
+        REQUIRE(f.wait_for(10s) == std::future_status::ready);
+        const auto status = f.get();
+        if (!status.ok()) failed += status.message() + "; ";
+        size_t wrong = 0, gaps = 0, sources_changed = 0;
+        size_t piece = 0;
+        for (size_t i = 0; i < buffer_count; ++i) {
+          while (piece < first.size() && i >= first[piece] + count[piece]) ++piece;
+          const bool inside = piece < first.size() && i >= first[piece];
+          if (inside)
+            wrong += buffer[i] != expected<float>(whole, world, 1, i);
+          else
+            gaps += buffer[i] != gap_value;
+        }
+        for (size_t p : {size_t{0}, size_t{2}}) {
+          const auto* at = reinterpret_cast<const float*>(region + entries[p]);
+          for (size_t i = 0; i < count[p]; ++i)
+            sources_changed +=
+                at[i] != static_cast<float>(value(rank, 1, whole.slot, first[p] + i));
+        }
+        if (wrong) failed += std::to_string(wrong) + " results wrong; ";
+        if (gaps) failed += std::to_string(gaps) + " gap elements changed; ";
+        if (sources_changed)
+          failed += std::to_string(sources_changed) + " source elements changed; ";
+      });
+      for (int r = 0; r < world; ++r) {
+        CHECK_MESSAGE(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
+        CHECK_MESSAGE(failures[static_cast<size_t>(r)].empty(),
+                      "rank " << r << ": " << failures[static_cast<size_t>(r)]);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "LocalAllreduce refuses bad sources at submission, and fails a reduction whose peer's table "
+    "points outside its region, naming the rank, the piece and the offset") {
+  auto errors = run_ranks(1, [](comm::Communicator& c) {
+    auto local = comm::LocalAllreduce::connect(c, 4096, 1s);
+    auto none = [](const comm::Status&) {};
+    auto* entries = reinterpret_cast<uint64_t*>(local->data() + 2048);
+    entries[0] = 0;
+    entries[1] = 64;
+    auto submit = [&](comm::LocalSources s) {
+      local->allreduce(0, 0, 100, comm::DataType::float32, {}, none,
+                       std::make_shared<comm::LocalSources>(std::move(s)));
+    };
+    CHECK_THROWS_WITH(submit({2048, {0, 10}, {5}}),
+                      "LocalAllreduce::allreduce(slot 0): sources with 2 first elements and 1 "
+                      "counts (expected one of each per piece)");
+    CHECK_THROWS_WITH(submit({2044, {0}, {5}}),
+                      "LocalAllreduce::allreduce(slot 0): the sources' table of 1 entries at byte "
+                      "2044 is not 8-byte aligned inside the data region of 4096 bytes");
+    CHECK_THROWS_WITH(submit({2048, {0, 4}, {5, 5}}),
+                      "LocalAllreduce::allreduce(slot 0): piece 1 (5 elements from 4) overlaps the "
+                      "one before it or ends past the buffer's 100 elements (expected ascending, "
+                      "disjoint pieces)");
+    CHECK_THROWS_WITH(submit({2048, {0, 98}, {5, 5}}),
+                      doctest::Contains("piece 1 (5 elements from 98)"));
+    entries[1] = 4090;
+    CHECK_THROWS_WITH(submit({2048, {0, 10}, {5, 5}}),
+                      "LocalAllreduce::allreduce(slot 0): piece 1's source at byte 4090 (5 float32 "
+                      "elements) is off the element size or ends past the data region of 4096 "
+                      "bytes");
+    entries[1] = 4088;
+    CHECK_THROWS_WITH(submit({2048, {0, 10}, {5, 5}}),
+                      doctest::Contains("piece 1's source at byte 4088"));
+  });
+  CHECK(errors == std::vector<std::string>{""});
+
+  // Rank 1 submits a good table, then breaks it (memory it should have left alone) before rank 0
+  // submits: whichever worker reads rank 1's entry fails with its name and offset.
+  std::promise<void> broken;
+  auto broken_now = broken.get_future().share();
+  std::vector<comm::Status> status(2);
+  auto errors2 = run_ranks(2, [&](comm::Communicator& c) {
+    const int rank = c.rank();
+    auto local = comm::LocalAllreduce::connect(c, 4096, 500ms);
+    auto* entries = reinterpret_cast<uint64_t*>(local->data() + 2048);
+    entries[0] = 1024;
+    std::promise<comm::Status> done;
+    if (rank == 0) broken_now.wait();
+    local->allreduce(
+        3, 0, 64, comm::DataType::float32, {},
+        [&done](const comm::Status& s) { done.set_value(s); },
+        std::make_shared<comm::LocalSources>(comm::LocalSources{2048, {0}, {64}}));
+    if (rank == 1) {
+      entries[0] = 1u << 20;
+      broken.set_value();
+    }
+    auto f = done.get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    status[static_cast<size_t>(rank)] = f.get();
+  });
+  CHECK(errors2 == std::vector<std::string>{"", ""});
+  CHECK_FALSE(status[0].ok());
+  CHECK_FALSE(status[1].ok());
+  bool named = false;
+  for (auto& s : status)
+    named |= s.message() ==
+             "a reduction through shared memory (LocalAllreduce slot 3) cannot read its sources: "
+             "rank 1's source of piece 0 (64 float32 elements at byte 1048576) lies outside its "
+             "data region of 4096 bytes or off the element size";
+  CHECK(named);
+}
