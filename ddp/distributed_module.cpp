@@ -24,6 +24,7 @@
 #include "ddp/bucket_layout.h"
 #include "ddp/cuda_gradients.h"
 #include "ddp/data_parallel.h"
+#include "ddp/gradient_arena.h"
 #include "ddp/gradient_path.h"
 #include "ddp/module_buffers.h"
 #include "ddp/wrapped_modules.h"
@@ -276,6 +277,7 @@ struct DistributedModule::Impl {
   void copy_out();
   std::string describe(int index) const;
   void adopt_gradient(int index);
+  size_t bytes_copied = 0;  // by adopt_gradient since the last step (StepMetrics)
   void await_round(uint32_t which, const std::vector<int>& wanted = {});
   double rescale_factor() const;
   bool rebuild_due() const;
@@ -553,13 +555,16 @@ void DistributedModule::Impl::adopt_gradient(int index) {
   torch::NoGradGuard no_grad;
   if (grad.defined() && !grad.is_sparse() && grad.device().is_cpu() && view.device().is_cpu() &&
       grad.scalar_type() == view.scalar_type() && grad.is_contiguous() &&
-      grad.sizes() == view.sizes())
-    path->adopt(bucket_of[static_cast<size_t>(index)], offset_of[static_cast<size_t>(index)], grad,
-                view);
-  else if (grad.defined())
+      grad.sizes() == view.sizes()) {
+    if (!path->adopt(bucket_of[static_cast<size_t>(index)], offset_of[static_cast<size_t>(index)],
+                     grad, view))
+      bytes_copied += view.nbytes();
+  } else if (grad.defined()) {
     view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
-  else
+    bytes_copied += view.nbytes();
+  } else {
     view.zero_();
+  }
   p.mutable_grad() = view;
 }
 
@@ -620,6 +625,7 @@ void DistributedModule::Impl::on_grad_ready(int index) {
   } else {
     torch::NoGradGuard no_grad;
     grad_views[static_cast<size_t>(index)].copy_(params[static_cast<size_t>(index)].grad());
+    bytes_copied += grad_views[static_cast<size_t>(index)].nbytes();
   }
   if (cuda) cuda->record_gradient(index);
   if (!opt.delay_reduce) {
@@ -939,6 +945,7 @@ void DistributedModule::Impl::masked_step(const std::vector<int>& wanted) {
       for (auto& [p, g] : hidden) p.mutable_grad() = g;
     }
   } restore{hidden};
+  const GradientArena::Unserved optimizer_state;  // outside the gradients' arena
   deferred.optimizer->step();
 }
 
@@ -1215,6 +1222,7 @@ void await_parameters(const torch::nn::Module& module) {
 void DistributedModule::Impl::run_step(torch::optim::Optimizer* optimizer,
                                        const std::function<void()>& optimizer_step) {
   auto& m = *this;
+  const GradientArena::Unserved optimizer_state;  // outside the gradients' arena
   m.check_step();
   if (m.opt.join) m.agree_on_training(true);
   const int64_t wait_start = actors::now_us();
@@ -1300,6 +1308,7 @@ void DistributedModule::Impl::record_step(int64_t wait_start, int64_t reduced, i
       defer ? std::exchange(m.deferred.completed, StepMetrics{}) : m.reduction_figures();
   metrics.bytes_sent = figures.bytes_sent;
   metrics.bytes_received = figures.bytes_received;
+  metrics.gradient_bytes_copied = std::exchange(m.bytes_copied, 0);
   metrics.bucket_start_us = std::move(figures.bucket_start_us);
   metrics.bucket_done_us = std::move(figures.bucket_done_us);
   m.metrics = metrics;

@@ -97,6 +97,10 @@ struct StepMetrics {
   double comm_wait_sec = 0;  // waiting for reductions after backward (at its end, in step())
   size_t bytes_sent = 0;
   size_t bytes_received = 0;
+  /// Bytes of gradients that autograd put outside their bucket slot (set to none, replaced) and
+  /// this rank copied into the slot; a gradient the path reads where it lies (the shared-memory
+  /// path's arena, ddp/gradient_arena.h) is not copied.
+  size_t gradient_bytes_copied = 0;
   int64_t backward_end_us = 0;           // last gradient hook (steady clock, microseconds)
   std::vector<int64_t> bucket_start_us;  // each bucket's reduction start, by bucket
   std::vector<int64_t> bucket_done_us;

@@ -77,8 +77,9 @@ class GradientPath {
   /// parameter's slice at element `offset` of the bucket (same shape and dtype), as far as the
   /// bucket's next reduction reads it. By default copied in; a path whose reduction can read it
   /// where it lies hands it over instead and keeps `grad` until that reduction has ended. Called
-  /// on the trainer's thread, before the bucket is told the gradient is ready.
-  virtual void adopt(int bucket, int64_t offset, const torch::Tensor& grad,
+  /// on the trainer's thread, before the bucket is told the gradient is ready. True where the
+  /// reduction reads it where it lies, false where it was copied.
+  virtual bool adopt(int bucket, int64_t offset, const torch::Tensor& grad,
                      const torch::Tensor& view);
   /// Bucket `buffer.index`'s share of the path, over `buffer` (its bucket_memory()). CUDA buckets:
   /// `ready_events` (cudaEvent_t) are recorded where its gradients became ready and where step()

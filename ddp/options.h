@@ -83,6 +83,12 @@ struct DdpOptions {
   /// them) instead of through the transport, which copies every byte into and out of its queues
   /// as well. Only for GradientAllReduce. Every rank must agree (the model check compares it).
   bool shared_memory = true;
+  /// With shared_memory and gradient_as_bucket_view: the CPU allocations of this rank's trainer
+  /// thread that have a gradient's size come from shared memory (ddp/gradient_arena.h), so that
+  /// a gradient set to none and allocated anew by backward is read where autograd put it instead
+  /// of being copied into its bucket first. Installs a CPU allocator for the process that serves
+  /// those sizes from the arena and passes every other allocation to LibTorch's. Ranks may differ.
+  bool gradients_in_shared_memory = true;
   /// A step whose reductions are not done after this long fails with a report of which bucket
   /// waits for which ranks; so does each reduction a path runs (shared memory's, NCCL's, host
   /// staging's copies). Unset: the Runtime's collective timeout (RuntimeOptions), as PyTorch's

@@ -92,6 +92,36 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "on one host, gradients set to none are reduced where autograd put them, in shared memory, "
+    "not copied into the buckets, with SGD and with Adam") {
+  // fc2's gradient (160 x 160 float32: 102400 bytes) is large enough for the arena
+  // (GradientArena::kMinBytes); the others are copied. Adam's two moments per parameter, made in
+  // the first step, must not take the arena's room (a gradient's size each).
+  torch::set_num_threads(1);
+  const int world = 2, steps = 3;
+  const size_t fc2 = 160 * 160 * 4;
+  const size_t all = (6 * 160 + 160 + 160 * 160 + 160 + 160 * 3 + 3) * 4;
+  for (auto optim : {test::Optim::sgd_momentum, test::Optim::adam})
+    for (bool arena : {true, false}) {
+      Case c;
+      c.options = several_buckets();
+      c.options.gradients_in_shared_memory = arena;
+      c.optim = optim;
+      c.hidden = 160;
+      c.set_to_none = true;
+      c.path = "cpu via shared memory";
+      std::vector<size_t> copied(static_cast<size_t>(world * steps), 0);
+      c.after_step = [&](int r, int s, const DistributedModule& ddp) {
+        copied[static_cast<size_t>(r * steps + s)] = ddp.last_step().gradient_bytes_copied;
+      };
+      CAPTURE(arena);
+      CAPTURE(optim == test::Optim::adam);
+      CHECK(max_difference(c, world, steps) < 2e-5);
+      CHECK(copied == std::vector<size_t>(copied.size(), arena ? all - fc2 : all));
+    }
+}
+
+TEST_CASE(
     "a parameter unused on one rank whose gradient is none receives the other ranks' gradient") {
   // The extra head is used by rank 1 only. Rank 0's head gradient stays none in backward; the
   // step must reduce it as zeros and point it at its bucket slot, which holds the average.

@@ -3,6 +3,7 @@
 // one process trained on the whole batch (tests/runtime/distributed_module_test.cpp and the tests
 // of the conventions users bring, such as gradients set to none).
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,8 @@ struct Case {
   std::string path;
   /// The models' hidden width (fc2 holds hidden * hidden weights).
   int64_t hidden = 8;
+  /// Called on each rank after each step (rank, step, its module).
+  std::function<void(int, int, const DistributedModule&)> after_step;
 };
 
 /// A run of the equivalence tests: `world` replicas (rank 0's weights are everyone's after the
@@ -139,6 +142,7 @@ inline double max_difference(const Case& c, int world, int steps = 3) {
             }
           }
           ddp.step(*opt);
+          if (c.after_step) c.after_step(r, s, ddp);
         }
         diffs[static_cast<size_t>(r)] = parameter_difference(*model, *job.reference);
       },
