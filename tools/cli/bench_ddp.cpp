@@ -99,6 +99,7 @@ DdpOptions ddp_options(const DdpBench& bench) {
   DdpOptions o;
   o.delay_reduce = bench.delay_reduce;
   o.shared_memory = !bench.no_shared_memory;
+  o.gradients_in_shared_memory = !bench.no_gradient_arena;
   o.trace_path = bench.trace_path;
   return o;
 }
@@ -180,6 +181,7 @@ struct Interleaved {
   double dp_helper_cpu = 0;                           // other threads' CPU per data-parallel step
   double compute_helper_cpu = 0;
   double bytes_sent = 0;
+  double gradient_bytes_copied = 0;  // per data-parallel step, this rank
 };
 
 Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
@@ -227,6 +229,7 @@ Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
         r.dp_backward.push_back(m.backward);
         r.dp_helper_cpu += m.helper_cpu / bench.steps;
         r.bytes_sent = static_cast<double>(ddp.last_step().bytes_sent);
+        r.gradient_bytes_copied = static_cast<double>(ddp.last_step().gradient_bytes_copied);
       } else if (kind == kCompute) {
         r.compute.push_back(m.sec);
         r.compute_backward.push_back(m.backward);
@@ -272,23 +275,25 @@ void print_interleaved(const DdpBench& bench, const Interleaved& r) {
         "\"overhead_vs_compute\": %.6g, \"comm_wait_sec\": %.6g, "
         "\"bytes_sent_per_step\": %.0f, \"helper_cpu_sec\": %.6g, "
         "\"compute_helper_cpu_sec\": %.6g, \"backward_sec\": %.6g, "
-        "\"compute_backward_sec\": %.6g}\n",
+        "\"compute_backward_sec\": %.6g, \"gradient_arena\": %s, "
+        "\"gradient_bytes_copied_per_step\": %.0f}\n",
         bench.algorithm.c_str(), bench.world, bench.no_shared_memory ? "false" : "true",
         bench.model.c_str(), bench.batch, bench.steps, dp, compute, alone, vs_alone, vs_compute,
         median(r.wait), r.bytes_sent, r.dp_helper_cpu, r.compute_helper_cpu, median(r.dp_backward),
-        median(r.compute_backward));
+        median(r.compute_backward), bench.no_gradient_arena ? "false" : "true",
+        r.gradient_bytes_copied);
   else
     std::printf(
         "troupe ddp (%s), interleaved: world %d, %s, batch %d per rank, %d iterations: "
         "median step %.2f ms data-parallel, %.2f ms every rank computing alone, %.2f ms "
         "rank 0 alone; paired per iteration, data parallelism costs %+.1f%% over rank 0 "
         "alone and %+.1f%% over every rank computing alone; median wait after backward "
-        "%.2f ms, %.2f MB sent per step, other threads' CPU %.2f ms per data-parallel "
-        "step (%.2f ms per compute step)\n",
+        "%.2f ms, %.2f MB sent per step, %.2f MB of gradients copied into the buckets per "
+        "step, other threads' CPU %.2f ms per data-parallel step (%.2f ms per compute step)\n",
         bench.algorithm.c_str(), bench.world, bench.model.c_str(), bench.batch, bench.steps,
         dp * 1e3, compute * 1e3, alone * 1e3, vs_alone * 100, vs_compute * 100,
-        median(r.wait) * 1e3, r.bytes_sent / 1e6, r.dp_helper_cpu * 1e3,
-        r.compute_helper_cpu * 1e3);
+        median(r.wait) * 1e3, r.bytes_sent / 1e6, r.gradient_bytes_copied / 1e6,
+        r.dp_helper_cpu * 1e3, r.compute_helper_cpu * 1e3);
   std::fflush(stdout);
 }
 
@@ -384,6 +389,7 @@ int run_ddp_bench(const DdpBench& bench, const std::string& self_exe) {
   if (bench.delay_reduce) launch_options.command.push_back("--delay-reduce");
   if (bench.compute_only) launch_options.command.push_back("--compute-only");
   if (bench.no_shared_memory) launch_options.command.push_back("--no-shared-memory");
+  if (bench.no_gradient_arena) launch_options.command.push_back("--no-gradient-arena");
   if (bench.interleave) launch_options.command.push_back("--interleave");
   if (!bench.trace_path.empty()) {
     launch_options.command.push_back("--trace");

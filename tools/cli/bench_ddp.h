@@ -18,6 +18,9 @@ struct DdpBench {
   /// Reduce over the transport even where all ranks share this host (DdpOptions::shared_memory
   /// off), to compare the two paths.
   bool no_shared_memory = false;
+  /// Copy gradients set to none into their shared-memory buckets instead of allocating them in
+  /// shared memory (DdpOptions::gradients_in_shared_memory off), to compare the two.
+  bool no_gradient_arena = false;
   /// Each rank process bound to its own cores (LaunchOptions::bind_cores).
   bool bind_cores = false;
   /// In one job (world > 1), every iteration runs three kinds of step, each after a barrier and

@@ -228,6 +228,9 @@ CLI::App* add_ddp_bench(CLI::App& bench_cmd, troupe::cli::DdpBench& ddp, bool& a
                       "Every rank trains alone, no reduction (the baseline for --world > 1)");
   bench_ddp->add_flag("--no-shared-memory", ddp.no_shared_memory,
                       "Reduce over the transport even on one host (DdpOptions::shared_memory off)");
+  bench_ddp->add_flag("--no-gradient-arena", ddp.no_gradient_arena,
+                      "Copy gradients set to none into the shared-memory buckets instead of "
+                      "allocating them there (DdpOptions::gradients_in_shared_memory off)");
   bench_ddp->add_flag("--bind-cores", ddp.bind_cores,
                       "Bind each rank process to its own share of the cores");
   bench_ddp->add_flag("--interleave", ddp.interleave,
