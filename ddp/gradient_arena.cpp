@@ -2,6 +2,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 
@@ -61,7 +62,9 @@ class ArenaAllocator final : public c10::Allocator {
   explicit ArenaAllocator(c10::Allocator* next) : next_(next) {}
 
   c10::DataPtr allocate(size_t n) override {
-    if (n >= GradientArena::kMinBytes && unserved == 0)
+    // Backward runs with grad mode off (unless it builds a graph of its own): the forward pass's
+    // activations, some of a gradient's size, never take the arena's room.
+    if (n >= GradientArena::kMinBytes && unserved == 0 && !c10::GradMode::is_enabled())
       if (auto arena = this_thread_arena.lock())
         if (void* p = arena->try_allocate(n))
           return {p, p, &free_any, c10::Device(c10::DeviceType::CPU)};

@@ -7,9 +7,11 @@
 /// each gradient, in ordinary memory, and the shared-memory path had to copy it into the bucket
 /// that the other ranks read (31.6 MB a step for the 7.9M-parameter MLP: 3-4.5 ms of a core). An
 /// arena is a range of the rank's shared region (comm::LocalAllreduce::data()) from which it
-/// serves, on the threads it was told to serve, the CPU allocations whose size is that of one of
-/// the module's gradients (at least kMinBytes): autograd's gradient then lies in shared memory,
-/// and the path hands the bucket's reduction its place (comm::LocalSources) instead of copying.
+/// serves, on the threads it was told to serve and while grad mode is off (backward runs so; the
+/// forward pass's activations, some of a gradient's size, stay out), the CPU allocations whose
+/// size is that of one of the module's gradients (at least kMinBytes): autograd's gradient then
+/// lies in shared memory, and the path hands the bucket's reduction its place
+/// (comm::LocalSources) instead of copying.
 ///
 /// The arena works through the process's CPU allocator: the first arena wraps the allocator
 /// LibTorch had (c10::GetCPUAllocator()) in one that asks the calling thread's arena first and
@@ -41,8 +43,9 @@ class GradientArena : public std::enable_shared_from_this<GradientArena> {
   GradientArena(const GradientArena&) = delete;
   GradientArena& operator=(const GradientArena&) = delete;
 
-  /// From now on the calling thread's CPU allocations of a served size come from this arena
-  /// while it has room (the thread's previous arena, if any, no longer serves it).
+  /// From now on the calling thread's CPU allocations of a served size, made with grad mode off,
+  /// come from this arena while it has room (the thread's previous arena, if any, no longer
+  /// serves it).
   void serve_this_thread();
   /// While one lives, the calling thread's allocations come from no arena: around the optimizer's
   /// step, whose state (momentum, Adam's moments: a gradient's size each, kept for good) would

@@ -1,7 +1,7 @@
 // GradientArena (ddp/gradient_arena.h) over ordinary memory: which allocations it serves (the
-// sizes it was given, on the threads it serves, outside Unserved guards, while it has room and is
-// open), that what it hands out is freed back into it, and that memory handed out outlives close()
-// and the arena's last handle.
+// sizes it was given, on the threads it serves, with grad mode off as in backward, outside
+// Unserved guards, while it has room and is open), that what it hands out is freed back into it,
+// and that memory handed out outlives close() and the arena's last handle.
 #include "tests/support/torch_doctest.h"
 
 #include <memory>
@@ -36,9 +36,14 @@ TEST_CASE(
                                      {kServed * 4, 1000, kServed * 4});
   CHECK(arena->bytes() == 2 * kServed * 4);
   // Not yet serving this thread.
+  torch::NoGradGuard as_in_backward;
   auto before = torch::empty({kServed});
   CHECK_FALSE(inside(*arena, before));
   arena->serve_this_thread();
+  {
+    torch::AutoGradMode as_in_forward(true);  // activations stay out
+    CHECK_FALSE(inside(*arena, torch::empty({kServed})));
+  }
   auto a = torch::empty({kServed});
   auto b = torch::ones({kServed});
   CHECK(inside(*arena, a));
@@ -56,7 +61,10 @@ TEST_CASE(
   a.reset();  // freed back: room for one again
   CHECK(arena->bytes_in_use() == kServed * 4);
   torch::Tensor other_thread;
-  std::thread([&] { other_thread = torch::empty({kServed}); }).join();
+  std::thread([&] {
+    torch::NoGradGuard off;
+    other_thread = torch::empty({kServed});
+  }).join();
   CHECK_FALSE(inside(*arena, other_thread));
   {
     const GradientArena::Unserved guard;
