@@ -26,6 +26,7 @@
 // (DdpOptions::stall_timeout, by default the Runtime's collective timeout): a rank that does not
 // contribute in time fails it, naming the slot, the ranks and the timeout.
 #include <algorithm>
+#include <thread>
 
 #include "comm/shm/local_allreduce.h"
 #include "ddp/distributed_module.h"
@@ -192,6 +193,7 @@ class SharedMemoryPath : public GradientPath {
       arena_ = GradientArena::create(local_->data() + region - arena_bytes, arena_bytes,
                                      local_->region_keeper(), sizes);
       arena_->serve_this_thread();  // the module is made on the trainer's thread, as a rule
+      served_thread_ = std::this_thread::get_id();
     }
   }
 
@@ -234,7 +236,11 @@ class SharedMemoryPath : public GradientPath {
              const torch::Tensor& view) override {
     const auto b = static_cast<size_t>(bucket);
     if (arena_) {
-      arena_->serve_this_thread();  // backward runs on the trainer's thread
+      // Backward runs on the trainer's thread: served once it is known (not per gradient).
+      if (std::this_thread::get_id() != served_thread_) {
+        arena_->serve_this_thread();
+        served_thread_ = std::this_thread::get_id();
+      }
       if (b < buckets_.size() && buckets_[b] && arena_->holds(grad.data_ptr(), grad.nbytes()) &&
           buckets_[b]->adopt(offset, grad))
         return true;
@@ -247,6 +253,7 @@ class SharedMemoryPath : public GradientPath {
 
   std::shared_ptr<comm::LocalAllreduce> local_;
   std::shared_ptr<GradientArena> arena_;  // null without DdpOptions::gradients_in_shared_memory
+  std::thread::id served_thread_;         // the thread the arena serves
   bool divide_before_ = false;
   size_t align_ = 64;
   size_t half_bytes_ = 0;
