@@ -30,8 +30,8 @@ thread_local int unserved = 0;  // GradientArena::Unserved guards alive on this 
 
 // Removes `arena` from the registry if it is closed and has no memory out. Under the registry's
 // lock; returns the reference for the caller to drop after unlocking.
-std::shared_ptr<GradientArena> take_if_drained(Registry& r, GradientArena* arena, bool closed) {
-  if (!closed || arena->bytes_in_use() != 0) return nullptr;
+std::shared_ptr<GradientArena> take_if_drained(Registry& r, GradientArena* arena) {
+  if (!arena->closed() || arena->bytes_in_use() != 0) return nullptr;
   for (auto it = r.arenas.begin(); it != r.arenas.end(); ++it)
     if (it->get() == arena) {
       auto held = *it;
@@ -50,7 +50,7 @@ void free_any(void* p) {
     for (auto& arena : r.arenas) {
       if (!arena->holds(p, 1)) continue;
       arena->release(p);
-      drop = take_if_drained(r, arena.get(), arena->closed());
+      drop = take_if_drained(r, arena.get());
       return;
     }
   }
@@ -138,7 +138,7 @@ void GradientArena::close() {
       std::lock_guard<std::mutex> mine(mutex_);
       closed_ = true;
     }
-    drop = take_if_drained(r, this, true);  // else the last release() takes it
+    drop = take_if_drained(r, this);  // else the last release() takes it
   }
 }
 
