@@ -344,8 +344,9 @@ std::string LocalAllreduce::Impl::reduce_share(const Pending& op) {
     elements_reduced.fetch_add(b - a, std::memory_order_relaxed);
     for (size_t k = 0; k < w; ++k) {
       const auto* table = reinterpret_cast<const uint64_t*>(data[k] + pieces.table);
-      src[k] = data[k] + table[i] + (a - pieces.first[i]) * elem;
-      dst[k] = data[k] + op.offset + a * elem;
+      char* source = data[k] + table[i] + (a - pieces.first[i]) * elem;
+      src[k] = source;
+      dst[k] = pieces.in_place ? source : data[k] + op.offset + a * elem;
     }
     reduce_stretch(op, b - a);
   }

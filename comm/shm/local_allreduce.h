@@ -66,11 +66,15 @@ struct LocalReduce {
 /// rank's region, of its contribution to the piece (the piece's own place in the buffer where it
 /// is there). A rank writes its table before allreduce() and leaves the table and its
 /// contributions untouched until the reduction ends. The result is written into the buffer on
-/// every rank; the buffer's elements outside every piece are left as they are.
+/// every rank, or with `in_place` over every rank's contributions (where its table says: a piece
+/// whose entry is its place in the buffer gets it there, one kept elsewhere gets it there and its
+/// place in the buffer is left alone); the buffer's elements outside every piece are left as they
+/// are.
 struct LocalSources {
   size_t table = 0;
   std::vector<size_t> first;  // each piece's first element of the buffer
   std::vector<size_t> count;  // and its length
+  bool in_place = false;
 };
 
 class LocalAllreduce {

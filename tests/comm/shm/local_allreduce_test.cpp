@@ -420,79 +420,88 @@ TEST_CASE(
 
 TEST_CASE(
     "LocalAllreduce with sources reads each rank's pieces where its table says, writes the "
-    "result into the buffer and leaves the gaps and the sources as they were") {
+    "result into the buffer (or in place over the sources) and leaves the gaps, and the sources "
+    "or the buffer, as they were") {
   // A buffer of 6000 float32 at byte 0 with three pieces and gaps between them (a bucket's
   // parameters padded apart); every rank keeps its contribution to pieces 0 and 2 elsewhere in
   // its region, at offsets of its own (off the buffer's alignment by 4 bytes per rank), and its
   // contribution to piece 1 in the buffer itself. World 2 takes the one-pass kernel (sum, avg),
-  // a scale before the sum and worlds 3 and 4 the blocked one.
+  // a scale before the sum and worlds 3 and 4 the blocked one. In place, the result goes over
+  // every rank's contributions instead: piece 1's into the buffer, the others' elsewhere, and the
+  // buffer's places of pieces 0 and 2 keep what they held.
   const std::vector<size_t> first = {0, 1030, 4100};
   const std::vector<size_t> count = {1000, 3001, 50};
   const size_t buffer_count = 6000;
   const size_t table = 30000;      // bytes: after the buffer
   const float gap_value = -77.0f;  // what the gaps hold before and must hold after
-  for (int world : {2, 3, 4}) {
-    for (const comm::LocalReduce how :
-         {comm::LocalReduce{}, comm::LocalReduce{comm::ReduceOp::avg, 1.0, false},
-          comm::LocalReduce{comm::ReduceOp::sum, 0.3, true}}) {
-      CAPTURE(world);
-      CAPTURE(how.scale);
-      const Case whole{9, 0, buffer_count, comm::DataType::float32, how};
-      std::vector<std::string> failures(static_cast<size_t>(world));
-      auto errors = run_ranks(world, [&](comm::Communicator& c) {
-        const int rank = c.rank();
-        auto& failed = failures[static_cast<size_t>(rank)];
-        auto local = comm::LocalAllreduce::connect(c, 200000, 10s);
-        char* region = local->data();
-        auto* buffer = reinterpret_cast<float*>(region);
-        auto* entries = reinterpret_cast<uint64_t*>(region + table);
-        for (size_t i = 0; i < buffer_count; ++i) buffer[i] = gap_value;
-        std::vector<float> source_values;
-        for (size_t p = 0; p < first.size(); ++p) {
-          entries[p] =
-              p == 1 ? first[p] * sizeof(float) : 40000 + p * 20000 + static_cast<size_t>(rank) * 4;
-          auto* at = reinterpret_cast<float*>(region + entries[p]);
-          for (size_t i = 0; i < count[p]; ++i)
-            at[i] = static_cast<float>(value(rank, 1, whole.slot, first[p] + i));
+  for (const bool in_place : {false, true})
+    for (int world : {2, 3, 4}) {
+      for (const comm::LocalReduce how :
+           {comm::LocalReduce{}, comm::LocalReduce{comm::ReduceOp::avg, 1.0, false},
+            comm::LocalReduce{comm::ReduceOp::sum, 0.3, true}}) {
+        CAPTURE(in_place);
+        CAPTURE(world);
+        CAPTURE(how.scale);
+        const Case whole{9, 0, buffer_count, comm::DataType::float32, how};
+        std::vector<std::string> failures(static_cast<size_t>(world));
+        auto errors = run_ranks(world, [&](comm::Communicator& c) {
+          const int rank = c.rank();
+          auto& failed = failures[static_cast<size_t>(rank)];
+          auto local = comm::LocalAllreduce::connect(c, 200000, 10s);
+          char* region = local->data();
+          auto* buffer = reinterpret_cast<float*>(region);
+          auto* entries = reinterpret_cast<uint64_t*>(region + table);
+          for (size_t i = 0; i < buffer_count; ++i) buffer[i] = gap_value;
+          std::vector<float> source_values;
+          for (size_t p = 0; p < first.size(); ++p) {
+            entries[p] = p == 1 ? first[p] * sizeof(float)
+                                : 40000 + p * 20000 + static_cast<size_t>(rank) * 4;
+            auto* at = reinterpret_cast<float*>(region + entries[p]);
+            for (size_t i = 0; i < count[p]; ++i)
+              at[i] = static_cast<float>(value(rank, 1, whole.slot, first[p] + i));
+          }
+          auto sources = std::make_shared<comm::LocalSources>(
+              comm::LocalSources{table, first, count, in_place});
+          std::promise<comm::Status> done;
+          local->allreduce(
+              whole.slot, 0, buffer_count, comm::DataType::float32, how,
+              [&done](const comm::Status& s) { done.set_value(s); }, sources);
+          auto f = done.get_future();
+          REQUIRE(f.wait_for(10s) == std::future_status::ready);
+          const auto status = f.get();
+          if (!status.ok()) failed += status.message() + "; ";
+          size_t wrong = 0, gaps = 0, sources_changed = 0;
+          size_t piece = 0;
+          for (size_t i = 0; i < buffer_count; ++i) {
+            while (piece < first.size() && i >= first[piece] + count[piece]) ++piece;
+            const bool inside = piece < first.size() && i >= first[piece];
+            if (inside && (!in_place || piece == 1))
+              wrong += buffer[i] != expected<float>(whole, world, 1, i);
+            else
+              gaps += buffer[i] != gap_value;  // a gap, or in place a piece kept elsewhere
+          }
+          for (size_t p : {size_t{0}, size_t{2}}) {
+            const auto* at = reinterpret_cast<const float*>(region + entries[p]);
+            for (size_t i = 0; i < count[p]; ++i) {
+              if (in_place)
+                wrong += at[i] != expected<float>(whole, world, 1, first[p] + i);
+              else
+                sources_changed +=
+                    at[i] != static_cast<float>(value(rank, 1, whole.slot, first[p] + i));
+            }
+          }
+          if (wrong) failed += std::to_string(wrong) + " results wrong; ";
+          if (gaps) failed += std::to_string(gaps) + " gap (in place: buffer) elements changed; ";
+          if (sources_changed)
+            failed += std::to_string(sources_changed) + " source elements changed; ";
+        });
+        for (int r = 0; r < world; ++r) {
+          CHECK_MESSAGE(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
+          CHECK_MESSAGE(failures[static_cast<size_t>(r)].empty(),
+                        "rank " << r << ": " << failures[static_cast<size_t>(r)]);
         }
-        auto sources =
-            std::make_shared<comm::LocalSources>(comm::LocalSources{table, first, count});
-        std::promise<comm::Status> done;
-        local->allreduce(
-            whole.slot, 0, buffer_count, comm::DataType::float32, how,
-            [&done](const comm::Status& s) { done.set_value(s); }, sources);
-        auto f = done.get_future();
-        REQUIRE(f.wait_for(10s) == std::future_status::ready);
-        const auto status = f.get();
-        if (!status.ok()) failed += status.message() + "; ";
-        size_t wrong = 0, gaps = 0, sources_changed = 0;
-        size_t piece = 0;
-        for (size_t i = 0; i < buffer_count; ++i) {
-          while (piece < first.size() && i >= first[piece] + count[piece]) ++piece;
-          const bool inside = piece < first.size() && i >= first[piece];
-          if (inside)
-            wrong += buffer[i] != expected<float>(whole, world, 1, i);
-          else
-            gaps += buffer[i] != gap_value;
-        }
-        for (size_t p : {size_t{0}, size_t{2}}) {
-          const auto* at = reinterpret_cast<const float*>(region + entries[p]);
-          for (size_t i = 0; i < count[p]; ++i)
-            sources_changed +=
-                at[i] != static_cast<float>(value(rank, 1, whole.slot, first[p] + i));
-        }
-        if (wrong) failed += std::to_string(wrong) + " results wrong; ";
-        if (gaps) failed += std::to_string(gaps) + " gap elements changed; ";
-        if (sources_changed)
-          failed += std::to_string(sources_changed) + " source elements changed; ";
-      });
-      for (int r = 0; r < world; ++r) {
-        CHECK_MESSAGE(errors[static_cast<size_t>(r)].empty(), errors[static_cast<size_t>(r)]);
-        CHECK_MESSAGE(failures[static_cast<size_t>(r)].empty(),
-                      "rank " << r << ": " << failures[static_cast<size_t>(r)]);
       }
     }
-  }
 }
 
 TEST_CASE(
