@@ -129,6 +129,11 @@ struct DistributedModule::Impl {
   // Each parameter's slot of its bucket, shaped as the parameter (agg_grad only): with
   // gradient_as_bucket_view, what its gradient must be for the bucket to reduce it.
   std::vector<torch::Tensor> grad_views;
+  // Per parameter: the data of its gradient where the path reduces it in place
+  // (Adoption::reduced_in_place: the gradient autograd allocated holds the average, its slot
+  // does not); null where the slot holds it. Set by adopt_gradient, cleared wherever the
+  // gradient points at its slot again.
+  std::vector<const void*> in_place;
   actors::Reducer reducer;
   std::shared_ptr<Targets> targets = std::make_shared<Targets>();
   int listener = 0;
@@ -248,6 +253,9 @@ struct DistributedModule::Impl {
     double scale = 1;
     std::vector<char> late;
     StepMetrics completed;
+    // Per parameter, the gradient reduced in place (see in_place) that the deferred step is to
+    // apply, held while the parameter's gradient is none.
+    std::vector<torch::Tensor> grads;
   } deferred;
 
   Impl(Runtime& r, std::shared_ptr<torch::nn::Module> m, Algorithm a, DdpOptions o)
@@ -301,6 +309,9 @@ struct DistributedModule::Impl {
   std::vector<torch::Tensor> state_tensors();
   void agree_on_training(bool mine);
   bool rescale_reduced();
+  torch::Tensor reduced_in_place(size_t i) const;
+  void scale_reduced(int b, double factor);
+  void point_at_slot(size_t i);
   void load_averaged_weights();
   void shadow_step();
   void next_step();
@@ -460,6 +471,7 @@ void DistributedModule::Impl::build_buckets(const BucketLayout& layout) {
   deferred.late.assign(layout.buckets.size(), 0);
   deferred.unstepped.assign(layout.buckets.size(), 0);
   grad_views.assign(params.size(), torch::Tensor());
+  in_place.assign(params.size(), nullptr);  // the gradients are copied into the new slots below
   bucket_of = layout.bucket_of;
   offset_of = layout.offset_of;
   std::vector<int64_t> fill;
@@ -551,14 +563,20 @@ void DistributedModule::Impl::adopt_gradient(int index) {
   auto& p = params[static_cast<size_t>(index)];
   const auto& view = grad_views[static_cast<size_t>(index)];
   const auto& grad = p.grad();
+  auto& reduced_at = in_place[static_cast<size_t>(index)];
+  reduced_at = nullptr;
   if (grad.defined() && !grad.is_sparse() && grad.data_ptr() == view.data_ptr()) return;
   torch::NoGradGuard no_grad;
   if (grad.defined() && !grad.is_sparse() && grad.device().is_cpu() && view.device().is_cpu() &&
       grad.scalar_type() == view.scalar_type() && grad.is_contiguous() &&
       grad.sizes() == view.sizes()) {
-    if (!path->adopt(bucket_of[static_cast<size_t>(index)], offset_of[static_cast<size_t>(index)],
-                     grad, view))
-      bytes_copied += view.nbytes();
+    const Adoption how = path->adopt(bucket_of[static_cast<size_t>(index)],
+                                     offset_of[static_cast<size_t>(index)], grad, view);
+    if (how == Adoption::reduced_in_place) {
+      reduced_at = grad.data_ptr();  // the gradient stays where it is and receives the average
+      return;
+    }
+    if (how == Adoption::copied) bytes_copied += view.nbytes();
   } else if (grad.defined()) {
     view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
     bytes_copied += view.nbytes();
@@ -678,7 +696,7 @@ void DistributedModule::Impl::launch_round() {
       // becomes the gradient, whatever it was (none, or a tensor of the user's).
       if (pass.ready[i] || rounds_closed > 0) continue;
       grad_views[i].zero_();
-      if (opt.gradient_as_bucket_view) params[i].mutable_grad() = grad_views[i];
+      if (opt.gradient_as_bucket_view) point_at_slot(i);
     }
   }
   if (cuda) cuda->record_step();
@@ -817,9 +835,35 @@ double DistributedModule::Impl::rescale_factor() const {
 bool DistributedModule::Impl::rescale_reduced() {
   const double factor = rescale_factor();
   if (factor == 1) return false;
-  torch::NoGradGuard no_grad;
-  for (auto& bucket : buckets) bucket.flat.mul_(factor);
+  for (size_t b = 0; b < buckets.size(); ++b) scale_reduced(static_cast<int>(b), factor);
   return true;
+}
+
+// Parameter i's gradient where its bucket's reduction wrote the average over it (in_place), while
+// it is still there (the parameter's gradient, or held for the deferred step); undefined where
+// the slot holds the average.
+torch::Tensor DistributedModule::Impl::reduced_in_place(size_t i) const {
+  if (!in_place[i]) return {};
+  if (i < deferred.grads.size() && deferred.grads[i].defined()) return deferred.grads[i];
+  const auto& grad = params[i].grad();
+  if (grad.defined() && grad.data_ptr() == in_place[i]) return grad;
+  return {};
+}
+
+// The reduced gradients of bucket `b` times `factor`: its buffer and those reduced in place.
+void DistributedModule::Impl::scale_reduced(int b, double factor) {
+  torch::NoGradGuard no_grad;
+  auto& bucket = buckets[static_cast<size_t>(b)];
+  bucket.flat.mul_(factor);
+  for (int i : bucket.params)
+    if (auto grad = reduced_in_place(static_cast<size_t>(i)); grad.defined()) grad.mul_(factor);
+}
+
+// gradient_as_bucket_view: parameter i's gradient is its slot again.
+void DistributedModule::Impl::point_at_slot(size_t i) {
+  params[i].mutable_grad() = grad_views[i];
+  in_place[i] = nullptr;
+  if (i < deferred.grads.size()) deferred.grads[i] = torch::Tensor();
 }
 
 // Whether the step in progress is followed by the bucket rebuild (the module's first step).
@@ -855,7 +899,11 @@ void DistributedModule::Impl::before_gradient(int index) {
 // holds outside this module are stepped now; this module's wait for their buckets (their
 // gradients are set to none until then, so the loop's zero_grad() cannot touch the buckets).
 void DistributedModule::Impl::defer_step(torch::optim::Optimizer& optimizer) {
-  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  deferred.grads.assign(params.size(), torch::Tensor());
+  for (size_t i = 0; i < params.size(); ++i) {
+    deferred.grads[i] = reduced_in_place(i);  // the reduction still writes into it
+    params[i].mutable_grad() = torch::Tensor();
+  }
   bool others = false;
   for (auto& group : optimizer.param_groups())
     for (auto& p : group.params())
@@ -882,11 +930,13 @@ void DistributedModule::Impl::step_buckets(const std::vector<int>& wanted) {
     torch::NoGradGuard no_grad;
     for (int b : wanted) {
       auto& bucket = buckets[static_cast<size_t>(b)];
-      if (deferred.scale != 1) bucket.flat.mul_(deferred.scale);
+      if (deferred.scale != 1) scale_reduced(b, deferred.scale);
       for (size_t k = 0; k < bucket.params.size(); ++k) {
         const auto i = static_cast<size_t>(bucket.params[k]);
         auto& p = params[i];
-        if (opt.gradient_as_bucket_view)
+        if (deferred.grads[i].defined())
+          p.mutable_grad() = deferred.grads[i];  // reduced in place
+        else if (opt.gradient_as_bucket_view)
           p.mutable_grad() = grad_views[i];
         else
           p.mutable_grad() = grad_views[i].clone();
@@ -956,6 +1006,8 @@ void DistributedModule::Impl::zero_gradients(const std::vector<int>& wanted) {
     auto& bucket = buckets[static_cast<size_t>(b)];
     if (opt.gradient_as_bucket_view) {
       bucket.flat.zero_();
+      for (int i : bucket.params)
+        if (in_place[static_cast<size_t>(i)]) point_at_slot(static_cast<size_t>(i));
       continue;
     }
     for (int i : bucket.params) params[static_cast<size_t>(i)].mutable_grad().zero_();

@@ -37,14 +37,14 @@ GradientPathChoice choose_gradient_path(std::vector<std::unique_ptr<GradientPath
                     (reasons.empty() ? std::string("no candidate") : reasons) + ")");
 }
 
-bool GradientPath::adopt(int bucket, int64_t offset, const torch::Tensor& grad,
-                         const torch::Tensor& view) {
+Adoption GradientPath::adopt(int bucket, int64_t offset, const torch::Tensor& grad,
+                             const torch::Tensor& view) {
   (void)bucket;
   (void)offset;
   // The bucket is read next by the reduction (another core, or another rank's): written past the
   // caches, the copy reads the gradient once and writes the bucket once.
   comm::stream_copy(view.data_ptr(), grad.data_ptr(), grad.nbytes());
-  return false;
+  return Adoption::copied;
 }
 
 torch::Tensor GradientPath::bucket_memory(int index, int64_t elements,

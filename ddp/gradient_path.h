@@ -43,6 +43,19 @@ class Runtime;
 class CudaGradients;
 struct DdpOptions;
 
+/// What GradientPath::adopt() did with a gradient that autograd put elsewhere than its bucket slot.
+enum class Adoption {
+  /// Copied into its slot; the gradient is to point at the slot.
+  copied,
+  /// Handed to the bucket's next reduction, which reads it where it lies and writes the result
+  /// into the slot; the gradient is to point at the slot.
+  read_in_place,
+  /// Handed to the bucket's next reduction, which reads it where it lies and writes the result
+  /// over it: the gradient stays where it is and holds the reduced value once the reduction ends
+  /// (the slot is not written).
+  reduced_in_place,
+};
+
 /// What a path may look at to decide whether it can serve a module, and use to set itself up.
 /// The pointers stay valid while the module lives.
 struct GradientPathContext {
@@ -76,11 +89,11 @@ class GradientPath {
   /// it to none, or replaced it): `grad`, dense and contiguous on the CPU, belongs in `view`, its
   /// parameter's slice at element `offset` of the bucket (same shape and dtype), as far as the
   /// bucket's next reduction reads it. By default copied in; a path whose reduction can read it
-  /// where it lies hands it over instead and keeps `grad` until that reduction has ended. Called
-  /// on the trainer's thread, before the bucket is told the gradient is ready. True where the
-  /// reduction reads it where it lies, false where it was copied.
-  virtual bool adopt(int bucket, int64_t offset, const torch::Tensor& grad,
-                     const torch::Tensor& view);
+  /// where it lies hands it over instead and keeps `grad` until that reduction has ended, and may
+  /// have the result written over it (Adoption::reduced_in_place). Called on the trainer's
+  /// thread, before the bucket is told the gradient is ready.
+  virtual Adoption adopt(int bucket, int64_t offset, const torch::Tensor& grad,
+                         const torch::Tensor& view);
   /// Bucket `buffer.index`'s share of the path, over `buffer` (its bucket_memory()). CUDA buckets:
   /// `ready_events` (cudaEvent_t) are recorded where its gradients became ready and where step()
   /// last touched the buckets; device work on the buffer waits for all of them.

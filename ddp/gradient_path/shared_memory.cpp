@@ -19,8 +19,11 @@
 // (ddp/gradient_arena.h) from which the trainer thread's allocations of a gradient's size come.
 // Every bucket's reduction reads each rank's contributions where that rank's table of sources
 // says (comm::LocalSources: one entry per parameter of the bucket, its place in the bucket or its
-// gradient's in the arena, written before the bucket is submitted), and writes the result into
-// the buckets; the gradient is kept until the reduction has ended. Ranks decide alone: a rank
+// gradient's in the arena, written before the bucket is submitted), and writes the result over
+// them, in place (LocalSources::in_place): a gradient in the arena stays the parameter's gradient
+// and holds the average once the reduction ends (Adoption::reduced_in_place; the module reads it
+// there), which spares the reducing rank the fetch of the bucket's lines that a store into them
+// would cost. The gradient is kept until the reduction has ended. Ranks decide alone: a rank
 // whose gradient is elsewhere copies it and points its entry at the bucket. A dead rank aborts the
 // LocalAllreduce: everything pending fails at once. Each reduction's deadline is the step's
 // (DdpOptions::stall_timeout, by default the Runtime's collective timeout): a rank that does not
@@ -49,6 +52,7 @@ class SharedMemoryBucket : public actors::BucketPath {
         divide_before_(divide_before) {
     auto sources = std::make_shared<comm::LocalSources>();
     sources->table = table;
+    sources->in_place = true;
     std::vector<std::pair<size_t, size_t>> pieces;
     for (const auto& t : buffer.tensors) pieces.emplace_back(t.offset, t.count);
     std::sort(pieces.begin(), pieces.end());
@@ -64,7 +68,7 @@ class SharedMemoryBucket : public actors::BucketPath {
 
   // On the trainer's thread, before the bucket hears that the gradient is ready (its message
   // orders this before reduce()): the gradient at element `offset` of the bucket lies in the
-  // arena, and this rank's contribution is read from there.
+  // arena, and this rank's contribution is read from there and its result written there.
   // False where no parameter of the bucket starts at `offset` (the caller copies it then).
   bool adopt(int64_t offset, const torch::Tensor& grad) {
     const auto& first = sources_->first;
@@ -232,8 +236,8 @@ class SharedMemoryPath : public GradientPath {
     return bucket;
   }
 
-  bool adopt(int bucket, int64_t offset, const torch::Tensor& grad,
-             const torch::Tensor& view) override {
+  Adoption adopt(int bucket, int64_t offset, const torch::Tensor& grad,
+                 const torch::Tensor& view) override {
     const auto b = static_cast<size_t>(bucket);
     if (arena_) {
       // Backward runs on the trainer's thread: served once it is known (not per gradient).
@@ -243,7 +247,7 @@ class SharedMemoryPath : public GradientPath {
       }
       if (b < buckets_.size() && buckets_[b] && arena_->holds(grad.data_ptr(), grad.nbytes()) &&
           buckets_[b]->adopt(offset, grad))
-        return true;
+        return Adoption::reduced_in_place;
     }
     return GradientPath::adopt(bucket, offset, grad, view);
   }

@@ -55,7 +55,7 @@ class TransportBucket : public actors::BucketPath,
 
   // On the trainer's thread, before the bucket hears that the gradient is ready (its message
   // orders this before reduce()).
-  bool adopt(int64_t offset, const torch::Tensor& grad, const torch::Tensor& view) {
+  Adoption adopt(int64_t offset, const torch::Tensor& grad, const torch::Tensor& view) {
     const auto at = static_cast<size_t>(offset);
     const auto it =
         std::lower_bound(by_offset_.begin(), by_offset_.end(), std::make_pair(at, size_t{0}));
@@ -64,11 +64,11 @@ class TransportBucket : public actors::BucketPath,
       if (tensors_[i].count == static_cast<size_t>(grad.numel()) &&
           reduction_->take_input(i, grad.data_ptr())) {
         inputs_.push_back(grad);
-        return true;
+        return Adoption::read_in_place;
       }
     }
     comm::stream_copy(view.data_ptr(), grad.data_ptr(), grad.nbytes());
-    return false;
+    return Adoption::copied;
   }
 
   void reduce(const actors::ActorThread& self, uint32_t step, double denominator,
@@ -193,8 +193,8 @@ class TransportPath : public GradientPath {
     return made;
   }
 
-  bool adopt(int bucket, int64_t offset, const torch::Tensor& grad,
-             const torch::Tensor& view) override {
+  Adoption adopt(int bucket, int64_t offset, const torch::Tensor& grad,
+                 const torch::Tensor& view) override {
     const auto b = static_cast<size_t>(bucket);
     if (b < buckets_.size() && buckets_[b]) return buckets_[b]->adopt(offset, grad, view);
     return GradientPath::adopt(bucket, offset, grad, view);

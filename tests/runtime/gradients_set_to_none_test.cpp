@@ -122,6 +122,63 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "on one host, a gradient that autograd put in shared memory is reduced in place: after "
+    "backward it is still that tensor, not its bucket slot, and holds the ranks' average") {
+  // fc2's weight gradient (160 x 160 float32) comes from the arena. Against one process on the
+  // whole batch: its gradient before each step, and its parameters after the last.
+  torch::set_num_threads(1);
+  const int world = 2, steps = 3;
+  Case c;
+  c.options = several_buckets();
+  c.hidden = 160;
+  const auto job = make_job(c, world, steps);
+  auto reference = std::make_shared<Mlp>(6, c.hidden, 3);
+  test::copy_params(job.replicas[0], reference);
+  auto ref_opt = test::make_optimizer(c.optim, reference);
+  std::vector<torch::Tensor> want;  // fc2's weight gradient before each step
+  for (int s = 0; s < steps; ++s) {
+    ref_opt->zero_grad();
+    torch::mse_loss(reference->forward(job.xs[static_cast<size_t>(s)]),
+                    job.ys[static_cast<size_t>(s)])
+        .backward();
+    want.push_back(reference->fc2->weight.grad().clone());
+    ref_opt->step();
+  }
+  std::vector<double> diffs(world, 1e9);
+  std::vector<std::vector<double>> grad_diffs(world, std::vector<double>(steps, 1e9));
+  std::vector<std::string> failures(world);
+  auto errors = run_threads(world, [&](int r, Runtime& rt) {
+    auto model = job.replicas[static_cast<size_t>(r)];
+    auto opt = test::make_optimizer(c.optim, model);
+    DistributedModule ddp(rt, model, GradientAllReduce{}, c.options);
+    auto& failed = failures[static_cast<size_t>(r)];
+    if (ddp.gradient_path() != "cpu via shared memory") failed += ddp.gradient_path() + "; ";
+    // Before the first step every gradient is its bucket slot.
+    const void* slot = model->fc2->weight.grad().data_ptr();
+    for (int s = 0; s < steps; ++s) {
+      model->zero_grad(/*set_to_none=*/true);
+      torch::mse_loss(model->forward(job.x(s, r)), job.y(s, r)).backward();
+      const auto grad = model->fc2->weight.grad();
+      const void* where = grad.data_ptr();
+      if (s == 0 && where == slot) failed += "step 0: the gradient is its bucket slot; ";
+      grad_diffs[static_cast<size_t>(r)][static_cast<size_t>(s)] =
+          (grad - want[static_cast<size_t>(s)]).abs().max().item<double>();
+      ddp.step(*opt);
+      if (model->fc2->weight.grad().data_ptr() != where)
+        failed += "step " + std::to_string(s) + ": the step moved the gradient; ";
+    }
+    diffs[static_cast<size_t>(r)] = parameter_difference(*model, *reference);
+  });
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK(errors[static_cast<size_t>(r)] == "");
+    CHECK(failures[static_cast<size_t>(r)] == "");
+    CHECK(diffs[static_cast<size_t>(r)] < 2e-5);
+    for (double d : grad_diffs[static_cast<size_t>(r)]) CHECK(d < 1e-5);
+  }
+}
+
+TEST_CASE(
     "a parameter unused on one rank whose gradient is none receives the other ranks' gradient") {
   // The extra head is used by rank 1 only. Rank 0's head gradient stays none in backward; the
   // step must reduce it as zeros and point it at its bucket slot, which holds the average.

@@ -28,10 +28,10 @@ constexpr int kWorld = 2;
 // Three layers whose forward awaits each before using it; `skip` names a layer it does not await
 // (a forward written without the overlap in mind).
 struct Net : torch::nn::Module {
-  Net() {
-    fc1 = register_module("fc1", torch::nn::Linear(6, 8));
-    fc2 = register_module("fc2", torch::nn::Linear(8, 8));
-    fc3 = register_module("fc3", torch::nn::Linear(8, 3));
+  explicit Net(int64_t hidden = 8) {
+    fc1 = register_module("fc1", torch::nn::Linear(6, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, hidden));
+    fc3 = register_module("fc3", torch::nn::Linear(hidden, 3));
   }
   torch::Tensor forward(const torch::Tensor& x, const std::string& skip = "") {
     if (skip != "fc1") await_parameters(fc1);
@@ -57,15 +57,19 @@ struct Variant {
   bool outside = false;      // the optimizer also holds a parameter outside the module
   bool shared_memory = true;
   Algorithm algorithm = GradientAllReduce{};
+  // The layers' width: at 160, fc2's weight gradient (100 KiB) comes from the gradient arena and
+  // is reduced in place, where autograd put it (DdpOptions::gradients_in_shared_memory).
+  int64_t hidden = 8;
+  bool arena = true;  // DdpOptions::gradients_in_shared_memory
 };
 
 std::vector<torch::Tensor> train(const Variant& v, bool overlap, int steps,
                                  std::vector<std::string>* seen = nullptr) {
   torch::manual_seed(11);
-  auto init = std::make_shared<Net>();
+  auto init = std::make_shared<Net>(v.hidden);
   std::vector<std::vector<torch::Tensor>> got(kWorld);
   auto errors = run_threads(kWorld, [&](int r, Runtime& rt) {
-    auto model = std::make_shared<Net>();
+    auto model = std::make_shared<Net>(v.hidden);
     if (r == 0) {
       torch::NoGradGuard no_grad;
       auto a = init->parameters(), b = model->parameters();
@@ -83,6 +87,7 @@ std::vector<torch::Tensor> train(const Variant& v, bool overlap, int steps,
     DdpOptions o;
     o.gradient_as_bucket_view = v.view;
     o.shared_memory = v.shared_memory;
+    o.gradients_in_shared_memory = v.arena;
     o.bucket_bytes = 160;  // fc3 | fc2 | fc1: three buckets, one per layer
     o.first_bucket_bytes = 160;
     o.bucket_split_gap = std::chrono::microseconds(0);
@@ -124,8 +129,19 @@ void check_same(const Variant& v) {
   torch::set_num_threads(1);
   const int steps = 5;
   Variant plain = v;
-  plain.zero = 0;  // the ordinary loop zeroes the gradients (without it they would accumulate)
+  plain.zero = 0;       // the ordinary loop zeroes the gradients (without it they would accumulate)
+  plain.arena = false;  // and reduces every gradient in its bucket slot
   const auto want = train(plain, false, steps);
+  if (v.hidden > 8) {  // the gradients reduced in place, without the overlap: the same bits
+    Variant in_place = plain;
+    in_place.arena = v.arena;
+    const auto direct = train(in_place, false, steps);
+    REQUIRE(direct.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("without the overlap, parameter " << i);
+      CHECK(torch::equal(direct[i], want[i]));
+    }
+  }
   std::vector<std::string> seen;
   const auto got = train(v, true, steps, &seen);
   REQUIRE(got.size() == want.size());
@@ -159,6 +175,18 @@ TEST_CASE(
     check_same({.algorithm = PowerSGD{.rank = 1, .min_compression_rate = 0, .start_iter = 1}});
   }
   SUBCASE("top-k with error feedback") { check_same({.algorithm = Sparsification{}}); }
+  SUBCASE("wide layers: a gradient in shared memory, reduced where autograd put it") {
+    check_same({.hidden = 160});
+  }
+  SUBCASE("wide layers, Adam") { check_same({.adam = true, .hidden = 160}); }
+  SUBCASE("wide layers, gradients zeroed in place") { check_same({.zero = 1, .hidden = 160}); }
+  SUBCASE("wide layers, no zero_grad()") { check_same({.zero = 2, .hidden = 160}); }
+  SUBCASE("wide layers, set_denominator after backward") {
+    check_same({.denominator = true, .hidden = 160});
+  }
+  SUBCASE("wide layers, two backward passes per step") {
+    check_same({.two_passes = true, .hidden = 160});
+  }
 }
 
 TEST_CASE("a forward that uses a layer without awaiting it is an error naming the parameter") {
