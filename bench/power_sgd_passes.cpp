@@ -4,10 +4,12 @@
 // feedback, each pass over all matrices in order as comm/compression/power_sgd.cpp runs them on a
 // gradient set to none (g, where autograd put it; x its bucket, e the error memory):
 //   add_project (M = g + e, P = M Q), back_project (Q = M^T P), expand_error (x = P Q^T, e = M - x)
-// with M written into the bucket (as before 2026-11-28) and into the memory (since), the two
-// alternating step by step. The median of 21 timings of each pass, and memcpy of the gradient's
-// bytes (a read and a write of each byte) in the same run. The buffers are larger than the
-// caches, as in training.
+// with M written into the bucket (as before 2026-11-28), into the memory (2026-11-28), and into the
+// memory with its update deferred to the next step's sum (since: expand writes x only, and
+// add_project is settle_add_project, e = g + e - P' Q'^T / world with the last step's P' and Q'),
+// the three alternating step by step. The median of 21 timings of each pass, and memcpy of the
+// gradient's bytes (a read and a write of each byte) in the same run. The buffers are larger than
+// the caches, as in training.
 //   build/bin/bench_power_sgd_passes [rank]
 #include <algorithm>
 #include <chrono>
@@ -64,9 +66,11 @@ int main(int argc, char** argv) {
     g[i] = static_cast<float>(i % 97) * 0.01f - 0.4f;
     e[i] = static_cast<float>(i % 89) * 0.001f;
   }
-  std::vector<float> p(tallest * r), qt(widest * r);
+  std::vector<float> p(tallest * r), qt(widest * r), held_p(tallest * r), held_qt(widest * r);
   random_normal(1, qt.data(), qt.size());
   random_normal(2, p.data(), p.size());
+  random_normal(3, held_qt.data(), held_qt.size());
+  random_normal(4, held_p.data(), held_p.size());
   auto each = [&](auto pass) {
     size_t at = 0;
     for (const Shape& s : shapes) {
@@ -74,18 +78,23 @@ int main(int argc, char** argv) {
       at += s.rows * s.cols;
     }
   };
-  // The three passes of one step with M kept in the bucket (as before) or in the memory; the two
-  // layouts alternate, step by step, so that the machine's drift falls on both.
-  enum Layout { kBucket, kMemory };
-  std::vector<double> ms[2][3];
+  // The three passes of one step with M kept in the bucket, in the memory, or in the memory with
+  // its update deferred; the layouts alternate, step by step, so that the machine's drift falls
+  // on all of them.
+  enum Layout { kBucket, kMemory, kDeferred };
+  std::vector<double> ms[3][3];
   for (int t = 0; t < 21; ++t)
-    for (Layout layout : {kBucket, kMemory}) {
+    for (Layout layout : {kBucket, kMemory, kDeferred}) {
       float* m = layout == kBucket ? x.data() : e.data();
       auto& out = ms[layout];
       time_ms(out[0], [&] {
         each([&](const Shape& s, size_t at) {
-          low_rank_add_project_from(g.data() + at, m + at, e.data() + at, s.rows, s.cols, qt.data(),
-                                    r, p.data());
+          if (layout == kDeferred)
+            low_rank_settle_add_project(g.data() + at, e.data() + at, held_p.data(), held_qt.data(),
+                                        r, 0.5f, 1.0f, s.rows, s.cols, qt.data(), r, p.data());
+          else
+            low_rank_add_project_from(g.data() + at, m + at, e.data() + at, s.rows, s.cols,
+                                      qt.data(), r, p.data());
         });
       });
       time_ms(out[1], [&] {
@@ -98,6 +107,8 @@ int main(int argc, char** argv) {
           if (layout == kBucket)
             low_rank_expand_error(p.data(), qt.data(), s.rows, s.cols, r, 0.5f, 1.0f, x.data() + at,
                                   e.data() + at);
+          else if (layout == kDeferred)
+            low_rank_expand(p.data(), qt.data(), s.rows, s.cols, r, 0.5f, x.data() + at);
           else
             low_rank_expand_from_error(p.data(), qt.data(), s.rows, s.cols, r, 0.5f, 1.0f,
                                        e.data() + at, x.data() + at);
@@ -114,16 +125,16 @@ int main(int argc, char** argv) {
   std::printf("  memcpy of the gradient  %7.2f  (%.1f GB/s read + written)\n", memcpy_ms,
               2 * mb / memcpy_ms);
   const char* passes[] = {"add_project", "back_project", "expand_error"};
-  std::printf("  %-22s %9s %9s  (M in the bucket / M in the memory)\n", "", "bucket", "memory");
-  double sum[2] = {0, 0};
+  std::printf("  %-22s %9s %9s %9s  (M in the bucket / in the memory / deferred update)\n", "",
+              "bucket", "memory", "deferred");
+  double sum[3] = {0, 0, 0};
   for (int k = 0; k < 3; ++k) {
-    const double b = median(ms[kBucket][k]), mm = median(ms[kMemory][k]);
-    sum[0] += b;
-    sum[1] += mm;
-    std::printf("  %-22s %9.2f %9.2f  (%.2fx, %.2fx memcpy)\n", passes[k], b, mm, b / memcpy_ms,
-                mm / memcpy_ms);
+    double med[3];
+    for (int l = 0; l < 3; ++l) sum[l] += med[l] = median(ms[l][k]);
+    std::printf("  %-22s %9.2f %9.2f %9.2f  (%.2fx, %.2fx, %.2fx memcpy)\n", passes[k], med[0],
+                med[1], med[2], med[0] / memcpy_ms, med[1] / memcpy_ms, med[2] / memcpy_ms);
   }
-  std::printf("  %-22s %9.2f %9.2f  (%.2fx, %.2fx memcpy)\n", "all three", sum[0], sum[1],
-              sum[0] / memcpy_ms, sum[1] / memcpy_ms);
+  std::printf("  %-22s %9.2f %9.2f %9.2f  (%.2fx, %.2fx, %.2fx memcpy)\n", "all three", sum[0],
+              sum[1], sum[2], sum[0] / memcpy_ms, sum[1] / memcpy_ms, sum[2] / memcpy_ms);
   return 0;
 }

@@ -168,6 +168,60 @@ TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t c
   }
 }
 
+// e's row := from's row + (e's row - scale * (op's row * oqt) * back), the last with expand()'s
+// arithmetic, then its projection onto qt as project() does it.
+template <class V>
+TROUPE_INLINE void settle_add_project(const float* from, float* e, const float* op,
+                                      const float* oqt, size_t o_r, float scale, float back,
+                                      size_t rows, size_t cols, const float* qt, size_t r,
+                                      float* p) {
+  for (size_t i = 0; i < rows; ++i) {
+    const float* pi = op + i * o_r;
+    const float* in = from + i * cols;
+    float* row = e + i * cols;
+    size_t j = 0;
+    for (; j + kLanes<V> <= cols; j += kLanes<V>) {
+      V acc{}, q;
+      for (size_t k = 0; k < o_r; ++k) {
+        load(q, oqt + k * cols + j);
+        acc += pi[k] * q;
+      }
+      acc *= scale;
+      V old, x;
+      load(old, row + j);
+      old -= acc * back;
+      load(x, in + j);
+      x += old;
+      store(row + j, x);
+    }
+    for (; j < cols; ++j) {
+      float acc = 0.0f;
+      for (size_t k = 0; k < o_r; ++k) acc += pi[k] * oqt[k * cols + j];
+      const float settled = row[j] - scale * acc * back;
+      row[j] = in[j] + settled;
+    }
+    by_fours(r, [&](size_t k, auto count) {
+      constexpr size_t kCount = decltype(count)::value;
+      const float* b[kCount];
+      for (size_t c = 0; c < kCount; ++c) b[c] = qt + (k + c) * cols;
+      dots<V, kCount>(row, b, cols, p + i * r + k);
+    });
+  }
+}
+
+void settle_add_project_generic(const float* from, float* e, const float* op, const float* oqt,
+                                size_t o_r, float scale, float back, size_t rows, size_t cols,
+                                const float* qt, size_t r, float* p) {
+  settle_add_project<Float4>(from, e, op, oqt, o_r, scale, back, rows, cols, qt, r, p);
+}
+__attribute__((target("avx2"))) void settle_add_project_avx2(const float* from, float* e,
+                                                             const float* op, const float* oqt,
+                                                             size_t o_r, float scale, float back,
+                                                             size_t rows, size_t cols,
+                                                             const float* qt, size_t r, float* p) {
+  settle_add_project<Float8>(from, e, op, oqt, o_r, scale, back, rows, cols, qt, r, p);
+}
+
 void project_generic(const float* m, size_t rows, size_t cols, const float* qt, size_t r,
                      float* p) {
   project<Float4>(m, rows, cols, qt, r, p);
@@ -266,6 +320,13 @@ void low_rank_expand_from_error(const float* p, const float* qt, size_t rows, si
                                 float scale, float back, float* e, float* out) {
   pick(expand_from_error_avx2, expand_from_error_generic)(p, qt, rows, cols, r, scale, back, e,
                                                           out);
+}
+
+void low_rank_settle_add_project(const float* from, float* e, const float* op, const float* oqt,
+                                 size_t o_r, float scale, float back, size_t rows, size_t cols,
+                                 const float* qt, size_t r, float* p) {
+  pick(settle_add_project_avx2, settle_add_project_generic)(from, e, op, oqt, o_r, scale, back,
+                                                            rows, cols, qt, r, p);
 }
 
 void low_rank_back_project(const float* m, size_t rows, size_t cols, const float* p, size_t r,

@@ -38,6 +38,16 @@ void low_rank_expand_error(const float* p, const float* qt, size_t rows, size_t 
 /// which it would first have to fetch.
 void low_rank_expand_from_error(const float* p, const float* qt, size_t rows, size_t cols, size_t r,
                                 float scale, float back, float* e, float* out);
+/// The error low_rank_expand_from_error leaves, settled only when the next step's sum reads it: on
+/// entry e holds the previous step's M, expanded then into scale * op * oqt (op rows x o_r, oqt
+/// o_r x cols); e becomes m = from + (M - scale * op * oqt * back), and p = m * qt^T (qt r x cols),
+/// row by row in one pass. The same bits as low_rank_expand_from_error(op, oqt, rows, cols, o_r,
+/// scale, back, e, out), then low_rank_add_project_from(from, e, e, rows, cols, qt, r, p), with
+/// e read and written once instead of twice and no `out`: PowerSGD's expansion then writes the
+/// bucket only, and its memory keeps M until the next step.
+void low_rank_settle_add_project(const float* from, float* e, const float* op, const float* oqt,
+                                 size_t o_r, float scale, float back, size_t rows, size_t cols,
+                                 const float* qt, size_t r, float* p);
 /// Makes the r columns of p (rows x r, row-major) orthonormal in place by modified Gram-Schmidt
 /// (dot products in double; each earlier column is removed twice, which keeps P^T P = I to
 /// rounding even when columns are nearly dependent). A column whose norm falls below 1e-8 after

@@ -5,9 +5,12 @@
 //   stage 2: uncompressed tensors := sum * scale; P := orthonormal columns of P (the same on every
 //            rank, since P is); Q = M^T P; allreduce the Qs (sum)
 //   end:     M := P Q^T * scale; e = M_local - P Q^T / world; Q kept for the next step (warm start)
-// With error feedback M is kept in e's place from stage 1 to the end (stage 1 then writes lines it
-// has just read, not the bucket's; e holds the memory again once the step ends, and M if the step
-// fails on the way). Before start_iter the bucket is allreduced in full and e is not touched. A
+// With error feedback M is kept in e's place from stage 1 on (stage 1 then writes lines it has
+// just read, not the bucket's), and stays there after the end: the end writes the bucket only and
+// keeps its P and Q, and the next step's stage 1 subtracts P Q^T / world from M as it reads it for
+// the sum (low_rank_settle_add_project), which spares a pass that reads and writes the memory.
+// save_state() writes the memory settled. Before start_iter the bucket is allreduced in full and
+// e is not touched. A
 // tensor whose gradient lies elsewhere (take_input) is read there: by stage 1 only (with error
 // feedback) or throughout (without), which spares copying the gradient in.
 #include <algorithm>
@@ -59,6 +62,8 @@ class PowerSgdReduction final : public Reduction {
     }
     p_.resize(p_at);
     q_.resize(q_at);
+    held_p_.resize(p_at);
+    held_q_.resize(q_at);
     if (config.error_feedback) error_.assign(bucket.count, 0.0f);
     inputs_.assign(bucket.tensors.size(), nullptr);
   }
@@ -72,7 +77,7 @@ class PowerSgdReduction final : public Reduction {
 
   // The step counter (start_iter) is the module's; the warm-start Qs and the memory are here.
   void save_state(StateWriter& out) const override {
-    out.vector(error_);
+    out.vector(settled_error());
     save_shared_state(out);
   }
 
@@ -80,6 +85,7 @@ class PowerSgdReduction final : public Reduction {
     auto error = in.vector<float>(error_.size(), "the error-feedback memory");
     auto qs = read_qs(in);
     error_ = std::move(error);
+    unsettled_ = false;
     take_qs(std::move(qs));
   }
 
@@ -120,7 +126,12 @@ class PowerSgdReduction final : public Reduction {
             // M = gradient + memory, summed row by row as the projection reads it, into the
             // memory (its lines were just read; the bucket's would first be fetched); without
             // memory M is the gradient, read where it lies.
-            if (config_.error_feedback) {
+            if (config_.error_feedback && unsettled_) {
+              // The memory still holds the last step's M: M - P Q^T / world on the way.
+              low_rank_settle_add_project(in, error_.data() + t.offset, held_p_.data() + m.p_at,
+                                          held_q_.data() + m.q_at, m.r, held_scale_, held_back_,
+                                          m.rows, m.cols, m.qt.data(), m.r, p_.data() + m.p_at);
+            } else if (config_.error_feedback) {
               float* e = error_.data() + t.offset;
               low_rank_add_project_from(in, e, e, m.rows, m.cols, m.qt.data(), m.r,
                                         p_.data() + m.p_at);
@@ -128,6 +139,7 @@ class PowerSgdReduction final : public Reduction {
               low_rank_project(in, m.rows, m.cols, m.qt.data(), m.r, p_.data() + m.p_at);
             }
           }
+          unsettled_ = false;
           for (auto& u : plain_) {
             const auto& t = bucket_.tensors[u.tensor];
             std::memcpy(p_.data() + u.at, (*inputs)[u.tensor], t.count * sizeof(float));
@@ -186,26 +198,43 @@ class PowerSgdReduction final : public Reduction {
     for (size_t i = 0; i < matrices_.size(); ++i) matrices_[i].qt = std::move(qs[i]);
   }
 
+  // x := P Q^T * factor. With error feedback the memory, which holds M, is to become
+  // M - P Q^T / world: settled by the next step's stage 1 (or by save_state), which P and Q are
+  // kept for.
   void expand(const ReduceStep& step, float* data) {
     const float world = static_cast<float>(step.group.world_size);
     const auto factor = static_cast<float>(step.scale);
     for (auto& m : matrices_) {
       const auto& t = bucket_.tensors[m.tensor];
-      float* x = data + t.offset;
-      const float* p = p_.data() + m.p_at;
       const float* q = q_.data() + m.q_at;
-      // With error feedback, in the same pass: the memory, which holds M, becomes
-      // M - P Q^T / world, and x becomes P Q^T * factor.
-      if (config_.error_feedback)
-        low_rank_expand_from_error(p, q, m.rows, m.cols, m.r, factor, 1.0f / (world * factor),
-                                   error_.data() + t.offset, x);
-      else
-        low_rank_expand(p, q, m.rows, m.cols, m.r, factor, x);
+      low_rank_expand(p_.data() + m.p_at, q, m.rows, m.cols, m.r, factor, data + t.offset);
       if (config_.warm_start) {
         const float inv = 1.0f / world;
         for (size_t k = 0; k < m.qt.size(); ++k) m.qt[k] = q[k] * inv;
       }
     }
+    if (config_.error_feedback && !matrices_.empty()) {
+      std::swap(p_, held_p_);  // the next stage 1 writes p_ anew
+      std::swap(q_, held_q_);
+      held_scale_ = factor;
+      held_back_ = 1.0f / (world * factor);
+      unsettled_ = true;
+    }
+  }
+
+  // The memory as the next step will read it: with an expansion still to subtract, a copy with
+  // it subtracted (low_rank_expand_from_error's arithmetic, which the next stage 1 repeats).
+  std::vector<float> settled_error() const {
+    std::vector<float> error = error_;
+    if (!unsettled_) return error;
+    std::vector<float> out;
+    for (const auto& m : matrices_) {
+      out.resize(m.rows * m.cols);
+      low_rank_expand_from_error(held_p_.data() + m.p_at, held_q_.data() + m.q_at, m.rows, m.cols,
+                                 m.r, held_scale_, held_back_,
+                                 error.data() + bucket_.tensors[m.tensor].offset, out.data());
+    }
+    return error;
   }
 
   PowerSGD config_;
@@ -213,6 +242,11 @@ class PowerSgdReduction final : public Reduction {
   std::vector<Matrix> matrices_;
   std::vector<Plain> plain_;
   std::vector<float> p_, q_, error_;
+  // The last expansion's P and Q (swapped out of p_ and q_) and its scale and back, while the
+  // memory still holds that step's M (unsettled_).
+  std::vector<float> held_p_, held_q_;
+  float held_scale_ = 1.0f, held_back_ = 1.0f;
+  bool unsettled_ = false;
   std::vector<const float*> inputs_;  // per tensor: where take_input said it lies, or null
 };
 

@@ -599,8 +599,8 @@ TEST_CASE("low-rank project, back_project and expand match naive triple loops") 
 }
 
 TEST_CASE(
-    "low-rank add_project (in place or from elsewhere) and expand_error (from the matrix or from "
-    "the memory) give the bits of the separate passes they fuse") {
+    "low-rank add_project (in place or from elsewhere), expand_error (from the matrix or from "
+    "the memory) and settle_add_project give the bits of the separate passes they fuse") {
   struct Shape {
     size_t rows, cols, r;
   };
@@ -653,6 +653,22 @@ TEST_CASE(
     CHECK(held == want_e);
     CHECK(std::equal(want_m.begin(), want_m.end(), out.begin()));
     CHECK(out.back() == 7.0f);
+
+    // The next step's sum with the error settled on the way (PowerSGD's deferred memory): from a
+    // gradient elsewhere plus the error the expansion above left, projected onto another Q of
+    // another rank (the new r may differ from the expansion's only where a bucket changes; here
+    // r + 1 against r), against the expansion's error, then add_project_from.
+    const size_t r2 = s.r + 1;
+    const std::vector<float> grad = uniform_floats(s.rows * s.cols, -0.2f, 0.2f, 34);
+    const std::vector<float> qt2 = uniform_floats(r2 * s.cols, -1.0f, 1.0f, 35);
+    std::vector<float> two_pass = want_e, want_p2(s.rows * r2 + 1, 3.0f);
+    low_rank_add_project_from(grad.data(), two_pass.data(), two_pass.data(), s.rows, s.cols,
+                              qt2.data(), r2, want_p2.data());
+    std::vector<float> settled = m, p2(s.rows * r2 + 1, 3.0f);
+    low_rank_settle_add_project(grad.data(), settled.data(), p0.data(), qt.data(), s.r, scale, back,
+                                s.rows, s.cols, qt2.data(), r2, p2.data());
+    CHECK(settled == two_pass);
+    CHECK(p2 == want_p2);
   }
 }
 
