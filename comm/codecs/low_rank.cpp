@@ -134,6 +134,27 @@ TROUPE_INLINE void back_project(const float* m, size_t rows, size_t cols, const 
   }
 }
 
+// The expansion P Q^T of row i at columns [j, j + lanes), times scale: pi is P's row i, qt is Q^T.
+template <class V>
+TROUPE_INLINE void expansion_at(V& acc, const float* pi, const float* qt, size_t r, size_t cols,
+                                size_t j, float scale) {
+  acc = V{};
+  V q;
+  for (size_t k = 0; k < r; ++k) {
+    load(q, qt + k * cols + j);
+    acc += pi[k] * q;
+  }
+  acc *= scale;
+}
+
+// The same at one column j, unscaled (callers scale as their vector path does).
+TROUPE_INLINE float expansion_at(const float* pi, const float* qt, size_t r, size_t cols,
+                                 size_t j) {
+  float acc = 0.0f;
+  for (size_t k = 0; k < r; ++k) acc += pi[k] * qt[k * cols + j];
+  return acc;
+}
+
 // With `e`: e = the old matrix - (the new m) * back, in the same pass; the old matrix is m as it
 // was, or e itself with kFromError (then m is only written).
 template <class V, bool kFromError = false>
@@ -145,12 +166,8 @@ TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t c
     const float* old_row = kFromError ? e + i * cols : mi;
     size_t j = 0;
     for (; j + kLanes<V> <= cols; j += kLanes<V>) {
-      V acc{}, row;
-      for (size_t k = 0; k < r; ++k) {
-        load(row, qt + k * cols + j);
-        acc += pi[k] * row;
-      }
-      acc *= scale;
+      V acc;
+      expansion_at(acc, pi, qt, r, cols, j, scale);
       if (e) {
         V old;
         load(old, old_row + j);
@@ -160,8 +177,7 @@ TROUPE_INLINE void expand(const float* p, const float* qt, size_t rows, size_t c
       store(mi + j, acc);
     }
     for (; j < cols; ++j) {
-      float acc = 0.0f;
-      for (size_t k = 0; k < r; ++k) acc += pi[k] * qt[k * cols + j];
+      const float acc = expansion_at(pi, qt, r, cols, j);
       if (e) e[i * cols + j] = old_row[j] - scale * acc * back;
       mi[j] = scale * acc;
     }
@@ -181,12 +197,8 @@ TROUPE_INLINE void settle_add_project(const float* from, float* e, const float* 
     float* row = e + i * cols;
     size_t j = 0;
     for (; j + kLanes<V> <= cols; j += kLanes<V>) {
-      V acc{}, q;
-      for (size_t k = 0; k < o_r; ++k) {
-        load(q, oqt + k * cols + j);
-        acc += pi[k] * q;
-      }
-      acc *= scale;
+      V acc;
+      expansion_at(acc, pi, oqt, o_r, cols, j, scale);
       V old, x;
       load(old, row + j);
       old -= acc * back;
@@ -195,8 +207,7 @@ TROUPE_INLINE void settle_add_project(const float* from, float* e, const float* 
       store(row + j, x);
     }
     for (; j < cols; ++j) {
-      float acc = 0.0f;
-      for (size_t k = 0; k < o_r; ++k) acc += pi[k] * oqt[k * cols + j];
+      const float acc = expansion_at(pi, oqt, o_r, cols, j);
       const float settled = row[j] - scale * acc * back;
       row[j] = in[j] + settled;
     }

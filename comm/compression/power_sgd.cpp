@@ -62,9 +62,11 @@ class PowerSgdReduction final : public Reduction {
     }
     p_.resize(p_at);
     q_.resize(q_at);
-    held_p_.resize(p_at);
-    held_q_.resize(q_at);
-    if (config.error_feedback) error_.assign(bucket.count, 0.0f);
+    if (config.error_feedback) {
+      held_p_.resize(p_at);  // only the memory's deferred update swaps into these
+      held_q_.resize(q_at);
+      error_.assign(bucket.count, 0.0f);
+    }
     inputs_.assign(bucket.tensors.size(), nullptr);
   }
   std::string name() const override { return "powersgd"; }
