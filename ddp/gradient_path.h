@@ -5,7 +5,8 @@
 /// over ranks divided by the step's denominator, the same bits on every rank". Each path is one
 /// file of ddp/gradient_path/ and tells its own story there:
 ///   nccl.cpp           CUDA buckets, one NCCL allreduce each, on the device
-///   host_staging.cpp   CUDA buckets copied to pinned host memory, reduced there by another path
+///   host_staging.cpp   CUDA buckets copied to pinned host memory, reduced there by another path;
+///                      fp16/bf16 cast on the device first, so that only the cast bytes are copied
 ///   shared_memory.cpp  CPU buckets of ranks on one host, summed straight from each other's memory
 ///   transport.cpp      CPU buckets, the algorithm's stages (comm::Reduction) over the transport
 ///
@@ -73,7 +74,8 @@ struct GradientPathContext {
 class GradientPath {
  public:
   virtual ~GradientPath() = default;
-  /// "cpu", "cpu via shared memory", "cuda via nccl", "cuda via host staging".
+  /// "cpu", "cpu via shared memory", "cuda via nccl", "cuda via host staging", "cuda via host
+  /// staging, half precision cast on the device".
   virtual std::string name() const = 0;
   /// "" when this path can reduce the module's buckets, else why not.
   virtual std::string can_serve(const GradientPathContext& context) const = 0;

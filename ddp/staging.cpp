@@ -67,20 +67,23 @@ HostStaging::~HostStaging() {
 }
 
 void HostStaging::download(const std::vector<void*>& ready, std::chrono::milliseconds timeout,
-                           cuda::EventWatcher::Done done) {
+                           cuda::EventWatcher::Done done, const OnStream& before) {
   cuda::DeviceGuard guard(context_->device());
   void* stream = context_->download_stream();
   for (void* event : ready) cuda::stream_wait_event(stream, event);
+  if (before) before(stream);
   cuda::copy_to_host_async(host_, device_data_, bytes_, stream);
   cuda::record_event(downloaded_, stream);
   context_->watcher().watch(downloaded_, name_ + ": copy of the gradients to pinned host memory",
                             timeout, std::move(done));
 }
 
-void HostStaging::upload(std::chrono::milliseconds timeout, cuda::EventWatcher::Done done) {
+void HostStaging::upload(std::chrono::milliseconds timeout, cuda::EventWatcher::Done done,
+                         const OnStream& after) {
   cuda::DeviceGuard guard(context_->device());
   void* stream = context_->upload_stream();
   cuda::copy_to_device_async(device_data_, host_, bytes_, stream);
+  if (after) after(stream);
   cuda::record_event(uploaded_, stream);
   context_->watcher().watch(uploaded_, name_ + ": copy of the reduced gradients to the device",
                             timeout, std::move(done));

@@ -58,13 +58,20 @@ class HostStaging {
   void* host() const { return host_; }
   size_t bytes() const { return bytes_; }
 
+  /// Work a caller enqueues on the copy stream (a cudaStream_t) around a copy: an encoding of the
+  /// bucket into the device buffer before the download, a decoding after the upload.
+  using OnStream = std::function<void(void* stream)>;
+
   /// Copies the device buffer into the mirror once every event of `ready` has completed; `done`
   /// gets "" when the copy has completed, or why not (it did not within `timeout`, CUDA failed).
-  /// Throws std::runtime_error when CUDA refuses to enqueue the copy.
+  /// `before`, when set, is enqueued after the waits and before the copy. Throws
+  /// std::runtime_error when CUDA refuses to enqueue the copy.
   void download(const std::vector<void*>& ready, std::chrono::milliseconds timeout,
-                cuda::EventWatcher::Done done);
-  /// Copies the mirror back into the device buffer; `done` as for download().
-  void upload(std::chrono::milliseconds timeout, cuda::EventWatcher::Done done);
+                cuda::EventWatcher::Done done, const OnStream& before = {});
+  /// Copies the mirror back into the device buffer; `done` as for download(). `after`, when set,
+  /// is enqueued after the copy, and `done` waits for it too.
+  void upload(std::chrono::milliseconds timeout, cuda::EventWatcher::Done done,
+              const OnStream& after = {});
 
  private:
   std::shared_ptr<StagingContext> context_;

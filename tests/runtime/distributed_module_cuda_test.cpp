@@ -71,10 +71,12 @@ std::vector<torch::Tensor> reference(const Job& job) {
 }
 
 /// One rank's training on device `device`; returns its final parameters on the CPU and the
-/// module's gradient path. `set_to_none`: each step zeroes the gradients by setting them to none
-/// (Module::zero_grad(true)) instead of SGD's zero_grad().
+/// module's gradient path, and the bytes it sent in its last step. `set_to_none`: each step
+/// zeroes the gradients by setting them to none (Module::zero_grad(true)) instead of SGD's
+/// zero_grad().
 std::vector<torch::Tensor> train_rank(Runtime& rt, const Job& job, int device, Algorithm algorithm,
-                                      DdpOptions options, std::string* path, bool set_to_none) {
+                                      DdpOptions options, std::string* path, bool set_to_none,
+                                      size_t* bytes_sent) {
   const torch::Device cuda(torch::kCUDA, static_cast<c10::DeviceIndex>(device));
   auto net = std::make_shared<Net>();
   test::copy_params(*job.initial, *net);
@@ -93,17 +95,20 @@ std::vector<torch::Tensor> train_rank(Runtime& rt, const Job& job, int device, A
     torch::mse_loss(net->forward(x), y).backward();
     ddp.step(sgd);
   }
+  *bytes_sent = ddp.last_step().bytes_sent;
   std::vector<torch::Tensor> out;
   for (auto& p : net->parameters()) out.push_back(p.detach().to(torch::kCPU));
   return out;
 }
 
-/// Runs `world` thread ranks; rank r on device device_of(r). Returns each rank's parameters.
+/// Runs `world` thread ranks; rank r on device device_of(r). Returns each rank's parameters;
+/// `bytes`, when given, gets what each rank sent in its last step.
 std::vector<std::vector<torch::Tensor>> train(const Job& job, Algorithm algorithm,
                                               DdpOptions options, bool nccl,
                                               const std::function<int(int)>& device_of,
                                               std::vector<std::string>* paths,
-                                              bool set_to_none = false) {
+                                              bool set_to_none = false,
+                                              std::vector<size_t>* bytes = nullptr) {
   auto fabric = std::make_shared<comm::InprocFabric>(job.world);
   const int port = pick_free_port();
   std::vector<RuntimeOptions> ranks;
@@ -113,10 +118,13 @@ std::vector<std::vector<torch::Tensor>> train(const Job& job, Algorithm algorith
   }
   std::vector<std::vector<torch::Tensor>> params(static_cast<size_t>(job.world));
   paths->assign(static_cast<size_t>(job.world), "");
+  std::vector<size_t> sent(static_cast<size_t>(job.world), 0);
   auto errors = test::run_ranks(ranks, [&](int r, Runtime& rt) {
-    params[static_cast<size_t>(r)] = train_rank(rt, job, device_of(r), algorithm, options,
-                                                &(*paths)[static_cast<size_t>(r)], set_to_none);
+    const auto i = static_cast<size_t>(r);
+    params[i] =
+        train_rank(rt, job, device_of(r), algorithm, options, &(*paths)[i], set_to_none, &sent[i]);
   });
+  if (bytes) *bytes = sent;
   for (auto& e : errors) CHECK(e == "");
   return params;
 }
@@ -149,19 +157,41 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a compressed algorithm on CUDA parameters stages through host memory and still trains like "
-    "one process") {
+    "fp16 and bf16 on CUDA parameters are cast on the device, stage half the bytes of float32 and "
+    "train like one process; the other compressed algorithms stage the float32 bucket") {
   if (skip_without_cuda()) return;
   const Job job(2);
   const auto want = reference(job);
+  auto on_gpu = [](int) { return 0; };
   std::vector<std::string> paths;
-  auto got = train(
-      job, HalfPrecision{}, DdpOptions{}, /*nccl=*/false, [](int) { return 0; }, &paths);
+  std::vector<size_t> full, cast;
+  DdpOptions staged;
+  staged.stage_through_host = true;
+  train(job, GradientAllReduce{}, staged, /*nccl=*/false, on_gpu, &paths, false, &full);
+  for (bool bfloat16 : {false, true}) {
+    CAPTURE(bfloat16);
+    auto got = train(job, HalfPrecision{bfloat16}, DdpOptions{}, /*nccl=*/false, on_gpu, &paths,
+                     false, &cast);
+    for (int r = 0; r < job.world; ++r) {
+      CAPTURE(r);
+      const auto i = static_cast<size_t>(r);
+      CHECK(paths[i] == "cuda via host staging, half precision cast on the device");
+      // Only the 16-bit image crossed to the host, and the transport sent 2 bytes an element.
+      CHECK(full[i] > 0);
+      CHECK(cast[i] * 2 == full[i]);
+      if (got[i].empty()) continue;
+      CHECK(test::max_diff(got[i], want) < 1e-2);  // 16 bits on the wire
+    }
+  }
+  // ByteGrad has no device codec in a gradient path: the float32 bucket is staged, and every rank
+  // decodes the same bytes.
+  auto got = train(job, ByteGrad{}, DdpOptions{}, /*nccl=*/false, on_gpu, &paths);
   for (int r = 0; r < job.world; ++r) {
     CAPTURE(r);
     CHECK(paths[static_cast<size_t>(r)] == "cuda via host staging");
-    if (got[static_cast<size_t>(r)].empty()) continue;
-    CHECK(test::max_diff(got[static_cast<size_t>(r)], want) < 1e-2);  // float16 on the wire
+    if (got[static_cast<size_t>(r)].empty() || got[0].empty()) continue;
+    CHECK(test::max_diff(got[static_cast<size_t>(r)], got[0]) == 0);
+    CHECK(test::max_diff(got[static_cast<size_t>(r)], want) < 5e-2);
   }
 }
 
