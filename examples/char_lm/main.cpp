@@ -44,6 +44,7 @@ struct Settings {
   int64_t eval_windows = 256;
   int threads = 1;
   uint64_t seed = 1;
+  std::string device = "cpu";  // rank/device.h
   JobAlgorithm algorithm = comm::GradientAllReduce{};
 };
 
@@ -99,16 +100,22 @@ void train(Runtime& rt, const Settings& s) {
   shape.vocab = corpus.vocab();
   torch::manual_seed(s.seed);  // the same initial weights on every rank (and rank 0's broadcast)
   std::shared_ptr<torch::nn::Module> module;
+  // The model lives on the device; the windows are drawn in host memory and copied over (forward
+  // answers on the device; evaluate brings it back for scoring on the host).
+  const torch::Device device = training_device(s.device, rt.local_rank());
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   if (s.model == "transformer") {
     examples::CharTransformer net(shape);
+    net->to(device);
     module = net.ptr();
-    forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
+    forward = [net, device](const torch::Tensor& x) mutable { return net->forward(x.to(device)); };
   } else {
     examples::CharLstm net(shape);
+    net->to(device);
     module = net.ptr();
-    forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
+    forward = [net, device](const torch::Tensor& x) mutable { return net->forward(x.to(device)); };
   }
+  const auto evaluate = [&forward](const torch::Tensor& x) { return forward(x).to(torch::kCPU); };
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (s.optimizer == "adamw")
     opt = std::make_unique<torch::optim::AdamW>(
@@ -124,12 +131,12 @@ void train(Runtime& rt, const Settings& s) {
   if (rank == 0) {
     int64_t params = 0;
     for (auto& p : module->parameters()) params += p.numel();
-    say("char_lm: %s (%lld parameters), %s lr %g (%s, warm-up %lld steps), %s, %d rank(s), batch "
-        "%lld x %lld characters per "
+    say("char_lm: %s (%lld parameters) on %s, %s lr %g (%s, warm-up %lld steps), %s, %d "
+        "rank(s), batch %lld x %lld characters per "
         "rank, %lld training / %lld evaluation characters, vocabulary %lld, unigram bits per "
         "char %.4f",
-        s.model.c_str(), static_cast<long long>(params), s.optimizer.c_str(), s.lr,
-        s.lr_schedule.c_str(), static_cast<long long>(s.warmup), dp->algorithm_name().c_str(),
+        s.model.c_str(), static_cast<long long>(params), device.str().c_str(), s.optimizer.c_str(),
+        s.lr, s.lr_schedule.c_str(), static_cast<long long>(s.warmup), dp->algorithm_name().c_str(),
         world, static_cast<long long>(s.batch), static_cast<long long>(length),
         static_cast<long long>(corpus.train.numel()), static_cast<long long>(corpus.eval.numel()),
         static_cast<long long>(corpus.vocab()), unigram);
@@ -149,7 +156,7 @@ void train(Runtime& rt, const Settings& s) {
     }
     opt->zero_grad();
     auto logp = forward(x);
-    auto loss = torch::nll_loss(logp.reshape({-1, logp.size(-1)}), y.reshape({-1}));
+    auto loss = torch::nll_loss(logp.reshape({-1, logp.size(-1)}), y.to(device).reshape({-1}));
     loss.backward();
     dp->step(*opt);
     window_loss += loss.item<double>();
@@ -166,7 +173,7 @@ void train(Runtime& rt, const Settings& s) {
       window_loss = 0;
     }
     if (rank == 0 && (step % s.eval_every == 0 || step == s.steps)) {
-      last_eval = bits_per_char(forward, eval_in, eval_out);
+      last_eval = bits_per_char(evaluate, eval_in, eval_out);
       say("eval step %lld bits per char %.4f (unigram %.4f)", static_cast<long long>(step),
           last_eval, unigram);
     }
@@ -228,6 +235,9 @@ int main(int argc, char** argv) {
                  "Compute threads per rank (torch's intra-op threads and OpenBLAS's pool)")
       ->check(cli::integer_in(1, 1024));
   app.add_option("--seed", s.seed, "Seed of the weights and the windows");
+  app.add_option("--device", s.device,
+                 "cpu, cuda (each rank on GPU local-rank mod the GPUs it sees) or cuda:N")
+      ->check(CLI::Validator([](std::string& v) { return check_device_name(v); }, "DEVICE"));
   app.add_option("--algorithm", algorithm,
                  "allreduce, fp16, bf16, bytegrad, int4, sign, sign-vote, topk, randomk, blockk "
                  "or powersgd, with settings: powersgd:rank=4 or topk:ratio=0.01; local updates: "

@@ -86,24 +86,6 @@ std::string format(const char* fmt, ...) {
   return buf;
 }
 
-// The device a rank trains on (Settings::device); refused by name where there is no such device.
-torch::Device training_device(const std::string& name, int local_rank) {
-  if (name == "cpu") return torch::Device(torch::kCPU);
-  const int gpus = static_cast<int>(torch::cuda::device_count());
-  if (gpus == 0)
-    throw comm::Error("--device " + name +
-                      ": this process sees no CUDA device "
-                      "(torch::cuda::device_count() is 0; expected a GPU, its driver and a CUDA "
-                      "LibTorch, or --device cpu)");
-  if (name == "cuda")
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
-  const int index = std::stoi(name.substr(5));  // the option's check admits cuda:<digits> only
-  if (index >= gpus)
-    throw comm::Error("--device " + name + ": this process sees " + std::to_string(gpus) +
-                      " CUDA device(s) (expected cuda:0 .. cuda:" + std::to_string(gpus - 1) + ")");
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
-}
-
 bool is_bucket_algorithm(const JobAlgorithm& a) {
   return std::holds_alternative<comm::Compression>(a);
 }
@@ -347,15 +329,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", t.model, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}));
   app.add_option("--device", s.device,
                  "cpu, cuda (each rank on GPU local-rank mod the GPUs it sees) or cuda:N")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            if (v == "cpu" || v == "cuda") return std::string();
-            if (v.size() > 5 && v.compare(0, 5, "cuda:") == 0 && v.size() < 9 &&
-                v.find_first_not_of("0123456789", 5) == std::string::npos)
-              return std::string();
-            return "'" + v + "' (expected cpu, cuda or cuda:N)";
-          },
-          "DEVICE"));
+      ->check(CLI::Validator([](std::string& v) { return check_device_name(v); }, "DEVICE"));
   const int max_int = std::numeric_limits<int>::max();
   app.add_option("--epochs", t.epochs, "Epochs")->check(cli::integer_in(1, max_int));
   app.add_option("--batch", t.batch, "Batch per rank")->check(cli::integer_in(1, max_int));

@@ -28,6 +28,7 @@
 #include <troupe/checkpoint.h>
 #include <troupe/compute_threads.h>
 #include <troupe/data_parallel.h>
+#include <troupe/device.h>
 #include <troupe/distributed_module.h>
 #include <troupe/elastic.h>
 #include <troupe/job_config.h>

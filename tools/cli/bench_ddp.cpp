@@ -15,6 +15,7 @@
 #include "ddp/distributed_module.h"
 #include "elastic/launch.h"
 #include "rank/compute_threads.h"
+#include "rank/device.h"
 #include "tools/cli/option_checks.h"
 
 namespace troupe::cli {
@@ -110,17 +111,30 @@ torch::nn::Sequential seeded_model(const std::string& name, int rank) {
   return name == "cnn" ? make_cnn() : make_mlp();
 }
 
-// One rank's training: the MLP or the CNN (one intra-op thread), SGD with momentum, one fixed
-// random batch.
-struct Workload {
-  explicit Workload(const DdpBench& bench, int rank)
-      : model(seeded_model(bench.model, rank)),
-        opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)),
-        x(bench.model == "cnn" ? torch::randn({bench.batch, 1, 28, 28})
-                               : torch::randn({bench.batch, 784})),
-        y(torch::randint(0, 10, {bench.batch}, torch::kLong)) {}
-  torch::Tensor loss() { return torch::nll_loss(torch::log_softmax(model->forward(x), 1), y); }
+// The model on `device`, before its optimizer takes its parameters.
+torch::nn::Sequential model_on(torch::nn::Sequential model, const torch::Device& device) {
+  model->to(device);
+  return model;
+}
 
+// One rank's training: the MLP or the CNN (one intra-op thread), SGD with momentum, one fixed
+// random batch, on the bench's device.
+struct Workload {
+  Workload(const DdpBench& bench, int rank, int local_rank)
+      : device(training_device(bench.device, local_rank)),
+        model(model_on(seeded_model(bench.model, rank), device)),
+        opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)),
+        x((bench.model == "cnn" ? torch::randn({bench.batch, 1, 28, 28})
+                                : torch::randn({bench.batch, 784}))
+              .to(device)),
+        y(torch::randint(0, 10, {bench.batch}, torch::kLong).to(device)) {}
+  torch::Tensor loss() { return torch::nll_loss(torch::log_softmax(model->forward(x), 1), y); }
+  // The device's queued work has completed (a GPU's kernels run after the call that queued them).
+  void finish_device_work() const {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  }
+
+  torch::Device device;
   torch::nn::Sequential model;
   torch::optim::SGD opt;
   torch::Tensor x, y;
@@ -128,7 +142,7 @@ struct Workload {
 
 // Median seconds per step on this rank; with a runtime, through a DistributedModule.
 Timing train(const DdpBench& bench, Runtime* rt, int rank) {
-  Workload w(bench, rank);
+  Workload w(bench, rank, rt ? rt->local_rank() : 0);
   std::optional<DistributedModule> ddp;
   if (rt)
     ddp.emplace(*rt, w.model.ptr(), comm::parse_compression(bench.algorithm), ddp_options(bench));
@@ -150,6 +164,7 @@ Timing train(const DdpBench& bench, Runtime* rt, int rank) {
       ddp->step(w.opt);
     else
       w.opt.step();
+    w.finish_device_work();
     auto t3 = Clock::now();
     if (s >= kWarmup) {
       times.push_back(seconds(t0, t3));
@@ -185,7 +200,7 @@ struct Interleaved {
 };
 
 Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
-  Workload w(bench, rt.rank());
+  Workload w(bench, rt.rank(), rt.local_rank());
   DistributedModule ddp(rt, w.model.ptr(), comm::parse_compression(bench.algorithm),
                         ddp_options(bench));
 
@@ -213,6 +228,7 @@ Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
       ddp.step(w.opt);
     else
       w.opt.step();
+    w.finish_device_work();
     const auto t3 = Clock::now();
     return Measured{seconds(t0, t3), seconds(t1, t2), other_threads_cpu() - helpers0};
   };
@@ -276,12 +292,12 @@ void print_interleaved(const DdpBench& bench, const Interleaved& r) {
         "\"bytes_sent_per_step\": %.0f, \"helper_cpu_sec\": %.6g, "
         "\"compute_helper_cpu_sec\": %.6g, \"backward_sec\": %.6g, "
         "\"compute_backward_sec\": %.6g, \"gradient_arena\": %s, "
-        "\"gradient_bytes_copied_per_step\": %.0f}\n",
+        "\"gradient_bytes_copied_per_step\": %.0f, \"device\": \"%s\"}\n",
         bench.algorithm.c_str(), bench.world, bench.no_shared_memory ? "false" : "true",
         bench.model.c_str(), bench.batch, bench.steps, dp, compute, alone, vs_alone, vs_compute,
         median(r.wait), r.bytes_sent, r.dp_helper_cpu, r.compute_helper_cpu, median(r.dp_backward),
         median(r.compute_backward), bench.no_gradient_arena ? "false" : "true",
-        r.gradient_bytes_copied);
+        r.gradient_bytes_copied, bench.device.c_str());
   else
     std::printf(
         "troupe ddp (%s), interleaved: world %d, %s, batch %d per rank, %d iterations: "
@@ -306,11 +322,11 @@ void print(const DdpBench& bench, const Timing& t) {
         "\"step_sec\": %.6g, \"comm_wait_sec\": "
         "%.6g, \"bytes_sent_per_step\": %.0f, \"forward_sec\": %.6g, \"backward_sec\": "
         "%.6g, \"update_sec\": %.6g, \"helper_cpu_sec\": %.6g, "
-        "\"rss_growth_per_step\": %.0f, \"peak_rss_bytes\": %.0f}\n",
+        "\"rss_growth_per_step\": %.0f, \"peak_rss_bytes\": %.0f, \"device\": \"%s\"}\n",
         bench.algorithm.c_str(), bench.world, alone ? "true" : "false",
         bench.no_shared_memory ? "false" : "true", bench.model.c_str(), bench.batch, bench.steps,
         t.step_sec, t.wait_sec, t.bytes_sent, t.forward_sec, t.backward_sec, t.update_sec,
-        t.helper_cpu_sec, t.rss_growth, t.peak_rss);
+        t.helper_cpu_sec, t.rss_growth, t.peak_rss, bench.device.c_str());
   else
     std::printf(
         "troupe ddp (%s): world %d, %s, batch %d per rank, %d steps: median step %.2f ms, "
@@ -326,6 +342,8 @@ void print(const DdpBench& bench, const Timing& t) {
 void check(const DdpBench& bench) {
   if (bench.model != "mlp" && bench.model != "cnn")
     throw comm::Error("--model '" + bench.model + "' (expected mlp or cnn)");
+  if (const std::string why = check_device_name(bench.device); !why.empty())
+    throw comm::Error("--device " + why);
   if (bench.world < 1 || bench.batch < 1 || bench.steps < 1)
     throw comm::Error("--world, --batch and --steps must be >= 1 (got " +
                       std::to_string(bench.world) + ", " + std::to_string(bench.batch) + ", " +
@@ -397,6 +415,8 @@ int run_ddp_bench(const DdpBench& bench, const std::string& self_exe) {
   }
   launch_options.command.push_back("--algorithm");
   launch_options.command.push_back(bench.algorithm);
+  launch_options.command.push_back("--device");
+  launch_options.command.push_back(bench.device);
   auto result = launch(launch_options);
   if (result.exit_code != 0) std::cerr << "troupe bench: " << result.message << "\n";
   return result.exit_code;

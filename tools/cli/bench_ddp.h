@@ -34,6 +34,9 @@ struct DdpBench {
   std::string trace_path;
   /// The bucket algorithm, as comm::parse_compression reads it ("allreduce", "powersgd:rank=2").
   std::string algorithm = "allreduce";
+  /// Where each rank trains (rank/device.h): cpu, cuda (GPU local-rank mod the GPUs) or cuda:N.
+  /// On a GPU every timed step ends with a device synchronisation.
+  std::string device = "cpu";
 };
 
 /// world 1: compute alone (no DistributedModule); world > 1: launches `world` copies of

@@ -241,6 +241,8 @@ CLI::App* add_ddp_bench(CLI::App& bench_cmd, troupe::cli::DdpBench& ddp, bool& a
   bench_ddp->add_option("--algorithm", ddp.algorithm,
                         "allreduce, fp16, bf16, bytegrad, sign, sign-vote, topk, randomk, blockk "
                         "or powersgd, with settings: powersgd:rank=2,start_iter=10");
+  bench_ddp->add_option("--device", ddp.device,
+                        "cpu, cuda (each rank on GPU local-rank mod the GPUs it sees) or cuda:N");
   bench_ddp->add_flag("--as-rank", as_rank, "Internal: run as one rank")->group("");
   return bench_ddp;
 }

@@ -27,6 +27,7 @@ bool has(const Output& out, const std::string& part) {
 
 const std::string kTroupe = TROUPE_BIN;
 const std::string kFashionMnist = fs::path(TROUPE_BIN).parent_path().string() + "/fashion_mnist";
+const std::string kCharLm = fs::path(TROUPE_BIN).parent_path().string() + "/char_lm";
 
 /// A fresh folder removed with everything in it; `train` and `test` images written into it.
 struct DataFolder {
@@ -76,6 +77,25 @@ TEST_CASE("troupe bench ddp refuses a model it does not have, naming the two it 
   INFO(unknown.text);
   CHECK(unknown.status != 0);
   CHECK(has(unknown, "--model 'resnet' (expected mlp or cnn)"));
+}
+
+TEST_CASE(
+    "troupe bench ddp and char_lm refuse a device they do not know, or one the process does not "
+    "see, naming it") {
+  for (const std::string& program : {kTroupe + " bench ddp --world 1 --steps 1", kCharLm}) {
+    CAPTURE(program);
+    auto unknown = run(program + " --device gpu0");
+    INFO(unknown.text);
+    CHECK(unknown.status != 0);
+    CHECK(has(unknown, "'gpu0' (expected cpu, cuda or cuda:N)"));
+    // No machine has a thousand GPUs; a machine without any says so.
+    auto absent = run(program + " --device cuda:999");
+    INFO(absent.text);
+    CHECK(absent.status != 0);
+    CHECK((has(absent, "--device cuda:999: this process sees no CUDA device") ||
+           has(absent, "--device cuda:999: this process sees ")));
+    CHECK_FALSE(has(absent, "terminate called"));
+  }
 }
 
 TEST_CASE("floating and integer flags name the flag, the value and the range") {
