@@ -18,6 +18,11 @@ nll_loss(log_softmax(output)), one intra-op thread per rank.
               matrix_approximation_rank --rank, start_powerSGD_iter 2, warm start and error
               feedback on: its defaults).
 
+  --device D  cpu (default) or cuda: the model, its batch and (with DDP) its buckets on that device;
+              every rank on the same GPU (the two-processes-on-one-GPU case that troupe's
+              `bench ddp --device cuda` also runs), gloo moving the CUDA tensors, and each timed
+              step ending with torch.cuda.synchronize().
+
   --interleave  with --world N: every iteration runs, each after a barrier and in an order that
               rotates with the iteration, a DDP step; a compute step (every rank under
               model.no_sync(), then its optimizer step: all ranks computing at once, nothing
@@ -92,25 +97,33 @@ def input_shape(name, batch):
     return (batch, 1, 28, 28) if name == "cnn" else (batch, IN_FEATURES)
 
 
-def workload(torch, model, batch, rank, name="mlp"):
+def finish_device_work(torch, device):
+    """Waits for the kernels queued on a GPU (a CPU step has none in flight)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def workload(torch, model, batch, rank, name="mlp", device="cpu"):
     """The optimizer (SGD, momentum) and a function returning the loss on one fixed random batch."""
     import torch.nn.functional as F
 
     generator = torch.Generator().manual_seed(SEED + rank)
-    inputs = torch.randn(*input_shape(name, batch), generator=generator, dtype=torch.float32)
-    labels = torch.randint(0, CLASSES, (batch,), generator=generator)
+    inputs = torch.randn(*input_shape(name, batch), generator=generator,
+                         dtype=torch.float32).to(device)
+    labels = torch.randint(0, CLASSES, (batch,), generator=generator).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return optimizer, lambda: F.nll_loss(F.log_softmax(model(inputs), dim=1), labels)
 
 
-def train_and_time(torch, model, batch, steps, rank, name):
+def train_and_time(torch, model, batch, steps, rank, name, device):
     """Per-step seconds of `steps` timed steps (after WARMUP_STEPS untimed ones)."""
-    optimizer, loss_of_batch = workload(torch, model, batch, rank, name)
+    optimizer, loss_of_batch = workload(torch, model, batch, rank, name, device)
 
     def step():
         optimizer.zero_grad()
         loss_of_batch().backward()
         optimizer.step()
+        finish_device_work(torch, device)
 
     for _ in range(WARMUP_STEPS):
         step()
@@ -126,7 +139,8 @@ def interleaved(torch, dist, model, args, rank):
     """Per-iteration seconds of the three interleaved kinds of step, the slowest rank's."""
     import contextlib
 
-    optimizer, loss_of_batch = workload(torch, model, args.batch, rank, args.model)
+    device = torch.device(args.device)
+    optimizer, loss_of_batch = workload(torch, model, args.batch, rank, args.model, device)
     kinds = ("dp", "compute", "alone")
 
     def run(kind):
@@ -141,6 +155,7 @@ def interleaved(torch, dist, model, args, rank):
             loss.backward()
             backward_sec = time.perf_counter() - backward_start
         optimizer.step()
+        finish_device_work(torch, device)
         return time.perf_counter() - start, backward_sec
 
     seconds = {kind: [] for kind in kinds}
@@ -170,6 +185,7 @@ def report_interleaved(args, runs):
         return med(x / y - 1 for x, y in zip(runs[a], runs[b]))
 
     record = {"impl": "torch_ddp", "hook": args.hook, "world": args.world, "interleave": True,
+              "device": args.device,
               "model": args.model, "batch": args.batch, "steps": args.steps,
               "step_sec": med(runs["dp"]), "compute_step_sec": med(runs["compute"]),
               "alone_step_sec": med(runs["alone"]),
@@ -193,6 +209,7 @@ def report(args, step_sec, rank0_sec, params):
     if args.json:
         print(json.dumps({"impl": "torch_ddp", "hook": args.hook, "world": args.world,
                           "compute_only": args.world == 1 or args.compute_only,
+                          "device": args.device,
                           "model": args.model,
                           "batch": args.batch, "steps": args.steps, "step_sec": step_sec}),
               flush=True)
@@ -225,9 +242,11 @@ def run_alone(args):
 
     one_compute_thread(torch)
     torch.manual_seed(SEED)
-    model = build_model(torch, args.model)
+    device = torch.device(args.device)
+    model = build_model(torch, args.model).to(device)
     params = sum(p.numel() for p in model.parameters())
-    median = statistics.median(train_and_time(torch, model, args.batch, args.steps, 0, args.model))
+    median = statistics.median(train_and_time(torch, model, args.batch, args.steps, 0, args.model,
+                                              device))
     report(args, median, median, params)
 
 
@@ -236,7 +255,8 @@ def run_rank(rank, args, port):
 
     with gloo_group(rank, args.world, port) as dist:
         torch.manual_seed(SEED + rank)  # DDP broadcasts rank 0's parameters at construction
-        model = build_model(torch, args.model)
+        device = torch.device(args.device)
+        model = build_model(torch, args.model).to(device)
         if not args.compute_only:
             model = torch.nn.parallel.DistributedDataParallel(model)
             register_hook(torch, model, args)
@@ -246,7 +266,8 @@ def run_rank(rank, args, port):
                 report_interleaved(args, runs)
             return
         params = sum(p.numel() for p in model.parameters())
-        median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank, args.model))
+        median = statistics.median(train_and_time(torch, model, args.batch, args.steps, rank,
+                                                  args.model, device))
         slowest = torch.tensor([median], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         if rank == 0:
@@ -275,6 +296,8 @@ def main():
                         help="DDP communication hook (world > 1)")
     parser.add_argument("--rank", type=positive_int, default=2,
                         help="PowerSGD matrix_approximation_rank")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where every rank trains (cuda: all on the one current GPU)")
     args = parser.parse_args()
     if args.model not in MODELS:
         parser.error(f"--model '{args.model}': unknown model; expected one of: "
