@@ -104,17 +104,15 @@ void train(Runtime& rt, const Settings& s) {
   // answers on the device; evaluate brings it back for scoring on the host).
   const torch::Device device = training_device(s.device, rt.local_rank());
   std::function<torch::Tensor(const torch::Tensor&)> forward;
-  if (s.model == "transformer") {
-    examples::CharTransformer net(shape);
+  auto take = [&](auto net) {  // a CharTransformer or a CharLstm
     net->to(device);
     module = net.ptr();
     forward = [net, device](const torch::Tensor& x) mutable { return net->forward(x.to(device)); };
-  } else {
-    examples::CharLstm net(shape);
-    net->to(device);
-    module = net.ptr();
-    forward = [net, device](const torch::Tensor& x) mutable { return net->forward(x.to(device)); };
-  }
+  };
+  if (s.model == "transformer")
+    take(examples::CharTransformer(shape));
+  else
+    take(examples::CharLstm(shape));
   const auto evaluate = [&forward](const torch::Tensor& x) { return forward(x).to(torch::kCPU); };
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (s.optimizer == "adamw")
