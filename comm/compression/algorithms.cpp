@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "comm/compression/coded.h"
 #include "comm/compression/reductions.h"
 #include "comm/compression/settings.h"
 #include "comm/overloaded.h"
@@ -174,14 +175,21 @@ uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b) {
   return mix(mix(mix(seed) ^ a) ^ b);
 }
 
-void zero_padding(const BucketBuffer& bucket) {
-  auto* data = static_cast<float*>(bucket.data);
+std::vector<Range> padding_of(const BucketBuffer& bucket) {
+  std::vector<Range> gaps;
   size_t at = 0;
   for (const auto& t : bucket.tensors) {
-    if (t.offset > at) std::memset(data + at, 0, (t.offset - at) * sizeof(float));
+    if (t.offset > at) gaps.push_back(Range{at, t.offset});
     at = std::max(at, t.offset + t.count);
   }
-  if (bucket.count > at) std::memset(data + at, 0, (bucket.count - at) * sizeof(float));
+  if (bucket.count > at) gaps.push_back(Range{at, bucket.count});
+  return gaps;
+}
+
+void zero_padding(const BucketBuffer& bucket) {
+  auto* data = static_cast<float*>(bucket.data);
+  for (const Range& gap : padding_of(bucket))
+    std::memset(data + gap.begin, 0, gap.size() * sizeof(float));
 }
 
 Schedule scaled_allreduce(const ReduceStep& step, void* data, size_t count, DataType type) {

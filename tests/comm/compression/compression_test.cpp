@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <limits>
 #include <numeric>
@@ -13,9 +14,12 @@
 #include <vector>
 
 #include "comm/codecs/low_rank.h"
+#include "comm/codecs/minmax.h"
+#include "comm/codecs/sign.h"
 #include "comm/codecs/sparse.h"
 #include "comm/collectives/driver.h"
 #include "comm/compression/algorithms.h"
+#include "comm/compression/coded.h"
 #include "comm/compression/reductions.h"
 #include "comm/transport/inproc/transport.h"
 #include "tests/support/padded_bucket.h"
@@ -368,6 +372,160 @@ TEST_CASE("majority-vote sign compression gives the sign of the summed signs") {
     check_ranks_agree(out);
     check_against(out, reference_sign(world, 2, 1.0, true, false), 0.0);
   }
+}
+
+// --- the exchanges alone (comm/compression/coded.h), as the GPU's codecs drive them
+// ---------------
+
+// Runs `steps` steps of the exchange of `algorithm` (sign or min-max) on `world` thread ranks,
+// encoding before it and decoding after it here, on the CPU, in the layouts coded.h documents:
+// what ddp's device codecs do with cuda/ kernels. out[rank][step] as run() gives.
+std::vector<std::vector<Vec>> run_exchange(const comm::Compression& algorithm, int world,
+                                           uint32_t steps, double scale) {
+  comm::InprocFabric fabric(world);
+  std::vector<std::future<std::vector<Vec>>> futures;
+  for (int r = 0; r < world; ++r)
+    futures.push_back(std::async(std::launch::async, [&, r] {
+      auto transport = fabric.transport(r);
+      Vec data(kCount);
+      const comm::BucketBuffer bucket{0, data.data(), kCount, comm::DataType::float32, kTensors};
+      const auto* sign = std::get_if<comm::SignCompression>(&algorithm);
+      const auto codes = comm::minmax_codes(algorithm);
+      REQUIRE((sign || codes));
+      // Sign: every rank's message. Min-max: the codes sent, then the codes gathered.
+      const comm::SignMessage message(bucket);
+      const size_t slot =
+          codes ? comm::minmax_slot_bytes(codes->bits, codes->block, kCount, world) : 0;
+      std::vector<uint8_t> area(sign ? message.bytes * static_cast<size_t>(world)
+                                     : 2 * slot * static_cast<size_t>(world));
+      auto exchange = sign ? comm::make_sign_exchange(*sign, bucket, world, area.data())
+                           : comm::make_minmax_exchange(*codes, bucket, world, area.data(),
+                                                        area.data() + slot * world);
+      Vec error(kCount, 0.0f);
+      comm::BlockingDriver driver;
+      std::vector<Vec> out;
+      for (uint32_t s = 0; s < steps; ++s) {
+        const Vec g = gradient(r, s);
+        std::copy(g.begin(), g.end(), data.begin());
+        if (sign) {
+          uint8_t* mine = area.data() + message.bytes * static_cast<size_t>(r);
+          for (size_t i = 0; i < kTensors.size(); ++i) {
+            const auto& t = kTensors[i];
+            float* x = data.data() + t.offset;
+            float* e = error.data() + t.offset;
+            if (sign->error_feedback)
+              for (size_t k = 0; k < t.count; ++k) x[k] += e[k];
+            const float m = sign->mode == comm::SignMode::scaled ? comm::mean_abs(x, t.count) : 1;
+            std::memcpy(mine + i * sizeof(float), &m, sizeof(float));
+            comm::sign_pack(x, t.count, mine + message.bits_at[i]);
+            if (sign->error_feedback)
+              for (size_t k = 0; k < t.count; ++k) e[k] = x[k] - (x[k] < 0 ? -m : m);
+          }
+        } else {
+          for (const comm::Range& gap : comm::padding_of(bucket))
+            std::fill(data.begin() + gap.begin, data.begin() + gap.end, 0.0f);
+          for (int j = 0; j < world; ++j) {
+            const comm::Range c = comm::block_range(kCount, world, j);
+            comm::minmax_encode(codes->bits, data.data() + c.begin, c.size(), codes->block,
+                                area.data() + slot * j);
+          }
+        }
+        comm::ReduceStep step;
+        step.group = comm::Group{r, world};
+        step.step = s;
+        step.scale = scale;
+        auto builders = exchange->stages(step);
+        std::vector<comm::Stage> stages;
+        for (size_t i = 0; i < builders.size(); ++i)
+          stages.push_back({s << 16 | static_cast<uint32_t>(i) << 12, builders[i]});
+        auto status = driver.run(std::move(stages), transport, 30s);
+        if (!status.ok()) throw comm::Error(status.message());
+        if (sign) {
+          for (size_t i = 0; i < kTensors.size(); ++i) {
+            const auto& t = kTensors[i];
+            float* x = data.data() + t.offset;
+            std::fill(x, x + t.count, 0.0f);
+            for (int q = 0; q < world; ++q) {
+              const uint8_t* from = area.data() + message.bytes * static_cast<size_t>(q);
+              float f = 1;
+              if (sign->mode == comm::SignMode::scaled) {
+                std::memcpy(&f, from + i * sizeof(float), sizeof(float));
+                f *= static_cast<float>(scale);
+              }
+              const uint8_t* bits = from + message.bits_at[i];
+              for (size_t k = 0; k < t.count; ++k) x[k] += (bits[k / 8] >> (k % 8) & 1) ? -f : f;
+            }
+            if (sign->mode == comm::SignMode::majority_vote)
+              for (size_t k = 0; k < t.count; ++k)
+                x[k] = static_cast<float>((x[k] > 0) - (x[k] < 0));
+          }
+        } else {
+          for (int j = 0; j < world; ++j) {
+            const comm::Range c = comm::block_range(kCount, world, j);
+            comm::minmax_decode(codes->bits, area.data() + slot * (world + j), c.size(),
+                                codes->block, data.data() + c.begin);
+          }
+        }
+        out.push_back(data);
+      }
+      return out;
+    }));
+  std::vector<std::vector<Vec>> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+TEST_CASE(
+    "the exchanges of sign and min-max codes, encoded and decoded around them in their documented "
+    "layouts, give the bits of the algorithms' own reductions") {
+  const std::vector<comm::Compression> algorithms = {
+      comm::SignCompression{comm::SignMode::scaled, true},
+      comm::SignCompression{comm::SignMode::scaled, false},
+      comm::SignCompression{comm::SignMode::majority_vote, false},
+      comm::ByteGrad{.block = 64},
+      comm::Int4Quantization{.block = 32},
+  };
+  for (const auto& algorithm : algorithms) {
+    CAPTURE(comm::algorithm_name(algorithm));
+    for (int world : {1, 2, 3}) {
+      CAPTURE(world);
+      const double scale = 1.0 / world;
+      const auto want = run(algorithm, world, 3, scale);
+      const auto got = run_exchange(algorithm, world, 3, scale);
+      for (int r = 0; r < world; ++r)
+        for (size_t s = 0; s < 3; ++s) {
+          CAPTURE(r);
+          CAPTURE(s);
+          const auto& w = want[static_cast<size_t>(r)][s];
+          const auto& g = got[static_cast<size_t>(r)][s];
+          for (size_t i = 0; i < kCount; ++i)
+            if (in_tensor(i) && std::memcmp(&w[i], &g[i], sizeof(float)) != 0) {
+              CAPTURE(i);
+              FAIL_CHECK(g[i] << " against the reduction's " << w[i]);
+              break;
+            }
+        }
+    }
+  }
+}
+
+TEST_CASE(
+    "an exchange run in a world of another size than it was made for is refused, naming both") {
+  std::vector<float> data(kCount);
+  const comm::BucketBuffer bucket{3, data.data(), kCount, comm::DataType::float32, kTensors};
+  std::vector<uint8_t> area(1 << 16);
+  comm::ReduceStep step;
+  step.group = comm::Group{0, 3};
+  auto sign = comm::make_sign_exchange(comm::SignCompression{}, bucket, 2, area.data());
+  CHECK_THROWS_WITH_AS(sign->stages(step),
+                       "sign exchange of bucket 3: made for 2 ranks, run among 3", comm::Error);
+  auto bytegrad = comm::make_minmax_exchange(*comm::minmax_codes(comm::ByteGrad{}), bucket, 4,
+                                             area.data(), area.data() + 1024);
+  CHECK_THROWS_WITH_AS(bytegrad->stages(step),
+                       "bytegrad exchange of bucket 3: made for 4 ranks, run among 3", comm::Error);
+  CHECK_THROWS_AS(comm::make_sign_exchange(comm::SignCompression{}, bucket, 2, nullptr),
+                  comm::Error);
+  CHECK_FALSE(comm::minmax_codes(comm::SignCompression{}).has_value());
 }
 
 TEST_CASE("top-k, random-k and block sparsification with error feedback match a single process") {
