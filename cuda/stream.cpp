@@ -142,4 +142,12 @@ void copy_to_device_async(void* device, const void* host, size_t bytes, void* st
                                     static_cast<cudaStream_t>(stream)));
 }
 
+void zero_async(void* device, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  if (device == nullptr)
+    throw std::invalid_argument("troupe::cuda::zero_async: null device buffer for " +
+                                std::to_string(bytes) + " bytes");
+  TROUPE_CUDA_CHECK(cudaMemsetAsync(device, 0, bytes, static_cast<cudaStream_t>(stream)));
+}
+
 }  // namespace troupe::cuda

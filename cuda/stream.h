@@ -61,5 +61,7 @@ void host_free(void* pointer);
 void copy_to_host_async(void* host, const void* device, size_t bytes, void* stream);
 /// Enqueues a copy of `bytes` from host memory to device memory on `stream`.
 void copy_to_device_async(void* device, const void* host, size_t bytes, void* stream);
+/// Enqueues the zeroing of `bytes` of device memory on `stream`.
+void zero_async(void* device, size_t bytes, void* stream);
 
 }  // namespace troupe::cuda

@@ -8,14 +8,14 @@ namespace troupe {
 // The paths, one per file of ddp/gradient_path/.
 std::unique_ptr<GradientPath> make_nccl_path();
 std::unique_ptr<GradientPath> make_host_staging_path(std::unique_ptr<GradientPath> inner);
-std::unique_ptr<GradientPath> make_device_cast_staging_path(std::unique_ptr<GradientPath> inner);
+std::unique_ptr<GradientPath> make_device_codec_staging_path(std::unique_ptr<GradientPath> inner);
 std::unique_ptr<GradientPath> make_shared_memory_path();
 std::unique_ptr<GradientPath> make_transport_path();
 
 std::vector<std::unique_ptr<GradientPath>> gradient_path_candidates() {
   std::vector<std::unique_ptr<GradientPath>> candidates;
   candidates.push_back(make_nccl_path());
-  candidates.push_back(make_device_cast_staging_path(make_transport_path()));
+  candidates.push_back(make_device_codec_staging_path(make_transport_path()));
   candidates.push_back(make_host_staging_path(make_transport_path()));
   candidates.push_back(make_shared_memory_path());
   candidates.push_back(make_transport_path());

@@ -6,7 +6,8 @@
 /// file of ddp/gradient_path/ and tells its own story there:
 ///   nccl.cpp           CUDA buckets, one NCCL allreduce each, on the device
 ///   host_staging.cpp   CUDA buckets copied to pinned host memory, reduced there by another path;
-///                      fp16/bf16 cast on the device first, so that only the cast bytes are copied
+///                      or compressed on the device first (device_codecs.h: fp16/bf16, sign,
+///                      8-bit/4-bit min-max), so that only the codes are copied
 ///   shared_memory.cpp  CPU buckets of ranks on one host, summed straight from each other's memory
 ///   transport.cpp      CPU buckets, the algorithm's stages (comm::Reduction) over the transport
 ///
@@ -30,6 +31,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,13 +71,17 @@ struct GradientPathContext {
   CudaGradients* cuda = nullptr;
   /// The module's key prefix: the upper bits of every key of its collectives.
   uint32_t key_prefix = 0;
+  /// How a path that runs comm::Reductions (the transport path) makes each bucket's; unset:
+  /// comm::make_reduction(*algorithm, buffer). Host staging that compresses on the device sets it
+  /// for the path it wraps: the exchange of the device's codes (comm/compression/coded.h).
+  std::function<std::shared_ptr<comm::Reduction>(const comm::BucketBuffer&)> make_reduction;
 };
 
 class GradientPath {
  public:
   virtual ~GradientPath() = default;
   /// "cpu", "cpu via shared memory", "cuda via nccl", "cuda via host staging", "cuda via host
-  /// staging, half precision cast on the device".
+  /// staging, compressed on the device".
   virtual std::string name() const = 0;
   /// "" when this path can reduce the module's buckets, else why not.
   virtual std::string can_serve(const GradientPathContext& context) const = 0;

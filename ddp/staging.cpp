@@ -1,6 +1,8 @@
 #include "ddp/staging.h"
 
 #include <iostream>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "cuda/stream.h"
@@ -24,12 +26,30 @@ StagingContext::~StagingContext() {
   cuda::destroy_stream(upload_);
 }
 
+namespace {
+
+// `span` with its end resolved, checked to lie inside `bytes`.
+HostStaging::Span resolve(HostStaging::Span span, size_t bytes, const std::string& name,
+                          const char* which) {
+  if (span.bytes == static_cast<size_t>(-1) && span.offset <= bytes)
+    span.bytes = bytes - span.offset;
+  if (span.offset > bytes || span.bytes > bytes - span.offset)
+    throw std::invalid_argument(name + ": the " + which + " part [" + std::to_string(span.offset) +
+                                ", +" + std::to_string(span.bytes) + ") is outside its " +
+                                std::to_string(bytes) + " bytes");
+  return span;
+}
+
+}  // namespace
+
 HostStaging::HostStaging(std::shared_ptr<StagingContext> context, void* device_data, size_t bytes,
-                         std::string name)
+                         std::string name, Span down, Span up)
     : context_(std::move(context)),
       device_data_(device_data),
       bytes_(bytes),
-      name_(std::move(name)) {
+      name_(std::move(name)),
+      down_(resolve(down, bytes, name_, "downloaded")),
+      up_(resolve(up, bytes, name_, "uploaded")) {
   cuda::DeviceGuard guard(context_->device());
   host_ = cuda::host_alloc(bytes_);
   try {
@@ -72,7 +92,9 @@ void HostStaging::download(const std::vector<void*>& ready, std::chrono::millise
   void* stream = context_->download_stream();
   for (void* event : ready) cuda::stream_wait_event(stream, event);
   if (before) before(stream);
-  cuda::copy_to_host_async(host_, device_data_, bytes_, stream);
+  cuda::copy_to_host_async(static_cast<char*>(host_) + down_.offset,
+                           static_cast<const char*>(device_data_) + down_.offset, down_.bytes,
+                           stream);
   cuda::record_event(downloaded_, stream);
   context_->watcher().watch(downloaded_, name_ + ": copy of the gradients to pinned host memory",
                             timeout, std::move(done));
@@ -82,7 +104,8 @@ void HostStaging::upload(std::chrono::milliseconds timeout, cuda::EventWatcher::
                          const OnStream& after) {
   cuda::DeviceGuard guard(context_->device());
   void* stream = context_->upload_stream();
-  cuda::copy_to_device_async(device_data_, host_, bytes_, stream);
+  cuda::copy_to_device_async(static_cast<char*>(device_data_) + up_.offset,
+                             static_cast<const char*>(host_) + up_.offset, up_.bytes, stream);
   if (after) after(stream);
   cuda::record_event(uploaded_, stream);
   context_->watcher().watch(uploaded_, name_ + ": copy of the reduced gradients to the device",

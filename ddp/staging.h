@@ -43,12 +43,23 @@ class StagingContext {
   cuda::EventWatcher watcher_;
 };
 
+/// A part of a staged buffer: `bytes` from `offset` (all of it by default).
+struct StagingSpan {
+  size_t offset = 0;
+  size_t bytes = static_cast<size_t>(-1);  // to the end
+};
+
 /// The pinned host mirror of one bucket's device buffer, and its two copies.
 class HostStaging {
  public:
+  using Span = StagingSpan;
+
   /// `device_data`: the bucket's `bytes` of device memory; `name` ("bucket 3") names it in errors.
+  /// download() copies the part `down` of it to the same part of the mirror, upload() the part
+  /// `up` back (the whole buffer by default; a compressed exchange sends one part and receives
+  /// another). Throws std::invalid_argument for a part that does not lie inside the buffer.
   HostStaging(std::shared_ptr<StagingContext> context, void* device_data, size_t bytes,
-              std::string name);
+              std::string name, Span down = {}, Span up = {});
   /// Waits (up to 10 s) for a copy still in flight before it frees the mirror.
   ~HostStaging();
   HostStaging(const HostStaging&) = delete;
@@ -62,14 +73,14 @@ class HostStaging {
   /// bucket into the device buffer before the download, a decoding after the upload.
   using OnStream = std::function<void(void* stream)>;
 
-  /// Copies the device buffer into the mirror once every event of `ready` has completed; `done`
-  /// gets "" when the copy has completed, or why not (it did not within `timeout`, CUDA failed).
-  /// `before`, when set, is enqueued after the waits and before the copy. Throws
-  /// std::runtime_error when CUDA refuses to enqueue the copy.
+  /// Copies the device buffer (its part `down`) into the mirror once every event of `ready` has
+  /// completed; `done` gets "" when the copy has completed, or why not (it did not within
+  /// `timeout`, CUDA failed). `before`, when set, is enqueued after the waits and before the copy.
+  /// Throws std::runtime_error when CUDA refuses to enqueue the copy.
   void download(const std::vector<void*>& ready, std::chrono::milliseconds timeout,
                 cuda::EventWatcher::Done done, const OnStream& before = {});
-  /// Copies the mirror back into the device buffer; `done` as for download(). `after`, when set,
-  /// is enqueued after the copy, and `done` waits for it too.
+  /// Copies the mirror (its part `up`) back into the device buffer; `done` as for download().
+  /// `after`, when set, is enqueued after the copy, and `done` waits for it too.
   void upload(std::chrono::milliseconds timeout, cuda::EventWatcher::Done done,
               const OnStream& after = {});
 
@@ -78,6 +89,7 @@ class HostStaging {
   void* device_data_;
   size_t bytes_;
   std::string name_;
+  Span down_, up_;
   void* host_ = nullptr;
   void* downloaded_ = nullptr;  // events
   void* uploaded_ = nullptr;

@@ -11,15 +11,12 @@
 // StagingContext (a stream each way and an event watcher thread): copies complete through the
 // watcher, never by blocking an actor.
 //
-// fp16 and bf16 (HalfPrecision) have a staging path of their own that casts on the device: the
-// bucket, times the step's 1 / denominator, is encoded on the copy stream into a half-precision
-// image beside it in device memory (cuda/codecs.h, byte for byte comm/codecs/half.h's encoding),
-// and only that image is staged; the transport path sums it on the host as a float16 (bfloat16)
-// allreduce, the schedule of comm's HalfPrecision reduction; the sum is copied back and decoded
-// into the bucket on the device. Half the bytes of staging the float32 bucket cross the bus each
-// way, and the casts run on the GPU, not the CPU.
-#include <optional>
-#include <variant>
+// fp16/bf16, sign and 8-bit/4-bit min-max have a staging path of their own that compresses on
+// the device (device_codecs.h): the bucket is encoded on the copy stream into codes in device
+// memory, only the codes this rank sends are staged, the transport path runs the algorithm's
+// exchange of codes on the host (comm/compression/coded.h), and what it gathered is copied back
+// and decoded into the bucket on the device. The codes cross the bus instead of the float32
+// bucket, and the encoding and decoding run on the GPU, not the CPU.
 
 #include "ddp/cuda_gradients.h"
 #include "ddp/distributed_module.h"
@@ -27,7 +24,7 @@
 
 #ifdef TROUPE_HAVE_CUDA
 #include "actors/execution_post.h"
-#include "cuda/codecs.h"
+#include "ddp/gradient_path/device_codecs.h"
 #include "ddp/staging.h"
 #endif
 
@@ -37,56 +34,34 @@ namespace {
 
 #ifdef TROUPE_HAVE_CUDA
 
-// A cast of a float32 bucket to half precision and back on the device, around its staging.
-struct DeviceCast {
-  bool bfloat16 = false;
-  float* bucket = nullptr;    // the float32 bucket (device memory)
-  uint16_t* image = nullptr;  // its half-precision image (device memory), which is staged
-  size_t count = 0;
-
-  void encode(float scale, void* stream) const {
-    if (bfloat16)
-      cuda::encode_bfloat16(bucket, count, scale, image, stream);
-    else
-      cuda::encode_half(bucket, count, scale, image, stream);
-  }
-  void decode(void* stream) const {
-    if (bfloat16)
-      cuda::decode_bfloat16(image, count, 1.0f, bucket, stream);
-    else
-      cuda::decode_half(image, count, 1.0f, bucket, stream);
-  }
-};
-
 class StagedBucket : public actors::BucketPath, public std::enable_shared_from_this<StagedBucket> {
  public:
-  // With `cast`, the mirror stages cast->image, and the step's scale is applied by the encoding
-  // (before the cast, against overflow, as comm's HalfPrecision does): the wrapped path sums.
+  // With `codec`, the mirror stages its codes, which it encodes before the download and decodes
+  // after the upload; the wrapped path runs its exchange.
   StagedBucket(int index, std::shared_ptr<actors::HostStaging> mirror,
                std::shared_ptr<actors::BucketPath> inner, std::vector<void*> ready_events,
-               std::chrono::milliseconds timeout, std::optional<DeviceCast> cast = std::nullopt)
+               std::chrono::milliseconds timeout, std::shared_ptr<DeviceCodec> codec = nullptr)
       : index_(index),
+        codec_(std::move(codec)),
         mirror_(std::move(mirror)),
         inner_(std::move(inner)),
         ready_events_(std::move(ready_events)),
-        timeout_(timeout),
-        cast_(cast) {}
+        timeout_(timeout) {}
 
   void reduce(const actors::ActorThread& self, uint32_t step, double denominator,
               Done done) override {
     actors::HostStaging::OnStream encode;
-    if (cast_) {
-      encode = [cast = *cast_, scale = static_cast<float>(1.0 / denominator)](void* stream) {
-        cast.encode(scale, stream);
-      };
-      denominator = 1.0;
-    }
+    if (codec_)
+      encode = [codec = codec_, denominator](void* stream) { codec->encode(stream, denominator); };
     // The copy completes on the watcher's thread; the wrapped path starts on the actor's.
+    const double exchanged = codec_ ? codec_->exchange_denominator(denominator) : denominator;
     mirror_->download(
         ready_events_, timeout_,
-        [self, weak = weak_from_this(), step, denominator, done](const std::string& error) {
-          self.post([self, weak, step, denominator, done, error] {
-            if (auto me = weak.lock()) me->reduce_mirror(self, step, denominator, done, error);
+        [self, weak = weak_from_this(), step, denominator, exchanged,
+         done](const std::string& error) {
+          self.post([self, weak, step, denominator, exchanged, done, error] {
+            if (auto me = weak.lock())
+              me->reduce_mirror(self, step, denominator, exchanged, done, error);
           });
         },
         encode);
@@ -102,13 +77,15 @@ class StagedBucket : public actors::BucketPath, public std::enable_shared_from_t
   comm::Reduction* reduction() override { return inner_->reduction(); }
 
  private:
-  // The gradients are in the mirror (or `error` says why not): reduce it, then copy it back.
+  // The gradients (or their codes) are in the mirror, or `error` says why not: reduce it (over
+  // `exchanged`), then copy it back.
   void reduce_mirror(const actors::ActorThread& self, uint32_t step, double denominator,
-                     const Done& done, const std::string& error) {
+                     double exchanged, const Done& done, const std::string& error) {
     if (!error.empty()) return done(comm::Status::failure(error), 0, 0);
     if (!broken_.ok()) return done(broken_, 0, 0);
     actors::HostStaging::OnStream decode;
-    if (cast_) decode = [cast = *cast_](void* stream) { cast.decode(stream); };
+    if (codec_)
+      decode = [codec = codec_, denominator](void* stream) { codec->decode(stream, denominator); };
     Done upload = [index = index_, mirror = mirror_, timeout = timeout_, decode, done](
                       const comm::Status& status, size_t sent, size_t received) {
       if (!status.ok()) return done(status, sent, received);
@@ -126,36 +103,33 @@ class StagedBucket : public actors::BucketPath, public std::enable_shared_from_t
       }
     };
     try {
-      inner_->reduce(self, step, denominator, upload);
+      inner_->reduce(self, step, exchanged, upload);
     } catch (const std::exception& e) {
       done(comm::Status::failure("bucket " + std::to_string(index_) + ": " + e.what()), 0, 0);
     }
   }
 
   int index_;
+  // Before the mirror: destroyed after it, which waits for the copies in flight and so for the
+  // codec's kernels around them (on the same streams) before the codec's device memory goes.
+  std::shared_ptr<DeviceCodec> codec_;
   std::shared_ptr<actors::HostStaging> mirror_;
   std::shared_ptr<actors::BucketPath> inner_;
   std::vector<void*> ready_events_;
   std::chrono::milliseconds timeout_;
-  std::optional<DeviceCast> cast_;
   comm::Status broken_;  // a rank died: set by abort()
 };
 
 #endif
 
-// The element where a bucket's half-precision image starts in its device allocation (after the
-// float32 bucket, on a 256-byte boundary).
-int64_t image_at(int64_t elements) { return (elements + 63) / 64 * 64; }
-
 class HostStagingPath : public GradientPath {
  public:
-  // `cast_on_device`: the path for HalfPrecision that casts on the device (see the top).
-  HostStagingPath(std::unique_ptr<GradientPath> inner, bool cast_on_device)
-      : inner_(std::move(inner)), cast_on_device_(cast_on_device) {}
+  // `on_device`: the path that compresses on the device (see the top).
+  HostStagingPath(std::unique_ptr<GradientPath> inner, bool on_device)
+      : inner_(std::move(inner)), on_device_(on_device) {}
 
   std::string name() const override {
-    return cast_on_device_ ? "cuda via host staging, half precision cast on the device"
-                           : "cuda via host staging";
+    return on_device_ ? "cuda via host staging, compressed on the device" : "cuda via host staging";
   }
 
   std::string can_serve(const GradientPathContext& context) const override {
@@ -163,9 +137,8 @@ class HostStagingPath : public GradientPath {
 #ifndef TROUPE_HAVE_CUDA
     return "troupe was built without CUDA";
 #else
-    if (!cast_on_device_) return "";
-    if (!std::holds_alternative<comm::HalfPrecision>(*context.algorithm))
-      return "the algorithm is not fp16 or bf16";
+    if (!on_device_) return "";
+    if (auto why = device_codec_support(*context.algorithm); !why.empty()) return why;
     for (const auto& p : *context.params)
       if (p.scalar_type() != torch::kFloat)
         return "a parameter is " + std::string(c10::toString(p.scalar_type())) + ", not float32";
@@ -176,33 +149,22 @@ class HostStagingPath : public GradientPath {
   void connect(const GradientPathContext& context) override {
     timeout_ = *context.options->stall_timeout;
     device_ = context.cuda->device();
-    if (!cast_on_device_) return inner_->connect(context);
-    // The staged images are summed as they are: a plain allreduce of float16 (bfloat16) over
-    // every rank at once, as comm's HalfPrecision reduction runs it (never by host).
-    cast_ = std::get<comm::HalfPrecision>(*context.algorithm);
-    inner_options_ = *context.options;
-    inner_options_.hierarchical = false;
+    if (!on_device_) return inner_->connect(context);
+    algorithm_ = *context.algorithm;
+    rank_ = context.runtime->transport()->rank();
+    world_size_ = context.runtime->transport()->world_size();
+#ifdef TROUPE_HAVE_CUDA
+    // The wrapped path runs each bucket's exchange of codes, made by its codec (bucket() makes
+    // the codec just before it asks the wrapped path for the bucket).
     GradientPathContext inner = context;
-    inner.algorithm = &sum_;
-    inner.options = &inner_options_;
+    inner.make_reduction = [this](const comm::BucketBuffer& host) {
+      return next_codec_->host_reduction(host, host.data);
+    };
     inner_->connect(inner);
+#endif
   }
 
-  void begin_buckets(int count) override {
-    allocations_.assign(static_cast<size_t>(count), torch::Tensor());
-    inner_->begin_buckets(count);
-  }
-
-  // With the cast: the bucket's float32 elements, then its half-precision image, in one
-  // allocation (the bucket is a view of its start, which keeps the whole alive).
-  torch::Tensor bucket_memory(int index, int64_t elements,
-                              const torch::TensorOptions& options) override {
-    if (!cast_on_device_) return GradientPath::bucket_memory(index, elements, options);
-    auto all = torch::zeros({image_at(elements) + (elements + 1) / 2}, options);
-    if (static_cast<size_t>(index) < allocations_.size())
-      allocations_[static_cast<size_t>(index)] = all;
-    return all.narrow(0, 0, elements);
-  }
+  void begin_buckets(int count) override { inner_->begin_buckets(count); }
 
   std::shared_ptr<actors::BucketPath> bucket(const comm::BucketBuffer& buffer,
                                              std::vector<void*> ready_events) override {
@@ -210,28 +172,24 @@ class HostStagingPath : public GradientPath {
     if (!context_) context_ = std::make_shared<actors::StagingContext>(device_);
     const std::string what = "bucket " + std::to_string(buffer.index);
     comm::BucketBuffer host = buffer;
-    std::optional<DeviceCast> cast;
-    void* staged = buffer.data;
-    size_t bytes = buffer.count * comm::element_size(buffer.type);
-    if (cast_on_device_) {
-      const auto b = static_cast<size_t>(buffer.index);
-      if (b >= allocations_.size() || !allocations_[b].defined() ||
-          allocations_[b].data_ptr() != buffer.data)
-        throw comm::Error("DistributedModule: " + what +
-                          " is not the memory its gradient path allocated for it");
-      auto* bucket = static_cast<float*>(buffer.data);
-      cast = DeviceCast{
-          cast_.bfloat16, bucket,
-          reinterpret_cast<uint16_t*>(bucket + image_at(static_cast<int64_t>(buffer.count))),
-          buffer.count};
-      staged = cast->image;
-      bytes = buffer.count * sizeof(uint16_t);
-      host.type = cast_.bfloat16 ? comm::DataType::bfloat16 : comm::DataType::float16;
+    if (!on_device_) {
+      auto mirror = std::make_shared<actors::HostStaging>(
+          context_, buffer.data, buffer.count * comm::element_size(buffer.type), what);
+      host.data = mirror->host();
+      return std::make_shared<StagedBucket>(buffer.index, mirror, inner_->bucket(host, {}),
+                                            std::move(ready_events), timeout_);
     }
-    auto mirror = std::make_shared<actors::HostStaging>(context_, staged, bytes, what);
+    auto codec = make_device_codec(
+        algorithm_, buffer, torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_)),
+        rank_, world_size_);
+    auto mirror = std::make_shared<actors::HostStaging>(
+        context_, codec->area(), codec->area_bytes(), what, codec->sent(), codec->gathered());
     host.data = mirror->host();
-    return std::make_shared<StagedBucket>(buffer.index, mirror, inner_->bucket(host, {}),
-                                          std::move(ready_events), timeout_, cast);
+    next_codec_ = codec;
+    auto inner = inner_->bucket(host, {});
+    next_codec_ = nullptr;
+    return std::make_shared<StagedBucket>(buffer.index, mirror, std::move(inner),
+                                          std::move(ready_events), timeout_, std::move(codec));
 #else
     (void)buffer;
     (void)ready_events;
@@ -241,15 +199,16 @@ class HostStagingPath : public GradientPath {
 
  private:
   std::unique_ptr<GradientPath> inner_;
-  bool cast_on_device_;
+  bool on_device_;
   std::chrono::milliseconds timeout_{60000};
   int device_ = -1;
-  // With the cast: what the wrapped path runs on the images, and each bucket's allocation.
-  comm::HalfPrecision cast_;
-  comm::Compression sum_ = comm::GradientAllReduce{};
-  DdpOptions inner_options_;
-  std::vector<torch::Tensor> allocations_;
+  // Compressing on the device: the algorithm, this rank's place, and the codec of the bucket
+  // being made.
+  comm::Compression algorithm_;
+  int rank_ = 0;
+  int world_size_ = 1;
 #ifdef TROUPE_HAVE_CUDA
+  std::shared_ptr<DeviceCodec> next_codec_;
   std::shared_ptr<actors::StagingContext> context_;
 #endif
 };
@@ -257,11 +216,11 @@ class HostStagingPath : public GradientPath {
 }  // namespace
 
 std::unique_ptr<GradientPath> make_host_staging_path(std::unique_ptr<GradientPath> inner) {
-  return std::make_unique<HostStagingPath>(std::move(inner), /*cast_on_device=*/false);
+  return std::make_unique<HostStagingPath>(std::move(inner), /*on_device=*/false);
 }
 
-std::unique_ptr<GradientPath> make_device_cast_staging_path(std::unique_ptr<GradientPath> inner) {
-  return std::make_unique<HostStagingPath>(std::move(inner), /*cast_on_device=*/true);
+std::unique_ptr<GradientPath> make_device_codec_staging_path(std::unique_ptr<GradientPath> inner) {
+  return std::make_unique<HostStagingPath>(std::move(inner), /*on_device=*/true);
 }
 
 }  // namespace troupe

@@ -167,6 +167,7 @@ class TransportPath : public GradientPath {
     auto& rt = *context.runtime;
     const auto& opt = *context.options;
     algorithm_ = context.algorithm;
+    make_reduction_ = context.make_reduction;
     settings_->transport = rt.transport();
     settings_->collectives = rt.comm().options();
     if (opt.hierarchical) {
@@ -186,8 +187,9 @@ class TransportPath : public GradientPath {
                                              std::vector<void*> ready_events) override {
     (void)ready_events;  // host memory: nothing to wait for on a device
     // Shared: a bucket actor may still be running a message when its module destroys the path.
-    auto made = std::make_shared<TransportBucket>(settings_, buffer,
-                                                  comm::make_reduction(*algorithm_, buffer));
+    auto made = std::make_shared<TransportBucket>(
+        settings_, buffer,
+        make_reduction_ ? make_reduction_(buffer) : comm::make_reduction(*algorithm_, buffer));
     if (static_cast<size_t>(buffer.index) < buckets_.size())
       buckets_[static_cast<size_t>(buffer.index)] = made;
     return made;
@@ -203,6 +205,7 @@ class TransportPath : public GradientPath {
  private:
   std::vector<std::shared_ptr<TransportBucket>> buckets_;  // the current buckets, by index
   const comm::Compression* algorithm_ = nullptr;
+  std::function<std::shared_ptr<comm::Reduction>(const comm::BucketBuffer&)> make_reduction_;
   std::shared_ptr<TransportSettings> settings_ = std::make_shared<TransportSettings>();
 };
 

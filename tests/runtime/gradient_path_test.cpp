@@ -108,7 +108,7 @@ TEST_CASE("a CPU module is told why the CUDA paths and shared memory declined") 
     for (auto& e : errors) CHECK(e == "");
     std::vector<std::string> want = {
         "cuda via nccl: the parameters are on the CPU",
-        "cuda via host staging, half precision cast on the device: the parameters are on the CPU",
+        "cuda via host staging, compressed on the device: the parameters are on the CPU",
         "cuda via host staging: the parameters are on the CPU"};
     if (!s.shared_memory_declined.empty()) want.push_back(s.shared_memory_declined);
     for (int r = 0; r < 2; ++r) {
