@@ -63,6 +63,21 @@ std::optional<MinMaxCodes> minmax_codes(const Compression& algorithm);
 std::shared_ptr<Reduction> make_minmax_exchange(MinMaxCodes codes, const BucketBuffer& bucket,
                                                 int world_size, void* send, void* gathered);
 
+/// Top-k sparsification's k for a bucket of `count` elements: max(1, ratio x count), or `count`,
+/// at most count.
+size_t sparse_k(const Sparsification& config, size_t count);
+
+/// The exchange of Sparsification in top_k mode (another mode throws comm::Error): `records`
+/// (world_size x 2 sparse_k words, in memory the caller keeps) holds this rank's record at
+/// rank x 2k words when the stages start: its k indices (uint32, ascending, as comm::top_k
+/// gives them), then their k values (float32; with error feedback and momentum correction
+/// applied before the selection, the padding zeroed). When they end it holds every rank's, in
+/// rank order. Decoding is the caller's: the bucket is zero, then each rank's values times
+/// ReduceStep::scale are scatter-added, rank after rank.
+std::shared_ptr<Reduction> make_top_k_exchange(const Sparsification& config,
+                                               const BucketBuffer& bucket, int world_size,
+                                               void* records);
+
 /// Every exchange's stages throw comm::Error when run in a world of another size than it was
 /// made for (its buffers were sized for that one).
 

@@ -9,28 +9,44 @@
 // With momentum correction (Lin et al., Deep Gradient Compression): u = m u + g, x = e + u, and
 // the sent coordinates of both e and u are zeroed (momentum factor masking); the result is then
 // the update direction, to be applied by an optimizer without momentum of its own.
+// The exchange alone (coded.h) is top_k's allgather of records with the selection and the
+// scatter-adds left to its caller (the GPU's kernels), the records in the caller's memory.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "comm/codecs/sparse.h"
+#include "comm/compression/coded.h"
 #include "comm/compression/reductions.h"
+#include "comm/status.h"
 
 namespace troupe::comm {
+
+size_t sparse_k(const Sparsification& config, size_t count) {
+  const size_t k =
+      config.count
+          ? std::min(config.count, count)
+          : std::max<size_t>(
+                1, static_cast<size_t>(std::llround(config.ratio * static_cast<double>(count))));
+  return std::min(k, count);
+}
 
 namespace {
 
 class Sparse final : public Reduction {
  public:
-  Sparse(const Sparsification& config, const BucketBuffer& bucket)
-      : config_(config), bucket_(bucket) {
+  // `records` null: the whole reduction on the CPU. Else (top_k only) the exchange of records
+  // alone, in `records` (for `world_size` ranks).
+  Sparse(const Sparsification& config, const BucketBuffer& bucket, int world_size = 0,
+         uint32_t* records = nullptr)
+      : config_(config),
+        bucket_(bucket),
+        k_(sparse_k(config, bucket.count)),
+        world_size_(world_size),
+        external_(records) {
+    if (external_) return;
     const size_t n = bucket.count;
-    k_ = config.count
-             ? std::min(config.count, n)
-             : std::max<size_t>(
-                   1, static_cast<size_t>(std::llround(config.ratio * static_cast<double>(n))));
-    k_ = std::min(k_, n);
     if (config.error_feedback) error_.assign(n, 0.0f);
     if (config.momentum > 0) velocity_.assign(n, 0.0f);
     indices_.resize(k_);
@@ -53,6 +69,16 @@ class Sparse final : public Reduction {
 
   std::vector<std::function<Schedule()>> stages(const ReduceStep& step) override {
     auto* data = static_cast<float*>(bucket_.data);
+    if (external_) {
+      if (step.group.world_size != world_size_)
+        throw Error("top-k exchange of bucket " + std::to_string(bucket_.index) + ": made for " +
+                    std::to_string(world_size_) + " ranks, run among " +
+                    std::to_string(step.group.world_size));
+      return {[this, step] {
+        return allgather_schedule(step.group, own_record(step, external_), external_, 2 * k_,
+                                  DataType::int32, step.collectives);
+      }};
+    }
     return {[this, step, data] {
       zero_padding(bucket_);
       const size_t n = bucket_.count;
@@ -104,15 +130,21 @@ class Sparse final : public Reduction {
     }
   }
 
-  // Record per rank: k uint32 indices, then k float values (both 4-byte words).
+  // This rank's record among every rank's at `all`.
+  uint32_t* own_record(const ReduceStep& step, uint32_t* all) const {
+    return all + 2 * k_ * static_cast<size_t>(step.group.rank);
+  }
+
+  // Record per rank: k uint32 indices, then k float values (both 4-byte words); this rank's is
+  // allgathered in place.
   Schedule exchange_top_k(const ReduceStep& step, float* data) {
     const size_t world = static_cast<size_t>(step.group.world_size);
-    record_.resize(2 * k_);
-    std::memcpy(record_.data(), indices_.data(), k_ * sizeof(uint32_t));
-    std::memcpy(record_.data() + k_, values_.data(), k_ * sizeof(float));
     all_.resize(2 * k_ * world);
-    auto schedule = allgather_schedule(step.group, record_.data(), all_.data(), 2 * k_,
-                                       DataType::int32, step.collectives);
+    uint32_t* record = own_record(step, all_.data());
+    std::memcpy(record, indices_.data(), k_ * sizeof(uint32_t));
+    std::memcpy(record + k_, values_.data(), k_ * sizeof(float));
+    auto schedule = allgather_schedule(step.group, record, all_.data(), 2 * k_, DataType::int32,
+                                       step.collectives);
     schedule.finally = [this, step, data, world] {
       std::memset(data, 0, bucket_.count * sizeof(float));
       for (size_t r = 0; r < world; ++r) {
@@ -127,11 +159,13 @@ class Sparse final : public Reduction {
   Sparsification config_;
   BucketBuffer bucket_;
   size_t k_ = 0;
+  int world_size_;
+  uint32_t* external_;
   std::vector<float> error_;
   std::vector<float> velocity_;  // momentum correction's u; empty without it
   std::vector<uint32_t> indices_;
   std::vector<float> values_;
-  std::vector<uint32_t> record_, all_;
+  std::vector<uint32_t> all_;
 };
 
 }  // namespace
@@ -139,6 +173,19 @@ class Sparse final : public Reduction {
 std::shared_ptr<Reduction> make_sparse_reduction(const Sparsification& config,
                                                  const BucketBuffer& bucket) {
   return std::make_shared<Sparse>(config, bucket);
+}
+
+std::shared_ptr<Reduction> make_top_k_exchange(const Sparsification& config,
+                                               const BucketBuffer& bucket, int world_size,
+                                               void* records) {
+  if (config.mode != SparseMode::top_k)
+    throw Error("sparse exchange of bucket " + std::to_string(bucket.index) +
+                ": only top_k exchanges records (random_k and block allreduce their values)");
+  if (!records || world_size < 1)
+    throw Error("top-k exchange of bucket " + std::to_string(bucket.index) +
+                ": needs its records' memory and a world of at least one rank (got " +
+                std::to_string(world_size) + ")");
+  return std::make_shared<Sparse>(config, bucket, world_size, static_cast<uint32_t*>(records));
 }
 
 }  // namespace troupe::comm

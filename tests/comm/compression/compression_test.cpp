@@ -390,17 +390,22 @@ std::vector<std::vector<Vec>> run_exchange(const comm::Compression& algorithm, i
       Vec data(kCount);
       const comm::BucketBuffer bucket{0, data.data(), kCount, comm::DataType::float32, kTensors};
       const auto* sign = std::get_if<comm::SignCompression>(&algorithm);
+      const auto* sparse = std::get_if<comm::Sparsification>(&algorithm);
       const auto codes = comm::minmax_codes(algorithm);
-      REQUIRE((sign || codes));
-      // Sign: every rank's message. Min-max: the codes sent, then the codes gathered.
+      REQUIRE((sign || sparse || codes));
+      // Sign: every rank's message. Top-k: every rank's record. Min-max: the codes sent, then the
+      // codes gathered.
       const comm::SignMessage message(bucket);
+      const size_t k = sparse ? comm::sparse_k(*sparse, kCount) : 0;
       const size_t slot =
           codes ? comm::minmax_slot_bytes(codes->bits, codes->block, kCount, world) : 0;
-      std::vector<uint8_t> area(sign ? message.bytes * static_cast<size_t>(world)
-                                     : 2 * slot * static_cast<size_t>(world));
-      auto exchange = sign ? comm::make_sign_exchange(*sign, bucket, world, area.data())
-                           : comm::make_minmax_exchange(*codes, bucket, world, area.data(),
-                                                        area.data() + slot * world);
+      std::vector<uint8_t> area(sign     ? message.bytes * static_cast<size_t>(world)
+                                : sparse ? 8 * k * static_cast<size_t>(world)
+                                         : 2 * slot * static_cast<size_t>(world));
+      auto exchange = sign     ? comm::make_sign_exchange(*sign, bucket, world, area.data())
+                      : sparse ? comm::make_top_k_exchange(*sparse, bucket, world, area.data())
+                               : comm::make_minmax_exchange(*codes, bucket, world, area.data(),
+                                                            area.data() + slot * world);
       Vec error(kCount, 0.0f);
       comm::BlockingDriver driver;
       std::vector<Vec> out;
@@ -420,6 +425,18 @@ std::vector<std::vector<Vec>> run_exchange(const comm::Compression& algorithm, i
             comm::sign_pack(x, t.count, mine + message.bits_at[i]);
             if (sign->error_feedback)
               for (size_t k = 0; k < t.count; ++k) e[k] = x[k] - (x[k] < 0 ? -m : m);
+          }
+        } else if (sparse) {
+          for (const comm::Range& gap : comm::padding_of(bucket))
+            std::fill(data.begin() + gap.begin, data.begin() + gap.end, 0.0f);
+          if (sparse->error_feedback)
+            for (size_t i = 0; i < kCount; ++i) data[i] += error[i];
+          auto* record = reinterpret_cast<uint32_t*>(area.data()) + 2 * k * static_cast<size_t>(r);
+          comm::top_k(data.data(), kCount, k, record);
+          for (size_t j = 0; j < k; ++j) std::memcpy(record + k + j, &data[record[j]], 4);
+          if (sparse->error_feedback) {
+            error = data;
+            for (size_t j = 0; j < k; ++j) error[record[j]] = 0.0f;
           }
         } else {
           for (const comm::Range& gap : comm::padding_of(bucket))
@@ -459,6 +476,17 @@ std::vector<std::vector<Vec>> run_exchange(const comm::Compression& algorithm, i
               for (size_t k = 0; k < t.count; ++k)
                 x[k] = static_cast<float>((x[k] > 0) - (x[k] < 0));
           }
+        } else if (sparse) {
+          std::fill(data.begin(), data.end(), 0.0f);
+          for (int q = 0; q < world; ++q) {
+            const auto* record =
+                reinterpret_cast<const uint32_t*>(area.data()) + 2 * k * static_cast<size_t>(q);
+            for (size_t j = 0; j < k; ++j) {
+              float v;
+              std::memcpy(&v, record + k + j, 4);
+              data[record[j]] += static_cast<float>(scale) * v;
+            }
+          }
         } else {
           for (int j = 0; j < world; ++j) {
             const comm::Range c = comm::block_range(kCount, world, j);
@@ -476,14 +504,16 @@ std::vector<std::vector<Vec>> run_exchange(const comm::Compression& algorithm, i
 }
 
 TEST_CASE(
-    "the exchanges of sign and min-max codes, encoded and decoded around them in their documented "
-    "layouts, give the bits of the algorithms' own reductions") {
+    "the exchanges of sign, min-max and top-k codes, encoded and decoded around them in their "
+    "documented layouts, give the bits of the algorithms' own reductions") {
   const std::vector<comm::Compression> algorithms = {
       comm::SignCompression{comm::SignMode::scaled, true},
       comm::SignCompression{comm::SignMode::scaled, false},
       comm::SignCompression{comm::SignMode::majority_vote, false},
       comm::ByteGrad{.block = 64},
       comm::Int4Quantization{.block = 32},
+      comm::Sparsification{.ratio = 0.05},
+      comm::Sparsification{.count = 7, .error_feedback = false},
   };
   for (const auto& algorithm : algorithms) {
     CAPTURE(comm::algorithm_name(algorithm));
@@ -525,6 +555,13 @@ TEST_CASE(
                        "bytegrad exchange of bucket 3: made for 4 ranks, run among 3", comm::Error);
   CHECK_THROWS_AS(comm::make_sign_exchange(comm::SignCompression{}, bucket, 2, nullptr),
                   comm::Error);
+  auto top_k = comm::make_top_k_exchange(comm::Sparsification{}, bucket, 1, area.data());
+  CHECK_THROWS_WITH_AS(top_k->stages(step),
+                       "top-k exchange of bucket 3: made for 1 ranks, run among 3", comm::Error);
+  CHECK_THROWS_AS(
+      comm::make_top_k_exchange(comm::Sparsification{.mode = comm::SparseMode::random_k}, bucket, 3,
+                                area.data()),
+      comm::Error);
   CHECK_FALSE(comm::minmax_codes(comm::SignCompression{}).has_value());
 }
 
