@@ -45,6 +45,21 @@ torch::Tensor device_bytes(size_t bytes, const torch::Device& device) {
                       torch::TensorOptions().dtype(torch::kUInt8).device(device));
 }
 
+// A device float32 tensor's values on the host (none for an undefined one). When a state is
+// saved or loaded the last step's device work has completed: its reduction ended after the
+// decode, and the encode came before it.
+std::vector<float> host_copy(const torch::Tensor& device) {
+  if (!device.defined()) return {};
+  const auto host = device.to(torch::kCPU);
+  return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+}
+
+// The reverse, into `device` (as many elements).
+void device_copy(std::vector<float>& host, torch::Tensor& device) {
+  if (host.empty()) return;
+  device.copy_(torch::from_blob(host.data(), {static_cast<int64_t>(host.size())}, torch::kFloat));
+}
+
 // ---- fp16 / bf16 ----------------------------------------------------------------------------
 
 class CastCodec final : public DeviceCodec {
@@ -261,6 +276,89 @@ class MinMaxCodec final : public DeviceCodec {
   size_t slot_;
 };
 
+// ---- top-k sparsification --------------------------------------------------------------------
+
+class TopKCodec final : public DeviceCodec {
+ public:
+  TopKCodec(const comm::Sparsification& config, const comm::BucketBuffer& bucket,
+            const torch::Device& device, int rank, int world_size)
+      : DeviceCodec("sparse", /*flat=*/false),
+        config_(config),
+        bucket_(bucket),
+        padding_(comm::padding_of(bucket)),
+        k_(comm::sparse_k(config, bucket.count)),
+        rank_(rank),
+        world_size_(world_size) {
+    const size_t record = 2 * k_ * sizeof(uint32_t);
+    area_ = device_bytes(record * static_cast<size_t>(world_size), device);
+    sent_ = {record * static_cast<size_t>(rank), record};
+    gathered_ = {0, record * static_cast<size_t>(world_size)};
+    if (config.error_feedback)
+      error_ = torch::zeros({static_cast<int64_t>(bucket.count)},
+                            torch::TensorOptions().dtype(torch::kFloat).device(device));
+  }
+
+  void encode(void* stream, double denominator) override {
+    (void)denominator;  // applied on decode
+    auto* data = static_cast<float*>(bucket_.data);
+    const size_t n = bucket_.count;
+    for (const comm::Range& gap : padding_)
+      cuda::zero_async(data + gap.begin, gap.size() * sizeof(float), stream);
+    float* e = error_.defined() ? error_.data_ptr<float>() : nullptr;
+    if (e) cuda::reduce(data, data, e, n, cuda::DType::float32, cuda::Op::sum, stream);
+    uint32_t* indices = record(rank_);
+    cuda::top_k(data, n, k_, indices, stream);
+    cuda::gather(data, indices, k_, values(indices), stream);
+    if (e) cuda::sparse_error_feedback(data, n, indices, k_, e, stream);
+  }
+
+  void decode(void* stream, double denominator) override {
+    auto* data = static_cast<float*>(bucket_.data);
+    const auto scale = static_cast<float>(1.0 / denominator);
+    cuda::zero_async(data, bucket_.count * sizeof(float), stream);
+    for (int r = 0; r < world_size_; ++r) {
+      const uint32_t* indices = record(r);
+      cuda::scatter_add(indices, values(indices), k_, scale, data, stream);
+    }
+  }
+
+ protected:
+  std::shared_ptr<comm::Reduction> exchange(const comm::BucketBuffer& host_buffer,
+                                            void* host) override {
+    return comm::make_top_k_exchange(config_, host_buffer, world_size_, host);
+  }
+
+  // As comm's Sparse: the error memory (empty without error feedback), then the momentum
+  // correction's velocity (always empty here: the device codec runs without it).
+  void save_state(comm::StateWriter& out) const override {
+    out.vector(host_copy(error_));
+    out.vector(std::vector<float>());
+  }
+  void load_state(comm::StateReader& in) override {
+    const size_t n = error_.defined() ? static_cast<size_t>(error_.numel()) : 0;
+    auto error = in.vector<float>(n, "the error-feedback memory");
+    in.vector<float>(0, "the momentum-correction velocity");
+    device_copy(error, error_);
+  }
+
+ private:
+  // Rank r's record: k indices, then k values.
+  uint32_t* record(int r) const {
+    return static_cast<uint32_t*>(area()) + 2 * k_ * static_cast<size_t>(r);
+  }
+  float* values(const uint32_t* record) const {
+    return reinterpret_cast<float*>(const_cast<uint32_t*>(record) + k_);
+  }
+
+  comm::Sparsification config_;
+  comm::BucketBuffer bucket_;
+  std::vector<comm::Range> padding_;
+  size_t k_;
+  int rank_;
+  int world_size_;
+  torch::Tensor error_;  // float32 on the device; undefined without error feedback
+};
+
 }  // namespace
 
 std::string device_codec_support(const comm::Compression& algorithm) {
@@ -283,6 +381,9 @@ std::shared_ptr<DeviceCodec> make_device_codec(const comm::Compression& algorith
     return std::make_shared<SignCodec>(*sign, bucket, device, rank, world_size);
   if (const auto codes = comm::minmax_codes(algorithm))
     return std::make_shared<MinMaxCodec>(*codes, bucket, device, world_size);
+  if (const auto* sparse = std::get_if<comm::Sparsification>(&algorithm);
+      sparse && device_codec_support(algorithm).empty())
+    return std::make_shared<TopKCodec>(*sparse, bucket, device, rank, world_size);
   throw comm::Error(device_codec_support(algorithm));
 }
 

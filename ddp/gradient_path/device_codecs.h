@@ -20,6 +20,11 @@
 //   8/4-bit       area: the codes sent (W chunk slots) and the codes gathered (W slots); encode
 //   min-max       zeroes the padding and encodes every chunk; the host alltoalls, decodes and sums
 //                 its chunk, scales, re-encodes and allgathers; decode writes every chunk
+//   top-k         area: every rank's record (k indices, k values); encode zeroes the padding, adds
+//                 the error memory, selects (radix select), gathers the values and zeroes the sent
+//                 coordinates of the error; the host allgathers in place; decode zeroes the bucket
+//                 and scatter-adds every rank's values times 1 / denominator, rank after rank
+//                 (without momentum correction: that stages the float32 bucket)
 #include <torch/types.h>
 
 #include <memory>

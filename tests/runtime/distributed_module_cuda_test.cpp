@@ -158,7 +158,7 @@ TEST_CASE(
 
 TEST_CASE(
     "fp16 and bf16 on CUDA parameters are cast on the device, stage half the bytes of float32 and "
-    "train like one process; top-k stages the float32 bucket") {
+    "train like one process; random-k stages the float32 bucket") {
   if (skip_without_cuda()) return;
   const Job job(2);
   const auto want = reference(job);
@@ -183,8 +183,10 @@ TEST_CASE(
       CHECK(test::max_diff(got[i], want) < 1e-2);  // 16 bits on the wire
     }
   }
-  // Top-k has no device codec: the float32 bucket is staged, and every rank decodes the same bytes.
-  auto got = train(job, Sparsification{.ratio = 0.5}, DdpOptions{}, /*nccl=*/false, on_gpu, &paths);
+  // Random-k has no device codec: the float32 bucket is staged, and every rank decodes the same
+  // bytes.
+  auto got = train(job, Sparsification{.mode = SparseMode::random_k, .ratio = 0.5}, DdpOptions{},
+                   /*nccl=*/false, on_gpu, &paths);
   for (int r = 0; r < job.world; ++r) {
     CAPTURE(r);
     CHECK(paths[static_cast<size_t>(r)] == "cuda via host staging");
@@ -265,8 +267,8 @@ std::vector<std::vector<torch::Tensor>> exact_gradients(
 }  // namespace
 
 TEST_CASE(
-    "fp16, bf16, sign, majority vote, ByteGrad and int4 compress on the device and reduce to the "
-    "bits the same algorithm gives on the CPU, step after step") {
+    "fp16, bf16, sign, majority vote, ByteGrad, int4 and top-k compress on the device and reduce "
+    "to the bits the same algorithm gives on the CPU, step after step") {
   if (skip_without_cuda()) return;
   const torch::Device cuda(torch::kCUDA, 0);
   const std::vector<std::pair<std::string, Algorithm>> algorithms = {
@@ -277,6 +279,8 @@ TEST_CASE(
       {"majority vote", SignCompression{.mode = SignMode::majority_vote, .error_feedback = false}},
       {"bytegrad", ByteGrad{.block = 64}},
       {"int4", Int4Quantization{.block = 32}},
+      {"top-k", Sparsification{.ratio = 0.05}},
+      {"top-k without error feedback", Sparsification{.count = 5, .error_feedback = false}},
   };
   for (const auto& named : algorithms) {
     const std::string& name = named.first;
@@ -431,38 +435,42 @@ TEST_CASE("CUDA gradients set to none are averaged through host staging and thro
 }
 
 TEST_CASE(
-    "the error memory of sign compressed on the device is checkpointed in the CPU's format: a GPU "
-    "checkpoint resumes on the CPU, and a CPU one on the GPU, with the same bits") {
+    "the error memory of sign and top-k compressed on the device is checkpointed in the CPU's "
+    "format: a GPU checkpoint resumes on the CPU, and a CPU one on the GPU, with the same bits") {
   if (skip_without_cuda()) return;
   const torch::Device cuda(torch::kCUDA, 0);
-  const Algorithm sign = SignCompression{};
-  const int world = 2;
-  const size_t params = 4;  // per step: a.weight, a.bias, b.weight, b.bias
-  const size_t later = params * (kExactSteps - kExactSteps / 2);  // the steps after the save
-  std::string path;
-  std::vector<std::string> from_gpu, from_cpu;
-  const auto gpu = exact_gradients(world, sign, cuda, &path, 0, nullptr, &from_gpu);
-  const auto cpu = exact_gradients(world, sign, torch::kCPU, &path, 0, nullptr, &from_cpu);
-  const auto on_cpu = exact_gradients(world, sign, torch::kCPU, &path, kExactSteps / 2, &from_gpu);
-  const auto on_gpu = exact_gradients(world, sign, cuda, &path, kExactSteps / 2, &from_cpu);
-  const auto fresh = exact_gradients(world, sign, cuda, &path, kExactSteps / 2);
-  for (int r = 0; r < world; ++r) {
-    CAPTURE(r);
-    const auto i = static_cast<size_t>(r);
-    REQUIRE(from_gpu[i] == from_cpu[i]);
-    REQUIRE(on_cpu[i].size() == later);
-    REQUIRE(on_gpu[i].size() == later);
-    REQUIRE(gpu[i].size() == later + params * (kExactSteps / 2));
-    for (size_t k = 0; k < later; ++k) {
-      CAPTURE(k);
-      const auto& want = gpu[i][gpu[i].size() - later + k];
-      CHECK(torch::equal(on_cpu[i][k], want));
-      CHECK(torch::equal(on_gpu[i][k], want));
+  for (const Algorithm& algorithm :
+       {Algorithm(SignCompression{}), Algorithm(Sparsification{.ratio = 0.05})}) {
+    CAPTURE(comm::algorithm_name(algorithm));
+    const int world = 2;
+    const size_t params = 4;  // per step: a.weight, a.bias, b.weight, b.bias
+    const size_t later = params * (kExactSteps - kExactSteps / 2);  // the steps after the save
+    std::string path;
+    std::vector<std::string> from_gpu, from_cpu;
+    const auto gpu = exact_gradients(world, algorithm, cuda, &path, 0, nullptr, &from_gpu);
+    const auto cpu = exact_gradients(world, algorithm, torch::kCPU, &path, 0, nullptr, &from_cpu);
+    const auto on_cpu =
+        exact_gradients(world, algorithm, torch::kCPU, &path, kExactSteps / 2, &from_gpu);
+    const auto on_gpu = exact_gradients(world, algorithm, cuda, &path, kExactSteps / 2, &from_cpu);
+    const auto fresh = exact_gradients(world, algorithm, cuda, &path, kExactSteps / 2);
+    for (int r = 0; r < world; ++r) {
+      CAPTURE(r);
+      const auto i = static_cast<size_t>(r);
+      REQUIRE(from_gpu[i] == from_cpu[i]);
+      REQUIRE(on_cpu[i].size() == later);
+      REQUIRE(on_gpu[i].size() == later);
+      REQUIRE(gpu[i].size() == later + params * (kExactSteps / 2));
+      for (size_t k = 0; k < later; ++k) {
+        CAPTURE(k);
+        const auto& want = gpu[i][gpu[i].size() - later + k];
+        CHECK(torch::equal(on_cpu[i][k], want));
+        CHECK(torch::equal(on_gpu[i][k], want));
+      }
+      // The error memory matters: without it (a fresh module from the same step) the bits differ.
+      bool differs = false;
+      for (size_t k = 0; k < later; ++k)
+        differs = differs || !torch::equal(fresh[i][k], gpu[i][gpu[i].size() - later + k]);
+      CHECK(differs);
     }
-    // The error memory matters: without it (a fresh module from the same step) the bits differ.
-    bool differs = false;
-    for (size_t k = 0; k < later; ++k)
-      differs = differs || !torch::equal(fresh[i][k], gpu[i][gpu[i].size() - later + k]);
-    CHECK(differs);
   }
 }
