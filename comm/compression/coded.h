@@ -78,6 +78,33 @@ std::shared_ptr<Reduction> make_top_k_exchange(const Sparsification& config,
                                                const BucketBuffer& bucket, int world_size,
                                                void* records);
 
+/// PowerSGD's split of a bucket, as its reduction makes it: the tensors it compresses (a rows x
+/// cols matrix of rank r each: its P, rows x r, at p_at of the P buffer, and its Q^T, r x cols,
+/// at q_at of the Q buffer) and those it allreduces as they are (after every P, at `at`).
+/// PowerSGD's exchange is two float32 sums (the P buffer, then the Q buffer) and, before
+/// start_iter, an allreduce of the whole bucket: ddp's device codec runs them itself.
+struct PowerSgdLayout {
+  struct Matrix {
+    size_t tensor = 0;
+    size_t rows = 0, cols = 0, r = 0;
+    size_t p_at = 0, q_at = 0;
+  };
+  struct Plain {
+    size_t tensor = 0;
+    size_t at = 0;
+  };
+  std::vector<Matrix> matrices;
+  std::vector<Plain> plain;
+  size_t p_count = 0, q_count = 0;  // floats in the P and Q buffers
+  PowerSgdLayout(const PowerSGD& config, const BucketBuffer& bucket);
+};
+
+/// The Q^T (m.r x m.cols floats into `qt`) that matrix `m` starts step `step` from, the same on
+/// every rank: with warm start the first step's (later steps keep the last one's), else a fresh
+/// draw per step.
+void power_sgd_qt(const PowerSGD& config, const BucketBuffer& bucket,
+                  const PowerSgdLayout::Matrix& m, uint32_t step, float* qt);
+
 /// Every exchange's stages throw comm::Error when run in a world of another size than it was
 /// made for (its buffers were sized for that one).
 

@@ -20,9 +20,41 @@
 #include <vector>
 
 #include "comm/codecs/low_rank.h"
+#include "comm/compression/coded.h"
 #include "comm/compression/reductions.h"
 
 namespace troupe::comm {
+
+PowerSgdLayout::PowerSgdLayout(const PowerSGD& config, const BucketBuffer& bucket) {
+  for (size_t i = 0; i < bucket.tensors.size(); ++i) {
+    const auto& t = bucket.tensors[i];
+    const size_t rows = t.rows, cols = t.cols();
+    const size_t r = std::min({static_cast<size_t>(config.rank), rows, cols});
+    const bool worth = rows > 1 && cols > 1 &&
+                       static_cast<double>(rows * cols) >=
+                           config.min_compression_rate * static_cast<double>((rows + cols) * r);
+    if (!worth) {
+      plain.push_back({i, 0});
+      continue;
+    }
+    matrices.push_back({i, rows, cols, r, p_count, q_count});
+    p_count += rows * r;
+    q_count += r * cols;
+  }
+  for (auto& u : plain) {
+    u.at = p_count;
+    p_count += bucket.tensors[u.tensor].count;
+  }
+}
+
+void power_sgd_qt(const PowerSGD& config, const BucketBuffer& bucket,
+                  const PowerSgdLayout::Matrix& m, uint32_t step, float* qt) {
+  const uint64_t seed =
+      config.warm_start
+          ? mix_seed(config.seed, static_cast<uint64_t>(bucket.index), m.tensor)
+          : mix_seed(config.seed, static_cast<uint64_t>(bucket.index) << 32 | step, m.tensor);
+  random_normal(seed, qt, m.r * m.cols);
+}
 
 namespace {
 
@@ -30,41 +62,20 @@ class PowerSgdReduction final : public Reduction {
  public:
   PowerSgdReduction(const PowerSGD& config, const BucketBuffer& bucket)
       : config_(config), bucket_(bucket) {
-    size_t p_at = 0, q_at = 0;
-    for (size_t i = 0; i < bucket.tensors.size(); ++i) {
-      const auto& t = bucket.tensors[i];
-      const size_t rows = t.rows, cols = t.cols();
-      const size_t r = std::min({static_cast<size_t>(config.rank), rows, cols});
-      const bool worth = rows > 1 && cols > 1 &&
-                         static_cast<double>(rows * cols) >=
-                             config.min_compression_rate * static_cast<double>((rows + cols) * r);
-      if (!worth) {
-        plain_.push_back({i, 0});
-        continue;
-      }
+    const PowerSgdLayout layout(config, bucket);
+    for (const auto& l : layout.matrices) {
       Matrix m;
-      m.tensor = i;
-      m.rows = rows;
-      m.cols = cols;
-      m.r = r;
-      m.p_at = p_at;
-      m.q_at = q_at;
-      p_at += rows * r;
-      q_at += r * cols;
-      m.qt.resize(r * cols);
-      random_normal(mix_seed(config.seed, static_cast<uint64_t>(bucket.index), i), m.qt.data(),
-                    m.qt.size());
+      static_cast<PowerSgdLayout::Matrix&>(m) = l;
+      m.qt.resize(m.r * m.cols);
+      power_sgd_qt(config, bucket, m, 0, m.qt.data());
       matrices_.push_back(std::move(m));
     }
-    for (auto& u : plain_) {
-      u.at = p_at;
-      p_at += bucket.tensors[u.tensor].count;
-    }
-    p_.resize(p_at);
-    q_.resize(q_at);
+    plain_ = layout.plain;
+    p_.resize(layout.p_count);
+    q_.resize(layout.q_count);
     if (config.error_feedback) {
-      held_p_.resize(p_at);  // only the memory's deferred update swaps into these
-      held_q_.resize(q_at);
+      held_p_.resize(layout.p_count);  // only the memory's deferred update swaps into these
+      held_q_.resize(layout.q_count);
       error_.assign(bucket.count, 0.0f);
     }
     inputs_.assign(bucket.tensors.size(), nullptr);
@@ -120,11 +131,7 @@ class PowerSgdReduction final : public Reduction {
           for (auto& m : matrices_) {
             const auto& t = bucket_.tensors[m.tensor];
             const float* in = (*inputs)[m.tensor];
-            if (!config_.warm_start)
-              random_normal(
-                  mix_seed(config_.seed, static_cast<uint64_t>(bucket_.index) << 32 | step.step,
-                           m.tensor),
-                  m.qt.data(), m.qt.size());
+            if (!config_.warm_start) power_sgd_qt(config_, bucket_, m, step.step, m.qt.data());
             // M = gradient + memory, summed row by row as the projection reads it, into the
             // memory (its lines were just read; the bucket's would first be fetched); without
             // memory M is the gradient, read where it lies.
@@ -174,16 +181,10 @@ class PowerSgdReduction final : public Reduction {
   }
 
  private:
-  struct Matrix {
-    size_t tensor = 0;
-    size_t rows = 0, cols = 0, r = 0;
-    size_t p_at = 0, q_at = 0;  // offsets in p_ and q_
-    std::vector<float> qt;      // r x cols: this matrix's Q, transposed
+  struct Matrix : PowerSgdLayout::Matrix {  // p_at and q_at: offsets in p_ and q_
+    std::vector<float> qt;                  // r x cols: this matrix's Q, transposed
   };
-  struct Plain {
-    size_t tensor;
-    size_t at;  // offset in p_
-  };
+  using Plain = PowerSgdLayout::Plain;  // at: offset in p_
 
   // The Qs save_shared_state wrote, checked against this bucket's matrices; nothing changes yet.
   std::vector<std::vector<float>> read_qs(StateReader& in) const {
