@@ -7,7 +7,7 @@
 ///   nccl.cpp           CUDA buckets, one NCCL allreduce each, on the device
 ///   host_staging.cpp   CUDA buckets copied to pinned host memory, reduced there by another path;
 ///                      or compressed on the device first (device_codecs.h: fp16/bf16, sign,
-///                      8-bit/4-bit min-max), so that only the codes are copied
+///                      8-bit/4-bit min-max, top-k, PowerSGD), so that only the codes are copied
 ///   shared_memory.cpp  CPU buckets of ranks on one host, summed straight from each other's memory
 ///   transport.cpp      CPU buckets, the algorithm's stages (comm::Reduction) over the transport
 ///

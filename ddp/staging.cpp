@@ -43,13 +43,11 @@ HostStaging::Span resolve(HostStaging::Span span, size_t bytes, const std::strin
 }  // namespace
 
 HostStaging::HostStaging(std::shared_ptr<StagingContext> context, void* device_data, size_t bytes,
-                         std::string name, Span down, Span up)
+                         std::string name)
     : context_(std::move(context)),
       device_data_(device_data),
       bytes_(bytes),
-      name_(std::move(name)),
-      down_(resolve(down, bytes, name_, "downloaded")),
-      up_(resolve(up, bytes, name_, "uploaded")) {
+      name_(std::move(name)) {
   cuda::DeviceGuard guard(context_->device());
   host_ = cuda::host_alloc(bytes_);
   try {
@@ -87,13 +85,14 @@ HostStaging::~HostStaging() {
 }
 
 void HostStaging::download(const std::vector<void*>& ready, std::chrono::milliseconds timeout,
-                           cuda::EventWatcher::Done done, const OnStream& before) {
+                           cuda::EventWatcher::Done done, const OnStream& before, Span span) {
+  const Span down = resolve(span, bytes_, name_, "downloaded");
   cuda::DeviceGuard guard(context_->device());
   void* stream = context_->download_stream();
   for (void* event : ready) cuda::stream_wait_event(stream, event);
   if (before) before(stream);
-  cuda::copy_to_host_async(static_cast<char*>(host_) + down_.offset,
-                           static_cast<const char*>(device_data_) + down_.offset, down_.bytes,
+  cuda::copy_to_host_async(static_cast<char*>(host_) + down.offset,
+                           static_cast<const char*>(device_data_) + down.offset, down.bytes,
                            stream);
   cuda::record_event(downloaded_, stream);
   context_->watcher().watch(downloaded_, name_ + ": copy of the gradients to pinned host memory",
@@ -101,11 +100,12 @@ void HostStaging::download(const std::vector<void*>& ready, std::chrono::millise
 }
 
 void HostStaging::upload(std::chrono::milliseconds timeout, cuda::EventWatcher::Done done,
-                         const OnStream& after) {
+                         const OnStream& after, Span span) {
+  const Span up = resolve(span, bytes_, name_, "uploaded");
   cuda::DeviceGuard guard(context_->device());
   void* stream = context_->upload_stream();
-  cuda::copy_to_device_async(static_cast<char*>(device_data_) + up_.offset,
-                             static_cast<const char*>(host_) + up_.offset, up_.bytes, stream);
+  cuda::copy_to_device_async(static_cast<char*>(device_data_) + up.offset,
+                             static_cast<const char*>(host_) + up.offset, up.bytes, stream);
   if (after) after(stream);
   cuda::record_event(uploaded_, stream);
   context_->watcher().watch(uploaded_, name_ + ": copy of the reduced gradients to the device",

@@ -55,11 +55,8 @@ class HostStaging {
   using Span = StagingSpan;
 
   /// `device_data`: the bucket's `bytes` of device memory; `name` ("bucket 3") names it in errors.
-  /// download() copies the part `down` of it to the same part of the mirror, upload() the part
-  /// `up` back (the whole buffer by default; a compressed exchange sends one part and receives
-  /// another). Throws std::invalid_argument for a part that does not lie inside the buffer.
   HostStaging(std::shared_ptr<StagingContext> context, void* device_data, size_t bytes,
-              std::string name, Span down = {}, Span up = {});
+              std::string name);
   /// Waits (up to 10 s) for a copy still in flight before it frees the mirror.
   ~HostStaging();
   HostStaging(const HostStaging&) = delete;
@@ -73,23 +70,24 @@ class HostStaging {
   /// bucket into the device buffer before the download, a decoding after the upload.
   using OnStream = std::function<void(void* stream)>;
 
-  /// Copies the device buffer (its part `down`) into the mirror once every event of `ready` has
-  /// completed; `done` gets "" when the copy has completed, or why not (it did not within
-  /// `timeout`, CUDA failed). `before`, when set, is enqueued after the waits and before the copy.
-  /// Throws std::runtime_error when CUDA refuses to enqueue the copy.
+  /// Copies the part `span` of the device buffer (all of it by default) into the same part of the
+  /// mirror once every event of `ready` has completed; `done` gets "" when the copy has completed,
+  /// or why not (it did not within `timeout`, CUDA failed). `before`, when set, is enqueued after
+  /// the waits and before the copy. Throws std::runtime_error when CUDA refuses to enqueue the
+  /// copy, std::invalid_argument for a part outside the buffer.
   void download(const std::vector<void*>& ready, std::chrono::milliseconds timeout,
-                cuda::EventWatcher::Done done, const OnStream& before = {});
-  /// Copies the mirror (its part `up`) back into the device buffer; `done` as for download().
-  /// `after`, when set, is enqueued after the copy, and `done` waits for it too.
+                cuda::EventWatcher::Done done, const OnStream& before = {}, Span span = {});
+  /// Copies the part `span` of the mirror back into the device buffer; `done` as for download().
+  /// `after`, when set, is enqueued after the copy, and `done` waits for it too. (A compressed
+  /// exchange sends one part of its codes and receives another.)
   void upload(std::chrono::milliseconds timeout, cuda::EventWatcher::Done done,
-              const OnStream& after = {});
+              const OnStream& after = {}, Span span = {});
 
  private:
   std::shared_ptr<StagingContext> context_;
   void* device_data_;
   size_t bytes_;
   std::string name_;
-  Span down_, up_;
   void* host_ = nullptr;
   void* downloaded_ = nullptr;  // events
   void* uploaded_ = nullptr;

@@ -11,12 +11,13 @@
 // StagingContext (a stream each way and an event watcher thread): copies complete through the
 // watcher, never by blocking an actor.
 //
-// fp16/bf16, sign and 8-bit/4-bit min-max have a staging path of their own that compresses on
-// the device (device_codecs.h): the bucket is encoded on the copy stream into codes in device
-// memory, only the codes this rank sends are staged, the transport path runs the algorithm's
-// exchange of codes on the host (comm/compression/coded.h), and what it gathered is copied back
-// and decoded into the bucket on the device. The codes cross the bus instead of the float32
-// bucket, and the encoding and decoding run on the GPU, not the CPU.
+// fp16/bf16, sign, 8-bit/4-bit min-max, top-k and PowerSGD have a staging path of their own that
+// compresses on the device (device_codecs.h): the bucket is encoded on the copy stream into codes
+// in device memory, only the codes this rank sends are staged, the transport path runs the
+// algorithm's exchange of codes on the host (comm/compression/coded.h), and what it gathered is
+// copied back and decoded into the bucket on the device; PowerSGD does this twice a step (P, then
+// Q). The codes cross the bus instead of the float32 bucket, and the encoding and decoding run on
+// the GPU, not the CPU.
 
 #include "ddp/cuda_gradients.h"
 #include "ddp/distributed_module.h"
@@ -36,8 +37,9 @@ namespace {
 
 class StagedBucket : public actors::BucketPath, public std::enable_shared_from_this<StagedBucket> {
  public:
-  // With `codec`, the mirror stages its codes, which it encodes before the download and decodes
-  // after the upload; the wrapped path runs its exchange.
+  // With `codec`, the mirror stages its codes: each round of the step encodes (or works on the
+  // last round's result) before its download, and the last round decodes after its upload; the
+  // wrapped path runs the codec's exchange once per round.
   StagedBucket(int index, std::shared_ptr<actors::HostStaging> mirror,
                std::shared_ptr<actors::BucketPath> inner, std::vector<void*> ready_events,
                std::chrono::milliseconds timeout, std::shared_ptr<DeviceCodec> codec = nullptr)
@@ -50,21 +52,12 @@ class StagedBucket : public actors::BucketPath, public std::enable_shared_from_t
 
   void reduce(const actors::ActorThread& self, uint32_t step, double denominator,
               Done done) override {
-    actors::HostStaging::OnStream encode;
-    if (codec_)
-      encode = [codec = codec_, denominator](void* stream) { codec->encode(stream, denominator); };
-    // The copy completes on the watcher's thread; the wrapped path starts on the actor's.
-    const double exchanged = codec_ ? codec_->exchange_denominator(denominator) : denominator;
-    mirror_->download(
-        ready_events_, timeout_,
-        [self, weak = weak_from_this(), step, denominator, exchanged,
-         done](const std::string& error) {
-          self.post([self, weak, step, denominator, exchanged, done, error] {
-            if (auto me = weak.lock())
-              me->reduce_mirror(self, step, denominator, exchanged, done, error);
-          });
-        },
-        encode);
+    auto run = std::make_shared<Run>();
+    run->step = step;
+    run->denominator = denominator;
+    run->rounds = codec_ ? codec_->rounds(step) : 1;
+    run->done = std::move(done);
+    download(self, run, 0, ready_events_);
   }
 
   void abort(const actors::ActorThread& self, const comm::Status& why) override {
@@ -77,35 +70,91 @@ class StagedBucket : public actors::BucketPath, public std::enable_shared_from_t
   comm::Reduction* reduction() override { return inner_->reduction(); }
 
  private:
-  // The gradients (or their codes) are in the mirror, or `error` says why not: reduce it (over
-  // `exchanged`), then copy it back.
-  void reduce_mirror(const actors::ActorThread& self, uint32_t step, double denominator,
-                     double exchanged, const Done& done, const std::string& error) {
-    if (!error.empty()) return done(comm::Status::failure(error), 0, 0);
-    if (!broken_.ok()) return done(broken_, 0, 0);
+  // One step's reduction: its rounds run one after the other.
+  struct Run {
+    uint32_t step = 0;
+    double denominator = 1;
+    int rounds = 1;
+    Done done;
+    size_t sent = 0, received = 0;  // over the rounds so far
+    void fail(const std::string& why) const { done(comm::Status::failure(why), sent, received); }
+  };
+
+  CodecRound round(const Run& run, int index) const {
+    return CodecRound{run.step, run.denominator, index};
+  }
+
+  // Round `index`: the device work (after `ready`), then the copy to the mirror. May throw.
+  void download(const actors::ActorThread& self, const std::shared_ptr<Run>& run, int index,
+                const std::vector<void*>& ready) {
+    actors::HostStaging::OnStream encode;
+    actors::HostStaging::Span span;
+    if (codec_) {
+      encode = [codec = codec_, r = round(*run, index)](void* stream) { codec->encode(stream, r); };
+      span = codec_->sent(round(*run, index));
+    }
+    // The copy completes on the watcher's thread; the wrapped path starts on the actor's.
+    mirror_->download(
+        ready, timeout_,
+        [self, weak = weak_from_this(), run, index](const std::string& error) {
+          self.post([self, weak, run, index, error] {
+            if (auto me = weak.lock()) me->exchange(self, run, index, error);
+          });
+        },
+        encode, span);
+  }
+
+  // Round `index`'s part of the mirror is in (or `error` says why not): the wrapped path runs the
+  // exchange on it, then its result goes back to the device, and the next round follows.
+  void exchange(const actors::ActorThread& self, const std::shared_ptr<Run>& run, int index,
+                const std::string& error) {
+    if (!error.empty()) return run->fail(error);
+    if (!broken_.ok()) return run->done(broken_, run->sent, run->received);
+    const bool last = index + 1 == run->rounds;
     actors::HostStaging::OnStream decode;
-    if (codec_)
-      decode = [codec = codec_, denominator](void* stream) { codec->decode(stream, denominator); };
-    Done upload = [index = index_, mirror = mirror_, timeout = timeout_, decode, done](
-                      const comm::Status& status, size_t sent, size_t received) {
-      if (!status.ok()) return done(status, sent, received);
+    actors::HostStaging::Span span;
+    if (codec_) {
+      if (last)
+        decode = [codec = codec_, r = round(*run, index)](void* stream) {
+          codec->decode(stream, r);
+        };
+      span = codec_->gathered(round(*run, index));
+    }
+    const std::string what = "bucket " + std::to_string(index_) + ": ";
+    Done upload = [self, weak = weak_from_this(), run, index, last, mirror = mirror_,
+                   timeout = timeout_, decode, span,
+                   what](const comm::Status& status, size_t sent, size_t received) {
+      run->sent += sent;
+      run->received += received;
+      if (!status.ok()) return run->done(status, run->sent, run->received);
       try {
         mirror->upload(
             timeout,
-            [done, sent, received](const std::string& error) {
-              done(error.empty() ? comm::Status::success() : comm::Status::failure(error), sent,
-                   received);
+            [self, weak, run, index, last, what](const std::string& error) {
+              if (!error.empty()) return run->fail(error);
+              if (last) return run->done(comm::Status::success(), run->sent, run->received);
+              self.post([self, weak, run, index, what] {
+                auto me = weak.lock();
+                if (!me) return;
+                try {
+                  me->download(self, run, index + 1, {});
+                } catch (const std::exception& e) {
+                  run->fail(what + e.what());
+                }
+              });
             },
-            decode);
+            decode, span);
       } catch (const std::exception& e) {
-        done(comm::Status::failure("bucket " + std::to_string(index) + ": " + e.what()), sent,
-             received);
+        run->fail(what + e.what());
       }
     };
     try {
-      inner_->reduce(self, step, exchanged, upload);
+      if (codec_) codec_->begin_round(index);
+      const double exchanged =
+          codec_ ? codec_->exchange_denominator(run->denominator) : run->denominator;
+      inner_->reduce(self, run->step, exchanged, upload);
     } catch (const std::exception& e) {
-      done(comm::Status::failure("bucket " + std::to_string(index_) + ": " + e.what()), 0, 0);
+      run->fail(what + e.what());
     }
   }
 
@@ -182,8 +231,8 @@ class HostStagingPath : public GradientPath {
     auto codec = make_device_codec(
         algorithm_, buffer, torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_)),
         rank_, world_size_);
-    auto mirror = std::make_shared<actors::HostStaging>(
-        context_, codec->area(), codec->area_bytes(), what, codec->sent(), codec->gathered());
+    auto mirror =
+        std::make_shared<actors::HostStaging>(context_, codec->area(), codec->area_bytes(), what);
     host.data = mirror->host();
     next_codec_ = codec;
     auto inner = inner_->bucket(host, {});

@@ -474,3 +474,46 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "PowerSGD runs on the device (torch ops on the staging streams, two rounds a step) and matches "
+    "the CPU reduction to rounding, through its warm-up and a checkpoint moved to the CPU") {
+  if (skip_without_cuda()) return;
+  const torch::Device cuda(torch::kCUDA, 0);
+  // Step 0 is the warm-up's full allreduce; steps 1-3 compress a.weight (40 x 16, rank 2).
+  for (bool warm_start : {true, false}) {
+    CAPTURE(warm_start);
+    const Algorithm power = PowerSGD{.rank = 2, .warm_start = warm_start, .start_iter = 1};
+    for (int world : {2, 3}) {
+      CAPTURE(world);
+      std::string cpu_path, gpu_path;
+      std::vector<std::string> saved;
+      const auto want = exact_gradients(world, power, torch::kCPU, &cpu_path);
+      const auto got = exact_gradients(world, power, cuda, &gpu_path, 0, nullptr, &saved);
+      const auto resumed =
+          exact_gradients(world, power, torch::kCPU, &cpu_path, kExactSteps / 2, &saved);
+      CHECK(gpu_path == "cuda via host staging, compressed on the device");
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(r);
+        const auto i = static_cast<size_t>(r);
+        REQUIRE(got[i].size() == want[i].size());
+        REQUIRE(!want[i].empty());
+        for (size_t k = 0; k < want[i].size(); ++k) {
+          CAPTURE(k);
+          const double scale = std::max(1.0, want[i][k].abs().max().item<double>());
+          CHECK((got[i][k] - want[i][k]).abs().max().item<double>() <= 1e-4 * scale);
+          if (k < 4) CHECK(torch::equal(got[i][k], want[i][k]));  // the warm-up: a plain sum
+        }
+        // The GPU's state (memory, Qs) continued on the CPU gives the GPU's later steps.
+        const size_t later = resumed[i].size();
+        REQUIRE(later == got[i].size() / 2);
+        for (size_t k = 0; k < later; ++k) {
+          CAPTURE(k);
+          const auto& g = got[i][got[i].size() - later + k];
+          const double scale = std::max(1.0, g.abs().max().item<double>());
+          CHECK((resumed[i][k] - g).abs().max().item<double>() <= 1e-4 * scale);
+        }
+      }
+    }
+  }
+}

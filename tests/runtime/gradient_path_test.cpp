@@ -9,6 +9,9 @@
 #include "comm/status.h"
 #include "ddp/distributed_module.h"
 #include "ddp/gradient_path.h"
+#ifdef TROUPE_HAVE_CUDA
+#include "ddp/gradient_path/device_codecs.h"
+#endif
 #include "tests/support/ddp_reference.h"
 #include "tests/support/thread_ranks.h"
 
@@ -126,3 +129,33 @@ TEST_CASE("a CPU module is told why the CUDA paths and shared memory declined") 
   });
   for (auto& e : errors) CHECK(e == "");
 }
+
+#ifdef TROUPE_HAVE_CUDA
+// Which algorithms the staging path that compresses on the device takes (the rest stage float32):
+// decided before any CUDA call, so it is checked on machines without a GPU too.
+TEST_CASE(
+    "the device codecs serve fp16, bf16, sign, ByteGrad, int4, top-k and PowerSGD, and "
+    "name what they do not serve") {
+  for (const Algorithm& served :
+       {Algorithm(HalfPrecision{}), Algorithm(HalfPrecision{.bfloat16 = true}),
+        Algorithm(SignCompression{}),
+        Algorithm(SignCompression{.mode = SignMode::majority_vote, .error_feedback = false}),
+        Algorithm(ByteGrad{}), Algorithm(Int4Quantization{}), Algorithm(Sparsification{}),
+        Algorithm(Sparsification{.count = 3, .error_feedback = false})}) {
+    CAPTURE(comm::algorithm_name(served));
+    CHECK(device_codec_support(served) == "");
+  }
+#ifdef TROUPE_HAVE_C10_CUDA
+  CHECK(device_codec_support(PowerSGD{}) == "");
+#else
+  CHECK(device_codec_support(PowerSGD{}).find("needs LibTorch's c10_cuda") != std::string::npos);
+#endif
+  CHECK(device_codec_support(GradientAllReduce{}) == "allreduce has no device codec");
+  CHECK(device_codec_support(Sparsification{.mode = SparseMode::random_k}) ==
+        comm::algorithm_name(Sparsification{.mode = SparseMode::random_k}) +
+            " has no device codec (top-k has)");
+  CHECK(device_codec_support(Sparsification{.momentum = 0.9}) ==
+        comm::algorithm_name(Sparsification{.momentum = 0.9}) +
+            ": top-k with momentum correction has no device codec");
+}
+#endif
