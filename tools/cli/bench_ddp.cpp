@@ -197,12 +197,15 @@ struct Interleaved {
   double compute_helper_cpu = 0;
   double bytes_sent = 0;
   double gradient_bytes_copied = 0;  // per data-parallel step, this rank
+  std::string gradient_path;         // DistributedModule::gradient_path()
 };
 
 Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
   Workload w(bench, rt.rank(), rt.local_rank());
   DistributedModule ddp(rt, w.model.ptr(), comm::parse_compression(bench.algorithm),
                         ddp_options(bench));
+  Interleaved r;
+  r.gradient_path = ddp.gradient_path();
 
   enum Kind { kDp, kCompute, kAlone };
   struct Measured {
@@ -233,7 +236,7 @@ Interleaved train_interleaved(const DdpBench& bench, Runtime& rt) {
     return Measured{seconds(t0, t3), seconds(t1, t2), other_threads_cpu() - helpers0};
   };
 
-  Interleaved r;  // the first data-parallel step (warm-up) rebuilds the buckets
+  // The first data-parallel step (warm-up) rebuilds the buckets.
   for (int i = 0; i < kWarmup + bench.steps; ++i) {
     for (int k = 0; k < 3; ++k) {
       const auto kind = static_cast<Kind>((i + k) % 3);
@@ -292,12 +295,13 @@ void print_interleaved(const DdpBench& bench, const Interleaved& r) {
         "\"bytes_sent_per_step\": %.0f, \"helper_cpu_sec\": %.6g, "
         "\"compute_helper_cpu_sec\": %.6g, \"backward_sec\": %.6g, "
         "\"compute_backward_sec\": %.6g, \"gradient_arena\": %s, "
-        "\"gradient_bytes_copied_per_step\": %.0f, \"device\": \"%s\"}\n",
+        "\"gradient_bytes_copied_per_step\": %.0f, \"device\": \"%s\", "
+        "\"gradient_path\": \"%s\"}\n",
         bench.algorithm.c_str(), bench.world, bench.no_shared_memory ? "false" : "true",
         bench.model.c_str(), bench.batch, bench.steps, dp, compute, alone, vs_alone, vs_compute,
         median(r.wait), r.bytes_sent, r.dp_helper_cpu, r.compute_helper_cpu, median(r.dp_backward),
         median(r.compute_backward), bench.no_gradient_arena ? "false" : "true",
-        r.gradient_bytes_copied, bench.device.c_str());
+        r.gradient_bytes_copied, bench.device.c_str(), r.gradient_path.c_str());
   else
     std::printf(
         "troupe ddp (%s), interleaved: world %d, %s, batch %d per rank, %d iterations: "

@@ -185,6 +185,7 @@ TEST_CASE("troupe bench ddp --interleave runs the three kinds of step in one job
   CHECK(row["interleave"] == true);
   CHECK(row["world"] == 2);
   CHECK(row["steps"] == 2);
+  CHECK(row["gradient_path"] == "cpu via shared memory");
   for (const char* key :
        {"step_sec", "compute_step_sec", "alone_step_sec", "backward_sec", "compute_backward_sec"})
     CHECK_MESSAGE(row[key].get<double>() > 0, key);
