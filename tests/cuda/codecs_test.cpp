@@ -263,6 +263,61 @@ TEST_CASE("sign_pack on the GPU packs the CPU's bits, and unpacking applies the 
   }
 }
 
+TEST_CASE(
+    "the casts and sign unpacking give the CPU's bytes at every alignment of their buffers (the "
+    "aligned bulk goes four or eight elements a thread, the rest one)") {
+  if (skip_without_device()) return;
+  Stream stream;
+  const size_t n = 1001;
+  const std::vector<float> src = uniform_floats(n, -3.0f, 3.0f, 31);
+  const std::vector<float> start = uniform_floats(n, -1.0f, 1.0f, 32);
+  std::vector<uint8_t> bits(cpu::sign_bytes(n));
+  cpu::sign_pack(src.data(), n, bits.data());
+  Device<float> d_floats(n + 4), d_back(n + 4);
+  Device<uint16_t> d_wire(n + 4);
+  Device<uint8_t> d_bits(bits);
+  // Elements [at, at + n) of a device buffer of n + 4.
+  auto part = [n](const auto& device, size_t at) {
+    auto all = device.download(n + 4);
+    return std::vector<typename decltype(all)::value_type>(all.begin() + static_cast<long>(at),
+                                                           all.begin() + static_cast<long>(at + n));
+  };
+  for (size_t at : {0, 1, 2, 3}) {         // float elements: 4 bytes each
+    for (size_t wire_at : {0, 1, 2, 3}) {  // 16-bit elements
+      CAPTURE(at);
+      CAPTURE(wire_at);
+      troupe::test::upload(d_floats.get() + at, src.data(), n * sizeof(float));
+      for (bool bfloat16 : {false, true}) {
+        CAPTURE(bfloat16);
+        std::vector<uint16_t> wire(n);
+        std::vector<float> back(n);
+        if (bfloat16) {
+          cpu::encode_bfloat16(src.data(), n, 0.5f, wire.data());
+          cpu::decode_bfloat16(wire.data(), n, 3.0f, back.data());
+          gpu::encode_bfloat16(d_floats.get() + at, n, 0.5f, d_wire.get() + wire_at,
+                               stream.handle());
+          gpu::decode_bfloat16(d_wire.get() + wire_at, n, 3.0f, d_back.get() + at, stream.handle());
+        } else {
+          cpu::encode_half(src.data(), n, 0.5f, wire.data());
+          cpu::decode_half(wire.data(), n, 3.0f, back.data());
+          gpu::encode_half(d_floats.get() + at, n, 0.5f, d_wire.get() + wire_at, stream.handle());
+          gpu::decode_half(d_wire.get() + wire_at, n, 3.0f, d_back.get() + at, stream.handle());
+        }
+        CHECK_SAME_BYTES(part(d_wire, wire_at), wire);
+        CHECK_SAME_BYTES(part(d_back, at), back);
+      }
+    }
+    std::vector<float> set(n), added = start;
+    cpu::sign_unpack(bits.data(), n, 0.25f, set.data());
+    cpu::sign_unpack_add(bits.data(), n, 0.25f, added.data());
+    gpu::sign_unpack(d_bits.get(), n, 0.25f, d_back.get() + at, stream.handle());
+    CHECK_SAME_BYTES(part(d_back, at), set);
+    troupe::test::upload(d_back.get() + at, start.data(), n * sizeof(float));
+    gpu::sign_unpack_add(d_bits.get(), n, 0.25f, d_back.get() + at, stream.handle());
+    CHECK_SAME_BYTES(part(d_back, at), added);
+  }
+}
+
 TEST_CASE("mean_abs on the GPU adds in the CPU's order and gives its float bit for bit") {
   if (skip_without_device()) return;
   Stream stream;
