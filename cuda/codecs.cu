@@ -475,7 +475,7 @@ void sign_unpack_any(const char* function, const uint8_t* bits, size_t n, Scale 
 }
 
 constexpr size_t kMeanChunk = 1024;  // comm::mean_abs's chunk: 16 lanes of 64 additions
-constexpr size_t kMeanTile = 2048;   // chunk sums staged in shared memory for the final chain
+constexpr size_t kMeanGroup = 64;    // comm::mean_abs's tree over the chunks' sums
 
 /// One chunk per 16 lanes: lane L sums |x| of elements L, L + 16, ... in order, as the CPU's lane
 /// L does; then s[c] = (a[c] + b[c]) + (c[c] + d[c]) and the chunk's double sum, as the CPU does.
@@ -504,21 +504,22 @@ __global__ void mean_abs_chunks_kernel(const float* src, size_t chunks, double* 
   }
 }
 
-/// The CPU's `total += chunk` one chunk after the other (double addition is not associative, so
-/// one thread adds them; the CTA stages them in shared memory), then the tail in float.
-__global__ void mean_abs_finish_kernel(const double* sums, size_t chunks, const float* tail,
-                                       size_t tail_count, size_t n, float* result) {
-  __shared__ double tile[kMeanTile];
-  double total = 0.0;
-  for (size_t base = 0; base < chunks; base += kMeanTile) {
-    const size_t count = min(kMeanTile, chunks - base);
-    for (size_t j = threadIdx.x; j < count; j += blockDim.x) tile[j] = sums[base + j];
-    __syncthreads();
-    if (threadIdx.x == 0)
-      for (size_t j = 0; j < count; ++j) total = __dadd_rn(total, tile[j]);
-    __syncthreads();
+/// One level of the CPU's tree over the chunks' sums: out[g] = in[64 g] + ... + in[64 g + 63]
+/// (the last group possibly short), added in order by one thread.
+__global__ void mean_abs_group_kernel(const double* in, size_t m, double* out) {
+  const size_t groups = (m + kMeanGroup - 1) / kMeanGroup;
+  for (size_t g = thread_first(); g < groups; g += grid_stride()) {
+    const size_t end = min(m, (g + 1) * kMeanGroup);
+    double sum = 0.0;
+    for (size_t j = g * kMeanGroup; j < end; ++j) sum = __dadd_rn(sum, in[j]);
+    out[g] = sum;
   }
-  if (threadIdx.x != 0) return;
+}
+
+/// The tree's one value (none without a whole chunk), then the tail in float, and the mean.
+__global__ void mean_abs_finish_kernel(const double* sum, bool have_sum, const float* tail,
+                                       size_t tail_count, size_t n, float* result) {
+  double total = have_sum ? *sum : 0.0;
   float rest = 0.0f;
   for (size_t i = 0; i < tail_count; ++i) rest = __fadd_rn(rest, abs_bits(tail[i]));
   total = __dadd_rn(total, static_cast<double>(rest));
@@ -840,17 +841,26 @@ void mean_abs(const float* src, size_t n, float* result, void* stream) {
     return;
   }
   const size_t chunks = n / kMeanChunk;
-  Scratch sums(chunks * sizeof(double), as_stream(stream));
+  // The chunks' sums, then each level of the tree after them (every level at most 1/64 of the
+  // one before: 2 chunks' room in all).
+  Scratch sums((2 * chunks + 1) * sizeof(double), as_stream(stream));
+  double* level = sums.at<double>();
   if (chunks > 0) {
     const size_t chunk_pairs = (chunks + 1) / 2;  // one warp each
     const auto grid = static_cast<unsigned>(std::clamp<size_t>(
         (chunk_pairs + kThreads / kWarp - 1) / (kThreads / kWarp), 1, kMaxBlocks));
-    mean_abs_chunks_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(src, chunks,
-                                                                     sums.at<double>());
+    mean_abs_chunks_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(src, chunks, level);
     check_launch();
   }
-  mean_abs_finish_kernel<<<1, kThreads, 0, as_stream(stream)>>>(
-      sums.at<double>(), chunks, src + chunks * kMeanChunk, n - chunks * kMeanChunk, n, result);
+  for (size_t m = chunks; m > 1; m = (m + kMeanGroup - 1) / kMeanGroup) {
+    double* next = level + m;
+    const size_t groups = (m + kMeanGroup - 1) / kMeanGroup;
+    mean_abs_group_kernel<<<grid_for(groups), kThreads, 0, as_stream(stream)>>>(level, m, next);
+    check_launch();
+    level = next;
+  }
+  mean_abs_finish_kernel<<<1, 1, 0, as_stream(stream)>>>(
+      level, chunks > 0, src + chunks * kMeanChunk, n - chunks * kMeanChunk, n, result);
   check_launch();
 }
 

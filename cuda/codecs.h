@@ -75,10 +75,8 @@ void sign_unpack(const uint8_t* bits, size_t n, Scale s, float* dst, void* strea
 /// dst[i] += (bit i set ? -s : s) for i < n.
 void sign_unpack_add(const uint8_t* bits, size_t n, Scale s, float* dst, void* stream);
 /// *result (one float of device memory) = the mean of |src[i]| over i < n, 0 for n == 0, summed
-/// in exactly comm::mean_abs's order (sixteen float lanes per 1024 elements, chunks added in
-/// double one after the other), so the scale is bit-identical. The chunks' double sum is one
-/// thread's chain of additions, which caps the throughput (an estimated ~1 TB/s of input on an
-/// H100, below the copy bandwidth; not measured yet).
+/// in exactly comm::mean_abs's order (sixteen float lanes per 1024 elements; the chunks' double
+/// sums added by a tree of groups of 64, each group by one thread), so the scale is bit-identical.
 void mean_abs(const float* src, size_t n, float* result, void* stream);
 /// data[i] = sign(data[i]) in {-1, 0, +1}; NaN gives 0.
 void sign_in_place(float* data, size_t n, void* stream);

@@ -2,7 +2,9 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "comm/cpu_features.h"
 
@@ -129,23 +131,38 @@ void sign_unpack(const uint8_t* bits, size_t n, float scale, float* dst) {
 float mean_abs(const float* src, size_t n) {
   if (n == 0) return 0.0f;
   // Sixteen float lanes over chunks of 1024 elements (64 additions a lane), each chunk's sum
-  // added in double: vectorised, and accurate however long the buffer.
-  constexpr size_t kChunk = 1024;
-  double total = 0.0;
-  size_t i = 0;
-  for (; i + kChunk <= n; i += kChunk) {
+  // in double: vectorised, and accurate however long the buffer. The chunks' sums are added by
+  // groups of 64, level after level (the definition in sign.h).
+  static_assert(kMeanAbsChunk == 1024 && kMeanAbsGroup == 64);
+  const size_t chunks = n / kMeanAbsChunk;
+  thread_local std::vector<double> sums;
+  sums.resize(chunks);
+  for (size_t k = 0; k < chunks; ++k) {
+    const float* x = src + k * kMeanAbsChunk;
     Float4 a{}, b{}, c{}, d{};
-    for (size_t j = i; j < i + kChunk; j += 16) {
-      a += abs4(src + j);
-      b += abs4(src + j + 4);
-      c += abs4(src + j + 8);
-      d += abs4(src + j + 12);
+    for (size_t j = 0; j < kMeanAbsChunk; j += 16) {
+      a += abs4(x + j);
+      b += abs4(x + j + 4);
+      c += abs4(x + j + 8);
+      d += abs4(x + j + 12);
     }
     Float4 s = (a + b) + (c + d);
-    total += static_cast<double>(s[0] + s[1]) + static_cast<double>(s[2] + s[3]);
+    sums[k] = static_cast<double>(s[0] + s[1]) + static_cast<double>(s[2] + s[3]);
   }
+  size_t m = chunks;
+  while (m > 1) {
+    const size_t groups = (m + kMeanAbsGroup - 1) / kMeanAbsGroup;
+    for (size_t g = 0; g < groups; ++g) {
+      double sum = 0.0;
+      for (size_t j = g * kMeanAbsGroup; j < std::min(m, (g + 1) * kMeanAbsGroup); ++j)
+        sum += sums[j];
+      sums[g] = sum;  // g <= g * 64: read before it is written
+    }
+    m = groups;
+  }
+  double total = m ? sums[0] : 0.0;
   float rest = 0.0f;
-  for (; i < n; ++i) rest += src[i] < 0.0f ? -src[i] : src[i];
+  for (size_t i = chunks * kMeanAbsChunk; i < n; ++i) rest += src[i] < 0.0f ? -src[i] : src[i];
   total += rest;
   return static_cast<float>(total / static_cast<double>(n));
 }

@@ -322,8 +322,11 @@ TEST_CASE("mean_abs on the GPU adds in the CPU's order and gives its float bit f
   if (skip_without_device()) return;
   Stream stream;
   Device<float> d_mean(1);
-  for (size_t n : {size_t{0}, size_t{1}, size_t{1023}, size_t{1024}, size_t{1025}, size_t{100003},
-                   (size_t{1} << 22) + 7}) {
+  // Chunks of 1024: none, one, some, 64 (one group), 65 (a short second group), 4096 and 8192
+  // (two and three levels of the tree, the last with short groups).
+  for (size_t n :
+       {size_t{0}, size_t{1}, size_t{1023}, size_t{1024}, size_t{1025}, size_t{100003},
+        size_t{65536}, 65 * size_t{1024} + 3, (size_t{1} << 22) + 7, (size_t{1} << 23) + 5}) {
     CAPTURE(n);
     // Wide magnitudes: any other order of the float additions would round differently.
     const std::vector<float> src = wide_floats(n, 31 + static_cast<uint32_t>(n));
@@ -331,6 +334,18 @@ TEST_CASE("mean_abs on the GPU adds in the CPU's order and gives its float bit f
     gpu::mean_abs(d_src.get(), n, d_mean.get(), stream.handle());
     CHECK_SAME_BYTES(d_mean.download(), std::vector<float>{cpu::mean_abs(src.data(), n)});
   }
+  // The case of tests/comm/codecs/codecs_test.cpp where the tree's order shows in the float: one
+  // chain over the 4096 chunks would give 4, the tree 4 + 2^-21.
+  const size_t n = size_t{4096} * 1024;
+  std::vector<float> src(n, 0.0f);
+  for (size_t t = 0; t < 64; ++t) {
+    src[16 * t] = std::ldexp(1.0f, 18);
+    src[16 * t + 2] = 1.0f / 64;
+  }
+  for (size_t k = 1; k < 4096; ++k) src[k * 1024] = std::ldexp(1.0f, -30);
+  Device<float> d_src(src);
+  gpu::mean_abs(d_src.get(), n, d_mean.get(), stream.handle());
+  CHECK(d_mean.download()[0] == 4.0f + std::ldexp(1.0f, -21));
 }
 
 TEST_CASE("sign error feedback on the GPU leaves the CPU's memory, from a scale on the device") {

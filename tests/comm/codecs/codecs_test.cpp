@@ -370,6 +370,62 @@ TEST_CASE("mean_abs is the mean of the absolute values, and 0 for no elements") 
   CHECK(mean_abs(mixed, 4) == 1.5f);
 }
 
+// comm::mean_abs's order of additions as sign.h defines it, written out plainly: what the GPU's
+// mean_abs must reproduce bit for bit.
+static float mean_abs_as_defined(const std::vector<float>& x) {
+  const size_t n = x.size();
+  if (n == 0) return 0.0f;
+  std::vector<double> level;
+  for (size_t c = 0; c + 1024 <= n; c += 1024) {
+    float lane[16] = {};
+    for (size_t t = 0; t < 64; ++t)
+      for (size_t l = 0; l < 16; ++l) lane[l] += std::fabs(x[c + 16 * t + l]);
+    float s[4];
+    for (size_t k = 0; k < 4; ++k) s[k] = (lane[k] + lane[4 + k]) + (lane[8 + k] + lane[12 + k]);
+    level.push_back(static_cast<double>(s[0] + s[1]) + static_cast<double>(s[2] + s[3]));
+  }
+  while (level.size() > 1) {
+    std::vector<double> up;
+    for (size_t g = 0; g < level.size(); g += 64) {
+      double sum = 0.0;
+      for (size_t j = g; j < std::min(level.size(), g + 64); ++j) sum += level[j];
+      up.push_back(sum);
+    }
+    level = up;
+  }
+  double total = level.empty() ? 0.0 : level[0];
+  float rest = 0.0f;
+  for (size_t i = n / 1024 * 1024; i < n; ++i) rest += std::fabs(x[i]);
+  total += rest;
+  return static_cast<float>(total / static_cast<double>(n));
+}
+
+TEST_CASE("mean_abs adds in the order sign.h defines: lanes, a tree of 64-wide groups, the tail") {
+  // Chunks: one group, 65 (a short second group), 4097 (three levels).
+  for (size_t n :
+       {size_t{1000}, size_t{64 * 1024}, size_t{65 * 1024 + 3}, size_t{4097 * 1024 + 11}}) {
+    CAPTURE(n);
+    const std::vector<float> src = troupe::test::wide_floats(n, 41 + static_cast<uint32_t>(n));
+    const float got = mean_abs(src.data(), n), want = mean_abs_as_defined(src);
+    CHECK(std::memcmp(&got, &want, sizeof(float)) == 0);
+  }
+  // Where the order shows in the float: 4096 chunks (4 Mi elements, a power of two: the division
+  // is exact). Chunk 0 sums to 2^24 + 1 (lane 0: 64 x 2^18, lane 2: 64 x 1/64), every other
+  // chunk to 2^-30 (one element), below half an ulp of 2^24 + 1 in double. One chain over the
+  // chunks loses every 2^-30: the mean (2^24 + 1) / 2^22 = 4 + 2^-22 is a tie between floats,
+  // which rounds to 4. The tree sums each later group of 64 first (2^-24, kept): the mean lies
+  // above the tie and rounds up to 4 + 2^-21.
+  const size_t n = size_t{4096} * 1024;
+  std::vector<float> src(n, 0.0f);
+  for (size_t t = 0; t < 64; ++t) {
+    src[16 * t] = std::ldexp(1.0f, 18);
+    src[16 * t + 2] = 1.0f / 64;
+  }
+  for (size_t k = 1; k < 4096; ++k) src[k * 1024] = std::ldexp(1.0f, -30);
+  CHECK(mean_abs(src.data(), n) == 4.0f + std::ldexp(1.0f, -21));
+  CHECK(mean_abs_as_defined(src) == 4.0f + std::ldexp(1.0f, -21));
+}
+
 TEST_CASE("sign_in_place maps negatives to -1, positives to +1 and zeros to 0") {
   for (size_t n : kSizes) {
     std::vector<float> data = uniform_floats(n, -2.0f, 2.0f, 10);
