@@ -8,8 +8,15 @@
 // read and write at the least (its traffic), traffic / time, and that as a share of the copy's
 // traffic / time (the goal: >= 70% for the streaming kernels). top_k, gather and
 // scatter_add are not streaming kernels (selection passes, random access); their share is printed
-// for the record.
+// for the record. Where LibTorch has CUDA, at::topk on the same |x| and stream is timed beside
+// top_k (the goal: top_k at least as fast).
 #include <cuda_runtime.h>
+
+#ifdef TROUPE_HAVE_C10_CUDA
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -181,6 +188,18 @@ int main(int argc, char** argv) {
     add("unflatten (100 tensors)", 2 * f, true,
         [&] { tc::unflatten(b, n, spans.data(), spans.size(), 4, s); });
     add("top_k (k = 1%)", f, false, [&] { tc::top_k(a, n, k, indices, s); });
+#ifdef TROUPE_HAVE_C10_CUDA
+    {
+      // |x| computed once, outside the timing (top_k ranks by |x| as it reads x); values and
+      // indices, unsorted, on the same stream.
+      c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(stream, 0));
+      const auto x = at::from_blob(a, {static_cast<int64_t>(n)},
+                                   at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0))
+                         .abs();
+      add("at::topk on |x| (k = 1%, LibTorch)", f, false,
+          [&] { at::topk(x, static_cast<int64_t>(k), 0, /*largest=*/true, /*sorted=*/false); });
+    }
+#endif
     add("gather (k = 1%)", 3.0 * 4 * static_cast<double>(k), false,
         [&] { tc::gather(a, indices, k, values, s); });
     add("scatter_add (k = 1%)", 4.0 * 4 * static_cast<double>(k), false,
