@@ -30,9 +30,14 @@ bool inside(const GradientArena& arena, const torch::Tensor& t) {
 TEST_CASE(
     "a gradient arena serves the calling thread's allocations of its sizes while it has room, "
     "and nothing else") {
-  // Room for two allocations of the served size (plus the alignment's slack).
-  auto memory = std::make_shared<Memory>(2 * kServed * 4 + 64);
-  auto arena = GradientArena::create(memory->bytes.data(), memory->bytes.size(), memory,
+  // Room for two allocations of the served size, plus the alignment's slack: the region starts
+  // one byte past a 64-byte line, so the arena skips 63 bytes and keeps two allocations' worth
+  // whatever the heap's alignment (a region that happened to start on a line kept 64 bytes more:
+  // the check below failed now and then).
+  auto memory = std::make_shared<Memory>(2 * kServed * 4 + 128);
+  char* line =
+      memory->bytes.data() + (64 - reinterpret_cast<uintptr_t>(memory->bytes.data()) % 64) % 64;
+  auto arena = GradientArena::create(line + 1, 2 * kServed * 4 + 64, memory,
                                      {kServed * 4, 1000, kServed * 4});
   CHECK(arena->bytes() == 2 * kServed * 4);
   // Not yet serving this thread.
