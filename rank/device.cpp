@@ -33,4 +33,12 @@ torch::Device training_device(const std::string& name, int local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+std::string gpus_for_nccl(int ranks_on_host, int devices) {
+  if (ranks_on_host <= devices) return "";
+  return std::to_string(ranks_on_host) + " ranks on this host, " + std::to_string(devices) +
+         " CUDA device" + (devices == 1 ? "" : "s") +
+         " seen: NCCL needs a GPU of its own for each rank (ranks that share one reduce through "
+         "host staging)";
+}
+
 }  // namespace troupe

@@ -17,4 +17,10 @@ std::string check_device_name(const std::string& name);
 /// no CUDA device, or no device N.
 torch::Device training_device(const std::string& name, int local_rank);
 
+/// "" when `ranks_on_host` ranks of one host can each have a CUDA device of their own among the
+/// `devices` that its processes see, else why not ("2 ranks on this host, 1 GPU: ..."). NCCL
+/// refuses two ranks on one GPU, so such a job reduces its CUDA tensors through host staging
+/// (Runtime::nccl_available() says no).
+std::string gpus_for_nccl(int ranks_on_host, int devices);
+
 }  // namespace troupe

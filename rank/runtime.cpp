@@ -25,6 +25,8 @@
 #ifdef TROUPE_HAVE_NCCL
 #include "comm/transport/nccl/communicator.h"
 #include "cuda/reduce.h"
+#include "cuda/stream.h"
+#include "rank/device.h"
 #endif
 
 namespace troupe {
@@ -667,9 +669,25 @@ ElasticGeneration Runtime::reform(int64_t completed_steps) {
   return generation();
 }
 
+#ifdef TROUPE_HAVE_NCCL
+namespace {
+
+// "" when every rank of this rank's host can have a GPU of its own (rank/device.h).
+std::string gpus_for_nccl_here(const Runtime& rt) {
+  const auto& hosts = rt.real_hosts();
+  const auto me = static_cast<size_t>(rt.rank());
+  const int here =
+      me < hosts.size() ? static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[me])) : 1;
+  return gpus_for_nccl(here, cuda::device_count());
+}
+
+}  // namespace
+#endif
+
 bool Runtime::nccl_available() const {
 #ifdef TROUPE_HAVE_NCCL
-  return impl_->nccl_id.size() == comm::NcclCommunicator::kUniqueIdBytes;
+  return impl_->nccl_id.size() == comm::NcclCommunicator::kUniqueIdBytes &&
+         gpus_for_nccl_here(*this).empty();
 #else
   return false;
 #endif
@@ -693,11 +711,12 @@ std::shared_ptr<comm::NcclCommunicator> Runtime::nccl(int device) {
       return m.nccl;
     }
   }
-  if (!m.nccl_id.empty() && !nccl_available())
+  const size_t id_bytes = comm::NcclCommunicator::kUniqueIdBytes;
+  if (!m.nccl_id.empty() && m.nccl_id.size() != id_bytes)
     throw comm::Error(call + ": rank 0's NCCL unique id from the rendezvous has " +
                       std::to_string(m.nccl_id.size()) + " bytes (expected " +
-                      std::to_string(comm::NcclCommunicator::kUniqueIdBytes) + ")");
-  if (!nccl_available())
+                      std::to_string(id_bytes) + ")");
+  if (m.nccl_id.empty())
     throw comm::Error(call + " on rank " + std::to_string(m.info.rank) +
                       ": rank 0 published no NCCL unique id at the rendezvous (" +
                       (m.nccl_note.empty() ? std::string("rank 0 saw no CUDA device, had "
@@ -705,6 +724,8 @@ std::shared_ptr<comm::NcclCommunicator> Runtime::nccl(int device) {
                                                          "make an id")
                                            : m.nccl_note) +
                       ")");
+  if (const std::string shared = gpus_for_nccl_here(*this); !shared.empty())
+    throw comm::Error(call + " on rank " + std::to_string(m.info.rank) + ": " + shared);
   auto created = std::make_shared<comm::NcclCommunicator>(m.info.rank, m.info.world_size, m.nccl_id,
                                                           device, m.options.rendezvous_timeout);
   created->set_timeout(m.options.collective_timeout);

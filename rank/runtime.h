@@ -150,8 +150,11 @@ class Runtime {
   int next_module_id();
   void release_module_id(int id);
 
-  /// Whether rank 0 published an NCCL unique id at the rendezvous (see RuntimeOptions::nccl): the
-  /// same answer on every rank, so every rank takes the same path for its CUDA tensors.
+  /// Whether rank 0 published an NCCL unique id at the rendezvous (see RuntimeOptions::nccl) and
+  /// the ranks of this host are no more than the CUDA devices it sees (NCCL refuses two ranks on
+  /// one GPU; rank/device.h's gpus_for_nccl). The same answer on every rank where hosts are alike,
+  /// so every rank takes the same path for its CUDA tensors (where they are not, the model check
+  /// names the paths that differ).
   bool nccl_available() const;
   /// This rank's member of the job's NCCL communicator (all ranks) on CUDA device `device`,
   /// created from rank 0's unique id at the first call: collective, every rank calls it at the

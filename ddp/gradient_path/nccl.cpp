@@ -1,7 +1,8 @@
 // The NCCL path: a CUDA bucket is reduced by one NCCL allreduce on the device.
 //
 // It serves GradientAllReduce over CUDA parameters when the Runtime has an NCCL unique id from
-// rank 0 (Runtime::nccl_available(), the same answer on every rank) and
+// rank 0 and a GPU for each rank of a host (Runtime::nccl_available(), the same answer on every
+// rank of alike hosts; ranks that share a GPU take host staging) and
 // DdpOptions::stage_through_host is off. At connect (a collective, after the model check, which
 // compares the path) the module takes its own communicator, split from the Runtime's, so that two
 // modules' buckets never interleave differently on different ranks. NCCL matches operations by
@@ -112,7 +113,8 @@ class NcclPath : public GradientPath {
     if (context.options->stage_through_host) return "DdpOptions::stage_through_host is on";
     if (!context.runtime->nccl_available())
       return "the Runtime has no NCCL (rank 0 published no unique id: RuntimeOptions::nccl off, "
-             "or its libnccl refused)";
+             "no GPU on rank 0, or its libnccl refused; or this host's ranks outnumber its GPUs, "
+             "which NCCL cannot share)";
     return "";
 #endif
   }

@@ -9,6 +9,7 @@
 #include "comm/status.h"
 #include "ddp/distributed_module.h"
 #include "ddp/gradient_path.h"
+#include "rank/device.h"
 #ifdef TROUPE_HAVE_CUDA
 #include "ddp/gradient_path/device_codecs.h"
 #endif
@@ -159,3 +160,21 @@ TEST_CASE(
             ": top-k with momentum correction has no device codec");
 }
 #endif
+
+// NCCL refuses two ranks on one GPU: Runtime::nccl_available() says no where a host's ranks
+// outnumber the GPUs it sees (two processes sharing one GPU then stage through the host).
+TEST_CASE("the NCCL paths need a GPU for each rank of a host, and say so") {
+  CHECK(gpus_for_nccl(1, 1) == "");
+  CHECK(gpus_for_nccl(2, 8) == "");
+  CHECK(gpus_for_nccl(8, 8) == "");
+  CHECK(gpus_for_nccl(2, 1) ==
+        "2 ranks on this host, 1 CUDA device seen: NCCL needs a GPU of its own for each rank "
+        "(ranks that share one reduce through host staging)");
+  CHECK(gpus_for_nccl(3, 2).find("3 ranks on this host, 2 CUDA devices seen") == 0);
+  CHECK(gpus_for_nccl(1, 0).find("1 ranks on this host, 0 CUDA devices seen") == 0);
+  // Without a GPU no Runtime offers NCCL, whatever rank 0 published.
+  if (!torch::cuda::is_available()) {
+    auto errors = test::run_threads(2, [](int, Runtime& rt) { CHECK_FALSE(rt.nccl_available()); });
+    for (auto& e : errors) CHECK(e == "");
+  }
+}
