@@ -334,18 +334,12 @@ TEST_CASE("mean_abs on the GPU adds in the CPU's order and gives its float bit f
     gpu::mean_abs(d_src.get(), n, d_mean.get(), stream.handle());
     CHECK_SAME_BYTES(d_mean.download(), std::vector<float>{cpu::mean_abs(src.data(), n)});
   }
-  // The case of tests/comm/codecs/codecs_test.cpp where the tree's order shows in the float: one
-  // chain over the 4096 chunks would give 4, the tree 4 + 2^-21.
-  const size_t n = size_t{4096} * 1024;
-  std::vector<float> src(n, 0.0f);
-  for (size_t t = 0; t < 64; ++t) {
-    src[16 * t] = std::ldexp(1.0f, 18);
-    src[16 * t + 2] = 1.0f / 64;
-  }
-  for (size_t k = 1; k < 4096; ++k) src[k * 1024] = std::ldexp(1.0f, -30);
-  Device<float> d_src(src);
-  gpu::mean_abs(d_src.get(), n, d_mean.get(), stream.handle());
-  CHECK(d_mean.download()[0] == 4.0f + std::ldexp(1.0f, -21));
+  // Where the tree's order shows in the float (tests/support/random_floats.h): one chain over
+  // the 4096 chunks would give 4.
+  const std::vector<float> tie = troupe::test::mean_abs_tie();
+  Device<float> d_tie(tie);
+  gpu::mean_abs(d_tie.get(), tie.size(), d_mean.get(), stream.handle());
+  CHECK(d_mean.download()[0] == troupe::test::kTreeMeanAbs);
 }
 
 TEST_CASE("sign error feedback on the GPU leaves the CPU's memory, from a scale on the device") {

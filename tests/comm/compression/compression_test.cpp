@@ -51,6 +51,23 @@ Vec gradient(int rank, uint32_t step) {
   return g;
 }
 
+// Runs step `s` of `reduction` as rank `rank` of `world` (each stage under its own key); throws
+// the failure's message.
+void run_step(comm::Reduction& reduction, comm::BlockingDriver& driver,
+              const std::shared_ptr<comm::Transport>& transport, int rank, int world, uint32_t s,
+              double scale) {
+  comm::ReduceStep step;
+  step.group = comm::Group{rank, world};
+  step.step = s;
+  step.scale = scale;
+  auto builders = reduction.stages(step);
+  std::vector<comm::Stage> stages;
+  for (size_t i = 0; i < builders.size(); ++i)
+    stages.push_back({s << 16 | static_cast<uint32_t>(i) << 12, builders[i]});
+  auto status = driver.run(std::move(stages), transport, 30s);
+  if (!status.ok()) throw comm::Error(status.message());
+}
+
 // Runs `steps` steps of `algorithm` on `world` thread ranks; returns out[rank][step] = the bucket
 // after the step's reduction.
 std::vector<std::vector<Vec>> run(const comm::Compression& algorithm, int world, uint32_t steps,
@@ -68,16 +85,7 @@ std::vector<std::vector<Vec>> run(const comm::Compression& algorithm, int world,
       for (uint32_t s = 0; s < steps; ++s) {
         const Vec g = gradient(r, s);
         std::copy(g.begin(), g.end(), data.begin());  // the reduction holds data's address
-        comm::ReduceStep step;
-        step.group = comm::Group{r, world};
-        step.step = s;
-        step.scale = scale;
-        auto builders = reduction->stages(step);
-        std::vector<comm::Stage> stages;
-        for (size_t i = 0; i < builders.size(); ++i)
-          stages.push_back({s << 16 | static_cast<uint32_t>(i) << 12, builders[i]});
-        auto status = driver.run(std::move(stages), transport, 30s);
-        if (!status.ok()) throw comm::Error(status.message());
+        run_step(*reduction, driver, transport, r, world, s, scale);
         out.push_back(data);
       }
       return out;
@@ -447,16 +455,7 @@ std::vector<std::vector<Vec>> run_exchange(const comm::Compression& algorithm, i
                                 area.data() + slot * j);
           }
         }
-        comm::ReduceStep step;
-        step.group = comm::Group{r, world};
-        step.step = s;
-        step.scale = scale;
-        auto builders = exchange->stages(step);
-        std::vector<comm::Stage> stages;
-        for (size_t i = 0; i < builders.size(); ++i)
-          stages.push_back({s << 16 | static_cast<uint32_t>(i) << 12, builders[i]});
-        auto status = driver.run(std::move(stages), transport, 30s);
-        if (!status.ok()) throw comm::Error(status.message());
+        run_step(*exchange, driver, transport, r, world, s, scale);
         if (sign) {
           for (size_t i = 0; i < kTensors.size(); ++i) {
             const auto& t = kTensors[i];
